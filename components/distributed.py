@@ -1,0 +1,312 @@
+"""The small shared distributed toolkit.
+
+Everything in this package that needs to know about ``torch.distributed`` goes through this module, so that
+there is exactly one place that decides the backend, the device of a rank, how a process group is created and
+torn down, and how tensors are gathered / averaged across ranks. Only ``torch`` is imported.
+
+All helpers degrade to single-process behaviour when no process group is initialised (rank 0, world size 1,
+gathers and reductions return their input, barriers return at once), so the same code path runs under
+``python -m ...`` and under ``torchrun``.
+
+Why the pieces exist (see ``shared/notes/distributed-pitfalls.md`` f):
+
+- ``torch.distributed.all_gather`` is not differentiable: the gathered copies are leaves without history, so
+  the gradient of a loss that uses the other ranks' embeddings never reaches them and, after DDP averages
+  the gradients, the contrastive gradient comes out too small (by 1/W for the gathered part).
+  :func:`all_gather_with_grad` is the autograd-aware version.
+- per-rank loss values differ (each rank sees its own shard; DDP averages gradients, not losses), so logs
+  should show :func:`all_reduce_mean` of the loss, written by rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "TORCHRUN_ENV_VARS",
+    "all_gather_with_grad",
+    "all_reduce_mean",
+    "barrier",
+    "cleanup_distributed",
+    "default_backend",
+    "device_for_rank",
+    "get_local_rank",
+    "get_rank",
+    "get_world_size",
+    "init_distributed",
+    "is_distributed",
+]
+
+#: The environment variables that ``init_method="env://"`` needs; torchrun sets all of them (plus LOCAL_RANK).
+TORCHRUN_ENV_VARS: tuple[str, ...] = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+# Fixed length of the metadata record exchanged by all_gather_with_grad: [ndim, dtype code, size_0, ..., size_k].
+_MAX_GATHER_DIMS = 16
+
+
+def is_distributed() -> bool:
+    """True when ``torch.distributed`` is available and a default process group is initialised."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    """Global rank of this process in the default group; 0 when not distributed."""
+    return dist.get_rank() if is_distributed() else 0
+
+
+def get_world_size() -> int:
+    """Number of processes in the default group; 1 when not distributed."""
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def get_local_rank() -> int:
+    """Rank of this process on its node, read from the ``LOCAL_RANK`` variable that torchrun sets (default 0).
+
+    The local rank (not the global rank) selects the GPU of a process on a multi-GPU node.
+
+    Raises:
+        ValueError: when ``LOCAL_RANK`` is set but is not a non-negative integer.
+    """
+    value = os.environ.get("LOCAL_RANK", "0")
+    try:
+        local_rank = int(value)
+    except ValueError:
+        raise ValueError(f"LOCAL_RANK must be a non-negative integer, got {value!r}.") from None
+    if local_rank < 0:
+        raise ValueError(f"LOCAL_RANK must be a non-negative integer, got {value!r}.")
+    return local_rank
+
+
+def default_backend() -> str:
+    """``"nccl"`` when CUDA and NCCL are available, otherwise ``"gloo"`` (CPU; works everywhere)."""
+    if torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def device_for_rank(device: str | torch.device | None = None) -> torch.device:
+    """The device this process should compute on.
+
+    Args:
+        device: ``None`` or ``"cuda"`` (no index) mean "this rank's GPU", i.e. ``cuda:{LOCAL_RANK}``, when CUDA is
+            available; ``None`` falls back to the CPU without CUDA. Anything explicit, e.g. ``"cpu"`` from
+            ``--device cpu`` or ``"cuda:1"``, is respected as given.
+
+    Raises:
+        RuntimeError: when ``"cuda"`` is asked for explicitly but CUDA is not available.
+    """
+    if device is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda", get_local_rank())
+        return torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {str(device)!r} was requested but CUDA is not available; use 'cpu'.")
+        if dev.index is None:
+            return torch.device("cuda", get_local_rank())
+    return dev
+
+
+def init_distributed(backend: str | None = None, timeout_s: float = 4 * 3600) -> None:
+    """Initialise the default process group from the torchrun environment (``env://``).
+
+    Idempotent: does nothing when a process group is already initialised. For NCCL the CUDA device of this
+    process is set to ``cuda:{LOCAL_RANK}`` first, so that collectives and ``barrier`` use the right GPU.
+
+    Args:
+        backend: ``"nccl"``, ``"gloo"``, ...; ``None`` picks :func:`default_backend`.
+        timeout_s: process-group timeout in seconds. The default (4 h) is long on purpose: ranks may reach the
+            first collective far apart in time, e.g. after filling a per-rank dataset cache, and PyTorch's
+            default timeout would kill (or hang) the run there.
+
+    Raises:
+        RuntimeError: when ``torch.distributed`` is unavailable or torchrun's variables are missing.
+        ValueError: when ``timeout_s`` is not positive.
+    """
+    if is_distributed():
+        return
+    if not dist.is_available():
+        raise RuntimeError("torch.distributed is not available in this PyTorch build.")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}.")
+    missing = [name for name in TORCHRUN_ENV_VARS if not os.environ.get(name)]
+    if missing:
+        raise RuntimeError(
+            f"Cannot initialise distributed training: environment variable(s) {', '.join(missing)} not set "
+            f"(needed: {', '.join(TORCHRUN_ENV_VARS)}). Launch with torchrun, e.g. "
+            "`torchrun --nproc_per_node=2 ...`, or set them yourself."
+        )
+    backend = backend or default_backend()
+    if backend == "nccl":
+        torch.cuda.set_device(get_local_rank())
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+
+
+def cleanup_distributed() -> None:
+    """Destroy the default process group if one is initialised (no-op otherwise)."""
+    if is_distributed():
+        dist.destroy_process_group()
+
+
+def barrier(timeout_s: float | None = None) -> None:
+    """Wait until every rank gets here; returns at once when not distributed.
+
+    Args:
+        timeout_s: optional limit for this barrier. With gloo it uses ``monitored_barrier``, which also names
+            the ranks that did not arrive; other backends always use the process-group timeout.
+    """
+    if not is_distributed():
+        return
+    backend = dist.get_backend()
+    if timeout_s is not None and backend == "gloo":
+        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+    elif backend == "nccl" and torch.cuda.is_available():
+        # name the device, otherwise NCCL guesses it (and warns) when no collective has run yet
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()
+
+
+_DTYPE_CODES = {
+    dt: i
+    for i, dt in enumerate(
+        (
+            torch.float32,
+            torch.float64,
+            torch.float16,
+            torch.bfloat16,
+            torch.int64,
+            torch.int32,
+            torch.int16,
+            torch.int8,
+            torch.uint8,
+            torch.bool,
+            torch.complex64,
+            torch.complex128,
+        )
+    )
+}
+
+
+def _gather_shapes(x: torch.Tensor, world_size: int) -> list[tuple[int, ...]]:
+    """All ranks' shapes of ``x``, checked: same ndim, dtype and trailing dims everywhere.
+
+    Every rank receives the same records and so raises the same error, instead of one rank failing and the
+    others hanging in the data all-gather.
+    """
+    if x.dim() == 0:
+        raise ValueError("all_gather_with_grad needs a tensor with at least one dimension, got a scalar.")
+    if x.dim() > _MAX_GATHER_DIMS - 2:
+        raise ValueError(f"all_gather_with_grad supports at most {_MAX_GATHER_DIMS - 2} dims, got {x.dim()}.")
+    record = torch.full((_MAX_GATHER_DIMS,), -1, dtype=torch.int64, device=x.device)
+    record[0] = x.dim()
+    record[1] = _DTYPE_CODES.get(x.dtype, -2)
+    record[2 : 2 + x.dim()] = torch.tensor(x.shape, dtype=torch.int64)
+    records = [torch.empty_like(record) for _ in range(world_size)]
+    dist.all_gather(records, record)
+    rows = [r.tolist() for r in records]
+    ref = rows[dist.get_rank()]
+    for rank, row in enumerate(rows):
+        if row[0] != ref[0] or row[1] != ref[1] or row[3 : 2 + row[0]] != ref[3 : 2 + ref[0]]:
+            raise ValueError(
+                "all_gather_with_grad: tensors must have the same dtype and the same sizes except dim 0 on all "
+                f"ranks; rank {dist.get_rank()} has shape {tuple(x.shape)} ({x.dtype}), rank {rank} has shape "
+                f"{tuple(row[2:2 + row[0]])} (dtype code {row[1]})."
+            )
+    return [tuple(row[2 : 2 + row[0]]) for row in rows]
+
+
+class _AllGatherWithGrad(torch.autograd.Function):
+    """All-gather along dim 0 with a gradient; sizes along dim 0 may differ across ranks.
+
+    forward: gather every rank's dim-0 size, pad the local tensor to the largest size, ``all_gather``, cut the
+    padding off and concatenate in rank order.
+    backward: the gathered output is used by the loss of *every* rank, so the gradient of the sum of the ranks'
+    losses w.r.t. this rank's input is the sum over ranks of their incoming gradients restricted to this rank's
+    rows: ``all_reduce(SUM)`` of the incoming gradient, then this rank's slice. DDP then divides the parameter
+    gradients by W, which makes the result the gradient of the *mean* of the ranks' losses.
+
+    ``torch.distributed.nn.functional.all_gather`` is not used because it needs equal sizes on all ranks (it
+    allocates ``empty_like`` buffers), returns a tuple rather than the concatenation, and its non-NCCL backward
+    goes through all-to-all; all_reduce is supported by every backend and the gathered tensors here are small.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        world_size = dist.get_world_size()
+        rank = dist.get_rank()
+        shapes = _gather_shapes(x, world_size)
+        sizes = [s[0] for s in shapes]
+        max_size = max(sizes)
+        x = x.contiguous()
+        if x.shape[0] < max_size:
+            pad = x.new_zeros((max_size - x.shape[0], *x.shape[1:]))
+            padded = torch.cat([x, pad], dim=0)
+        else:
+            padded = x
+        buffers = [torch.empty_like(padded) for _ in range(world_size)]
+        dist.all_gather(buffers, padded)
+        ctx.start = sum(sizes[:rank])
+        ctx.size = sizes[rank]
+        return torch.cat([b[:n] for b, n in zip(buffers, sizes)], dim=0)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        grad = grad_output.contiguous().clone()  # all_reduce works in place; never modify autograd's buffer
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        return grad[ctx.start : ctx.start + ctx.size]
+
+
+def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate ``x`` of all ranks along dim 0, in rank order, keeping the autograd graph.
+
+    Sizes along dim 0 may differ across ranks (the other dims and the dtype must agree; a clear ``ValueError``
+    is raised on every rank otherwise). The backward all-reduces (sums) the incoming gradient and returns this
+    rank's rows, so that after DDP's gradient averaging the parameter gradients equal those of one process
+    computing the mean of the ranks' losses on the concatenated batch. Every rank must call this (and run
+    backward through it) the same number of times, like any collective.
+
+    Returns ``x`` itself when no process group is initialised (or the world has one process).
+
+    Args:
+        x: tensor of shape (N_rank, ...).
+
+    Returns:
+        tensor of shape (sum of N_rank over ranks, ...).
+    """
+    if not is_distributed() or dist.get_world_size() == 1:
+        return x
+    return _AllGatherWithGrad.apply(x)
+
+
+def all_reduce_mean(x: torch.Tensor | float, weight: torch.Tensor | float | None = None) -> torch.Tensor:
+    """Global mean of per-rank values, detached: for logging a loss or metric that each rank computed locally.
+
+    Args:
+        x: this rank's value (a scalar or a tensor of the same shape on every rank).
+        weight: optional weight of this rank's value, e.g. its number of samples when ranks hold unequal
+            counts; the result is then ``sum_r(w_r * x_r) / sum_r(w_r)`` instead of the plain mean over ranks.
+
+    Returns:
+        a new detached floating-point tensor with the shape of ``x``; a detached copy of ``x`` on one process.
+    """
+    x = torch.as_tensor(x).detach()
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())
+    if not is_distributed() or dist.get_world_size() == 1:
+        return x.clone()
+    if weight is None:
+        total = x.clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        return total / dist.get_world_size()
+    w = torch.as_tensor(weight, dtype=x.dtype, device=x.device).detach()
+    if w.numel() != 1:
+        raise ValueError(f"weight must be a single number per rank, got shape {tuple(w.shape)}.")
+    packed = torch.cat([(x * w).reshape(-1), w.reshape(1)])
+    dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+    return (packed[:-1] / packed[-1]).reshape(x.shape)
