@@ -1,0 +1,304 @@
+"""The self-supervised pretraining network ("SSL head") around MONAI's Swin ViT encoder.
+
+The model follows Tang et al., "Self-Supervised Pre-Training of Swin Transformers for 3D Medical Image
+Analysis" (CVPR 2022): MONAI's :class:`~monai.networks.nets.swin_unetr.SwinTransformer` encoder (attribute
+``swinViT``), a rotation head (``rotation_head``), a contrastive head (``contrastive_head``) and a
+reconstruction decoder (``conv``). The attribute names and the decoder layouts are those of the published
+checkpoints, so weights move between this module, those checkpoints and ``SwinUNETR.swinViT`` unchanged.
+
+This module depends on torch and MONAI only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from numbers import Integral, Real
+
+import torch
+from monai.networks.layers import Conv, Norm
+from monai.networks.nets.swin_unetr import SwinTransformer
+from torch import nn
+
+__all__ = ["SSLHead", "UPSAMPLE_MODES", "OUTPUT_MODES", "SPATIAL_REDUCTION", "check_roi_size"]
+
+#: the reconstruction decoders :class:`SSLHead` can build (``upsample`` argument).
+UPSAMPLE_MODES: tuple[str, ...] = ("vae", "deconv", "large_kernel_deconv")
+
+#: total downsampling of the encoder: patch embedding (2) times four patch-merging stages (2**4).
+SPATIAL_REDUCTION: int = 32
+
+#: what :meth:`SSLHead.forward` returns (``output`` argument).
+OUTPUT_MODES: tuple[str, ...] = ("all", "reconstruction")
+
+# fixed encoder hyper-parameters of the published SSL model
+_WINDOW = 7
+_PATCH = 2
+_DEPTHS = (2, 2, 2, 2)
+_NUM_HEADS = (3, 6, 12, 24)
+_CONTRASTIVE_DIM = 512
+_NUM_ROTATIONS = 4
+
+
+def _nearest_multiples(size: int, k: int) -> tuple[int, int]:
+    """The multiples of ``k`` just below and just above ``size`` (the lower one at least ``k``)."""
+    lower = max(k, (size // k) * k)
+    upper = max(k, -(-size // k) * k)
+    return lower, upper
+
+
+def check_roi_size(roi_size: Sequence[int], spatial_dims: int | None = None) -> int:
+    """Check that a spatial size can go through :class:`SSLHead` and return its number of final tokens.
+
+    The encoder reduces every spatial dimension by 32 (patch size 2, then four patch-merging stages), and the
+    reconstruction decoders upsample by exactly 32, so every spatial size must be a multiple of 32 for the
+    reconstruction to match the input. The rotation head reads final token 0 and the contrastive head final
+    token 1, so the last stage must hold at least two tokens (e.g. 32^3 gives 1 token and fails, 64^3 gives 8).
+
+    Args:
+        roi_size: the spatial size, e.g. ``(96, 96, 96)``; no batch or channel dimension.
+        spatial_dims: if given, the number of spatial dimensions ``roi_size`` must have.
+
+    Returns:
+        the number of tokens of the last encoder stage, ``prod(s // 32 for s in roi_size)``.
+
+    Raises:
+        ValueError: when the size has the wrong number of dimensions, a size is not a positive multiple of
+            32, or the last stage would hold fewer than two tokens.
+
+    Example::
+
+        >>> check_roi_size((96, 96, 96))
+        27
+    """
+    roi = tuple(int(s) for s in roi_size)
+    if spatial_dims is not None and len(roi) != spatial_dims:
+        raise ValueError(
+            f"SSLHead: expected a spatial size with {spatial_dims} dimensions (spatial_dims={spatial_dims}), "
+            f"got {len(roi)}: {roi}."
+        )
+    k = SPATIAL_REDUCTION
+    if any(s <= 0 for s in roi):
+        raise ValueError(f"SSLHead: spatial sizes must be positive, got {roi}.")
+    bad = [(i, s) for i, s in enumerate(roi) if s % k != 0]
+    if bad:
+        lower = tuple(_nearest_multiples(s, k)[0] for s in roi)
+        upper = tuple(_nearest_multiples(s, k)[1] for s in roi)
+        rec = tuple(-(-s // k) * k for s in roi)
+        bad_txt = ", ".join(f"dim {i} = {s}" for i, s in bad)
+        options = [upper] if lower == upper or math.prod(s // k for s in lower) < 2 else [lower, upper]
+        options_txt = " or ".join(str(o) for o in options)
+        raise ValueError(
+            f"SSLHead: every spatial size must be divisible by {k} (the encoder reduces each dimension by {k} "
+            f"and the decoder upsamples by {k}); got {roi} ({bad_txt}). The reconstruction would have size "
+            f"{rec} and would not match the input. Nearest valid size: {options_txt} "
+            f"(crop or pad the input, e.g. with monai.transforms.DivisiblePad(k={k}))."
+        )
+    grid = tuple(s // k for s in roi)
+    n_tokens = math.prod(grid)
+    if n_tokens < 2:
+        works = tuple(2 * k for _ in roi)
+        raise ValueError(
+            f"SSLHead: the ROI {roi} gives {n_tokens} token at the last encoder stage (grid {grid}), but at "
+            f"least 2 tokens are needed: the rotation head reads token 0 and the contrastive head token 1. "
+            f"Use a larger ROI, e.g. {works}, which gives {math.prod(s // k for s in works)} tokens."
+        )
+    return n_tokens
+
+
+def _as_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"SSLHead: {name} must be an integer, got {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise ValueError(f"SSLHead: {name} must be >= {minimum}, got {value}.")
+    return int(value)
+
+
+class SSLHead(nn.Module):
+    """
+    Swin ViT with the three self-supervised heads of Tang et al., "Self-Supervised Pre-Training of Swin
+    Transformers for 3D Medical Image Analysis" <https://arxiv.org/abs/2111.14791>: rotation prediction,
+    contrastive coding and masked-volume (inpainting) reconstruction.
+
+    The encoder is MONAI's :class:`~monai.networks.nets.swin_unetr.SwinTransformer` with the configuration of
+    ``SwinUNETR`` (window 7, patch 2, depths (2, 2, 2, 2), heads (3, 6, 12, 24)), so ``model.swinViT``'s
+    state dict loads into ``SwinUNETR(feature_size=feature_size).swinViT`` as is. Its last stage output
+    (normalised) of shape ``(B, 16 * feature_size, *[s // 32 for s in spatial])`` is flattened to tokens
+    ``(B, N, 16 * feature_size)``; token 0 feeds ``rotation_head``, token 1 ``contrastive_head``, and the
+    whole map the reconstruction decoder ``conv``.
+
+    Args:
+        in_channels: number of input image channels.
+        feature_size: embedding size of the Swin ViT (``embed_dim``); the last stage has ``16 * feature_size``
+            channels. Must be a multiple of 12, as ``SwinUNETR`` requires for the weights to be reused there
+            (the attention alone needs a multiple of 3: the head dimension is ``feature_size / 3`` in every
+            stage).
+        spatial_dims: number of spatial dimensions, 2 or 3.
+        dropout_path_rate: stochastic-depth rate of the encoder, in [0, 1].
+        use_checkpoint: activation checkpointing in every Swin block (``torch.utils.checkpoint`` with
+            ``use_reentrant=False`` in MONAI >= 1.3): less memory, about one more encoder forward of compute.
+        upsample: the reconstruction decoder, one of
+
+            - ``"vae"`` (default): five blocks ``[Conv k3 p1, InstanceNorm, LeakyReLU, Upsample x2]`` taking
+              ``16f -> 8f -> 4f -> 2f -> f -> f`` channels, then ``Conv(f, in_channels, 1)``
+              (keys ``conv.0``, ``conv.4``, ``conv.8``, ``conv.12``, ``conv.16``, ``conv.20``);
+            - ``"deconv"``: five transposed convolutions, kernel 2 stride 2,
+              ``16f -> 8f -> 4f -> 2f -> f -> in_channels`` (keys ``conv.0`` .. ``conv.4``);
+            - ``"large_kernel_deconv"``: one transposed convolution ``16f -> in_channels``, kernel 32 stride 32
+              (keys ``conv.weight``, ``conv.bias``).
+        output: what ``forward`` returns: ``"all"`` (default, for training) the tuple below, or
+            ``"reconstruction"`` only the reconstruction tensor (for inference and ``verify_net_in_out``, which
+            need a single tensor); the parameters and state-dict keys are the same.
+
+    Shapes:
+        - input ``x``: ``(B, in_channels, *spatial)``, every spatial size a multiple of 32 and the last stage
+          holding at least 2 tokens (``prod(s // 32) >= 2``: 64^3 works, 32^3 does not);
+        - output (``output="all"``): a tuple ``(rotation logits (B, 4), contrastive embedding (B, 512),
+          reconstruction (B, in_channels, *spatial))``. The reconstruction has no output activation.
+
+    Raises:
+        ValueError: on an invalid argument, and in ``forward`` on an input of the wrong number of dimensions,
+            the wrong number of channels, a spatial size not divisible by 32 or fewer than 2 final tokens;
+            the input checks run before the encoder.
+
+    Example::
+
+        >>> import torch
+        >>> net = SSLHead(in_channels=1, feature_size=48)  # 19.10M parameters, 8.06M in net.swinViT
+        >>> rot, contrastive, rec = net(torch.randn(2, 1, 96, 96, 96))
+        >>> rot.shape, contrastive.shape, rec.shape
+        (torch.Size([2, 4]), torch.Size([2, 512]), torch.Size([2, 1, 96, 96, 96]))
+        >>> # 2D, deconvolution decoder
+        >>> net2d = SSLHead(in_channels=3, feature_size=24, spatial_dims=2, upsample="deconv")
+        >>> [o.shape for o in net2d(torch.randn(1, 3, 64, 64))]
+        [torch.Size([1, 4]), torch.Size([1, 512]), torch.Size([1, 3, 64, 64])]
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        feature_size: int = 48,
+        spatial_dims: int = 3,
+        dropout_path_rate: float = 0.0,
+        use_checkpoint: bool = False,
+        upsample: str = "vae",
+        output: str = "all",
+    ) -> None:
+        super().__init__()
+        in_channels = _as_int("in_channels", in_channels, 1)
+        feature_size = _as_int("feature_size", feature_size, 12)
+        if feature_size % 12 != 0:
+            raise ValueError(
+                f"SSLHead: feature_size must be a multiple of 12, got {feature_size} (the attention heads "
+                f"(3, 6, 12, 24) need a multiple of 3, and SwinUNETR, which reuses these weights, a multiple "
+                f"of 12; e.g. 12, 24, 48)."
+            )
+        if isinstance(spatial_dims, bool) or spatial_dims not in (2, 3):
+            raise ValueError(f"SSLHead: spatial_dims must be 2 or 3, got {spatial_dims!r}.")
+        if isinstance(dropout_path_rate, bool) or not isinstance(dropout_path_rate, Real):
+            raise ValueError(f"SSLHead: dropout_path_rate must be a number in [0, 1], got {dropout_path_rate!r}.")
+        if not 0.0 <= float(dropout_path_rate) <= 1.0:
+            raise ValueError(f"SSLHead: dropout_path_rate must be in [0, 1], got {dropout_path_rate}.")
+        if not isinstance(upsample, str) or upsample not in UPSAMPLE_MODES:
+            raise ValueError(f"SSLHead: upsample must be one of {UPSAMPLE_MODES}, got {upsample!r}.")
+        if output not in OUTPUT_MODES:
+            raise ValueError(f"SSLHead: output must be one of {OUTPUT_MODES}, got {output!r}.")
+        self.output = output
+
+        self.in_channels = in_channels
+        self.feature_size = feature_size
+        self.spatial_dims = int(spatial_dims)
+        self.upsample = upsample
+        dim = 16 * feature_size  # channels of the last stage output (after the final patch merging)
+        self.hidden_dim = dim
+
+        self.swinViT = SwinTransformer(
+            in_chans=in_channels,
+            embed_dim=feature_size,
+            window_size=(_WINDOW,) * self.spatial_dims,
+            patch_size=(_PATCH,) * self.spatial_dims,
+            depths=_DEPTHS,
+            num_heads=_NUM_HEADS,
+            mlp_ratio=4.0,
+            qkv_bias=True,
+            drop_rate=0.0,
+            attn_drop_rate=0.0,
+            drop_path_rate=float(dropout_path_rate),
+            norm_layer=nn.LayerNorm,
+            use_checkpoint=bool(use_checkpoint),
+            spatial_dims=self.spatial_dims,
+            downsample="merging",
+            use_v2=False,
+        )
+        self.rotation_head = nn.Linear(dim, _NUM_ROTATIONS)
+        self.contrastive_head = nn.Linear(dim, _CONTRASTIVE_DIM)
+        self.conv = self._build_decoder(upsample, dim, feature_size, in_channels, self.spatial_dims)
+
+    @staticmethod
+    def _build_decoder(upsample: str, dim: int, feature_size: int, in_channels: int, spatial_dims: int) -> nn.Module:
+        conv_t = Conv[Conv.CONV, spatial_dims]
+        deconv_t = Conv[Conv.CONVTRANS, spatial_dims]
+        if upsample == "vae":
+            norm_t = Norm[Norm.INSTANCE, spatial_dims]
+            mode = "trilinear" if spatial_dims == 3 else "bilinear"
+            widths = [dim, dim // 2, dim // 4, dim // 8, feature_size, feature_size]
+            layers: list[nn.Module] = []
+            for c_in, c_out in zip(widths[:-1], widths[1:]):
+                layers += [
+                    conv_t(c_in, c_out, kernel_size=3, stride=1, padding=1),
+                    norm_t(c_out),
+                    nn.LeakyReLU(),
+                    nn.Upsample(scale_factor=2, mode=mode, align_corners=False),
+                ]
+            layers.append(conv_t(feature_size, in_channels, kernel_size=1, stride=1))
+            return nn.Sequential(*layers)
+        if upsample == "deconv":
+            widths = [dim, dim // 2, dim // 4, dim // 8, feature_size, in_channels]
+            return nn.Sequential(
+                *(deconv_t(c_in, c_out, kernel_size=2, stride=2) for c_in, c_out in zip(widths[:-1], widths[1:]))
+            )
+        # "large_kernel_deconv"
+        k = SPATIAL_REDUCTION
+        return deconv_t(dim, in_channels, kernel_size=k, stride=k)
+
+    def check_input(self, x: torch.Tensor) -> int:
+        """Validate an input batch's shape (no computation) and return the number of final tokens.
+
+        Raises:
+            ValueError: wrong number of dimensions or channels, a spatial size not divisible by 32, or fewer
+                than 2 tokens at the last stage.
+        """
+        expected_ndim = self.spatial_dims + 2
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"SSLHead: expected a torch.Tensor input, got {type(x).__name__}.")
+        if x.ndim != expected_ndim:
+            layout = "(B, C, H, W, D)" if self.spatial_dims == 3 else "(B, C, H, W)"
+            raise ValueError(
+                f"SSLHead: expected a {expected_ndim}-dimensional input {layout} for spatial_dims="
+                f"{self.spatial_dims}, got {x.ndim} dimensions, shape {tuple(x.shape)}."
+            )
+        if x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"SSLHead: expected in_channels={self.in_channels} input channels, got {x.shape[1]} "
+                f"(input shape {tuple(x.shape)})."
+            )
+        return check_roi_size(tuple(x.shape[2:]), self.spatial_dims)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | torch.Tensor:
+        """
+        Args:
+            x: ``(B, in_channels, *spatial)``.
+
+        Returns:
+            ``(rotation logits (B, 4), contrastive embedding (B, 512), reconstruction (B, in_channels, *spatial))``,
+            or only the reconstruction when ``output="reconstruction"``.
+        """
+        self.check_input(x)
+        feats = self.swinViT(x.contiguous(), normalize=True)[4]  # (B, 16f, *[s // 32])
+        if self.output == "reconstruction":
+            return self.conv(feats)
+        tokens = feats.flatten(start_dim=2).transpose(1, 2)  # (B, N, 16f), N = prod(s // 32) >= 2
+        x_rot = self.rotation_head(tokens[:, 0])  # (B, 4)
+        x_contrastive = self.contrastive_head(tokens[:, 1])  # (B, 512)
+        x_rec = self.conv(feats)  # (B, in_channels, *spatial)
+        return x_rot, x_contrastive, x_rec

@@ -1,0 +1,292 @@
+"""Tests of components.networks.SSLHead: layout, parameter counts, shapes, input checks, gradients.
+
+CPU budget: forward passes use feature_size 12 and the smallest valid ROIs (64^3, or 32x32x64 which gives
+the minimum of 2 final tokens); parameter counts at feature_size 48 need no forward pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from monai.networks.nets import SwinUNETR
+from torch import nn
+
+from components.networks import SSLHead, check_roi_size
+
+DECODERS = ("vae", "deconv", "large_kernel_deconv")
+SMALL_3D = (32, 32, 64)  # anisotropic, the smallest 3D ROI with 2 final tokens
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_cpu_thread():
+    """Small CPU tensors on a shared 2-core box: one intra-op thread is 2-3x faster than two threads that
+    compete with other processes (measured: ~23 s against ~80 s for this file). Restored afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def n_params(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def weighted_loss(outputs, seed: int = 0) -> torch.Tensor:
+    """A scalar that depends on every output element with fixed random weights."""
+    g = torch.Generator().manual_seed(seed)
+    return sum((o * torch.randn(o.shape, generator=g)).sum() for o in outputs)
+
+
+# ---------------------------------------------------------------- layout
+
+
+def test_attribute_names_and_key_prefixes():
+    net = SSLHead(feature_size=12)
+    assert isinstance(net.swinViT, nn.Module)
+    assert isinstance(net.rotation_head, nn.Linear)
+    assert isinstance(net.contrastive_head, nn.Linear)
+    assert isinstance(net.conv, nn.Sequential)
+    prefixes = {k.split(".")[0] for k in net.state_dict()}
+    assert prefixes == {"swinViT", "rotation_head", "contrastive_head", "conv"}
+    assert net.rotation_head.in_features == 16 * 12 and net.rotation_head.out_features == 4
+    assert net.contrastive_head.in_features == 16 * 12 and net.contrastive_head.out_features == 512
+
+
+def test_vae_decoder_keys_and_layers():
+    net = SSLHead(in_channels=1, feature_size=48)
+    conv_keys = [k for k in net.state_dict() if k.startswith("conv.")]
+    expected = [f"conv.{i}.{p}" for i in (0, 4, 8, 12, 16, 20) for p in ("weight", "bias")]
+    assert conv_keys == expected
+    shapes = {k: tuple(net.state_dict()[k].shape) for k in expected if k.endswith("weight")}
+    assert shapes == {
+        "conv.0.weight": (384, 768, 3, 3, 3),
+        "conv.4.weight": (192, 384, 3, 3, 3),
+        "conv.8.weight": (96, 192, 3, 3, 3),
+        "conv.12.weight": (48, 96, 3, 3, 3),
+        "conv.16.weight": (48, 48, 3, 3, 3),
+        "conv.20.weight": (1, 48, 1, 1, 1),
+    }
+    for i in (1, 5, 9, 13, 17):
+        assert isinstance(net.conv[i], nn.InstanceNorm3d) and not net.conv[i].affine
+        assert isinstance(net.conv[i + 1], nn.LeakyReLU)
+        assert isinstance(net.conv[i + 2], nn.Upsample) and net.conv[i + 2].mode == "trilinear"
+    assert len(net.conv) == 21
+
+
+def test_deconv_and_large_kernel_keys():
+    deconv = SSLHead(in_channels=2, feature_size=12, upsample="deconv")
+    keys = [k for k in deconv.state_dict() if k.startswith("conv.")]
+    assert keys == [f"conv.{i}.{p}" for i in range(5) for p in ("weight", "bias")]
+    assert all(isinstance(m, nn.ConvTranspose3d) for m in deconv.conv)
+    assert deconv.conv[4].out_channels == 2
+    lk = SSLHead(feature_size=12, upsample="large_kernel_deconv")
+    assert isinstance(lk.conv, nn.ConvTranspose3d)
+    assert lk.conv.kernel_size == (32, 32, 32) and lk.conv.stride == (32, 32, 32)
+    assert [k for k in lk.state_dict() if k.startswith("conv.")] == ["conv.weight", "conv.bias"]
+
+
+def test_encoder_state_dict_loads_into_swinunetr():
+    """The point of the attribute names: swinViT weights move to SwinUNETR unchanged (strict load)."""
+    net = SSLHead(in_channels=1, feature_size=12)
+    seg = SwinUNETR(in_channels=1, out_channels=3, feature_size=12)
+    result = seg.swinViT.load_state_dict(net.swinViT.state_dict(), strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+
+
+# ---------------------------------------------------------------- parameter counts (recipe.md s1)
+
+
+def test_parameter_counts_feature_48():
+    f, dim = 48, 16 * 48
+    vae = SSLHead(in_channels=1, feature_size=f, upsample="vae")
+    encoder = n_params(vae.swinViT)
+    heads = n_params(vae.rotation_head) + n_params(vae.contrastive_head)
+    assert encoder == 8_062_002
+    assert round(encoder / 1e6, 2) == 8.06
+    assert heads == (dim * 4 + 4) + (dim * 512 + 512) == 396_804
+
+    widths = [dim, dim // 2, dim // 4, dim // 8, f, f]
+    vae_dec = sum(ci * co * 27 + co for ci, co in zip(widths[:-1], widths[1:])) + (f * 1 + 1)
+    assert n_params(vae.conv) == vae_dec == 10_638_385
+    assert n_params(vae) == 19_097_191
+    assert round(n_params(vae) / 1e6, 2) == 19.10
+
+    deconv = SSLHead(in_channels=1, feature_size=f, upsample="deconv")
+    widths = [dim, dim // 2, dim // 4, dim // 8, f, 1]
+    deconv_dec = sum(ci * co * 8 + co for ci, co in zip(widths[:-1], widths[1:]))
+    assert n_params(deconv.conv) == deconv_dec == 3_134_545
+    assert n_params(deconv) == 11_593_351
+
+    lk = SSLHead(in_channels=1, feature_size=f, upsample="large_kernel_deconv")
+    assert n_params(lk.conv) == dim * 1 * 32**3 + 1 == 25_165_825
+    assert n_params(lk) == 33_624_631
+
+
+# ---------------------------------------------------------------- forward shapes
+
+
+def _check_outputs(outputs, batch: int, in_channels: int, spatial: tuple[int, ...]):
+    assert isinstance(outputs, tuple) and len(outputs) == 3
+    rot, contrastive, rec = outputs
+    assert rot.shape == (batch, 4)
+    assert contrastive.shape == (batch, 512)
+    assert rec.shape == (batch, in_channels, *spatial)
+    assert all(torch.isfinite(o).all() for o in outputs)
+
+
+@pytest.mark.parametrize("upsample", DECODERS)
+def test_forward_3d_64_cubed_batch_2(upsample):
+    torch.manual_seed(0)
+    net = SSLHead(in_channels=1, feature_size=12, upsample=upsample)
+    x = torch.rand(2, 1, 64, 64, 64)
+    with torch.no_grad():
+        outputs = net(x)
+    _check_outputs(outputs, 2, 1, (64, 64, 64))
+    assert outputs[2].shape == x.shape
+
+
+def test_forward_3d_anisotropic_two_channels():
+    """The smallest valid 3D ROI (2 final tokens), non-cubic, with 2 input channels."""
+    torch.manual_seed(0)
+    net = SSLHead(in_channels=2, feature_size=12, upsample="deconv")
+    with torch.no_grad():
+        outputs = net(torch.rand(1, 2, *SMALL_3D))
+    _check_outputs(outputs, 1, 2, SMALL_3D)
+
+
+@pytest.mark.parametrize("upsample", DECODERS)
+def test_forward_2d_all_decoders(upsample):
+    torch.manual_seed(0)
+    net = SSLHead(in_channels=1, feature_size=12, spatial_dims=2, upsample=upsample)
+    if upsample == "vae":
+        assert isinstance(net.conv[0], nn.Conv2d) and net.conv[3].mode == "bilinear"
+    x = torch.rand(2, 1, 64, 64)
+    with torch.no_grad():
+        outputs = net(x)
+    _check_outputs(outputs, 2, 1, (64, 64))
+    assert outputs[2].shape == x.shape
+
+
+# ---------------------------------------------------------------- input checks (before the encoder runs)
+
+
+@pytest.fixture
+def net_no_encoder(monkeypatch):
+    """A small model whose encoder raises if called: proves the input checks run first."""
+    net = SSLHead(in_channels=1, feature_size=12)
+
+    def _boom(*args, **kwargs):
+        raise AssertionError("the encoder ran before the input was validated")
+
+    monkeypatch.setattr(net.swinViT, "forward", _boom)
+    return net
+
+
+def test_roi_32_cubed_one_token(net_no_encoder):
+    with pytest.raises(ValueError) as err:
+        net_no_encoder(torch.zeros(1, 1, 32, 32, 32))
+    msg = str(err.value)
+    assert "token" in msg and "(32, 32, 32)" in msg and "1 token" in msg and "(64, 64, 64)" in msg
+
+
+def test_roi_not_divisible_by_32(net_no_encoder):
+    with pytest.raises(ValueError) as err:
+        net_no_encoder(torch.zeros(1, 1, 80, 80, 80))
+    msg = str(err.value)
+    assert "divisible by 32" in msg and "(80, 80, 80)" in msg and "reconstruction" in msg
+    assert "(64, 64, 64)" in msg and "(96, 96, 96)" in msg
+    with pytest.raises(ValueError, match=r"dim 2 = 70"):
+        net_no_encoder(torch.zeros(1, 1, 64, 64, 70))
+
+
+def test_wrong_dims_and_channels(net_no_encoder):
+    with pytest.raises(ValueError, match=r"5-dimensional.*got 4"):
+        net_no_encoder(torch.zeros(1, 64, 64, 64))
+    with pytest.raises(ValueError, match=r"in_channels=1.*got 2"):
+        net_no_encoder(torch.zeros(1, 2, 64, 64, 64))
+
+
+def test_check_roi_size():
+    assert check_roi_size((96, 96, 96)) == 27
+    assert check_roi_size((64, 64, 64), spatial_dims=3) == 8
+    assert check_roi_size((32, 64)) == 2
+    with pytest.raises(ValueError, match="1 token"):
+        check_roi_size((32, 32))
+    with pytest.raises(ValueError, match="2 dimensions"):
+        check_roi_size((64, 64, 64), spatial_dims=2)
+    with pytest.raises(ValueError, match=r"Nearest valid size: \(32, 64, 64\)"):
+        check_roi_size((16, 64, 64))
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"upsample": "bilinear"}, "'bilinear'"),
+        ({"upsample": "VAE"}, "'VAE'"),
+        ({"spatial_dims": 1}, "spatial_dims must be 2 or 3, got 1"),
+        ({"spatial_dims": 4}, "got 4"),
+        ({"in_channels": 0}, "in_channels must be >= 1, got 0"),
+        ({"in_channels": 1.5}, "in_channels must be an integer"),
+        ({"feature_size": 40}, "multiple of 12, got 40"),
+        ({"feature_size": 0}, "feature_size must be >= 12, got 0"),
+        ({"dropout_path_rate": 1.5}, "dropout_path_rate must be in [0, 1], got 1.5"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, fragment):
+    with pytest.raises(ValueError) as err:
+        SSLHead(**kwargs)
+    assert fragment in str(err.value)
+
+
+# ---------------------------------------------------------------- gradients
+
+
+def test_gradients_reach_every_parameter():
+    """No unused parameters (DDP would need find_unused_parameters otherwise)."""
+    torch.manual_seed(0)
+    net = SSLHead(in_channels=1, feature_size=12)
+    outputs = net(torch.rand(2, 1, *SMALL_3D))
+    _check_outputs(outputs, 2, 1, SMALL_3D)
+    sum(o.sum() for o in outputs).backward()
+    for name, p in net.named_parameters():
+        assert p.grad is not None, f"{name} received no gradient"
+        assert torch.isfinite(p.grad).all(), name
+        # conv biases right before an InstanceNorm get a mathematically zero gradient: only require
+        # non-zero gradients in the encoder and the two heads
+        if not name.startswith("conv."):
+            assert p.grad.abs().sum() > 0, f"{name} has an all-zero gradient"
+
+
+def test_activation_checkpointing_matches():
+    torch.manual_seed(0)
+    plain = SSLHead(in_channels=1, feature_size=12, use_checkpoint=False)
+    ckpt = SSLHead(in_channels=1, feature_size=12, use_checkpoint=True)
+    ckpt.load_state_dict(plain.state_dict())
+    assert all(blk.use_checkpoint for blk in ckpt.swinViT.layers1[0].blocks)
+    x = torch.rand(1, 1, *SMALL_3D)
+
+    out_plain = plain(x)
+    weighted_loss(out_plain).backward()
+    out_ckpt = ckpt(x)
+    weighted_loss(out_ckpt).backward()
+
+    for a, b in zip(out_plain, out_ckpt):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    grads_ckpt = dict(ckpt.named_parameters())
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(p.grad, grads_ckpt[name].grad, atol=1e-5, rtol=0, msg=name)
+
+
+def test_reconstruction_output_mode_returns_the_same_reconstruction():
+    torch.manual_seed(0)
+    full = SSLHead(feature_size=12)
+    recon_only = SSLHead(feature_size=12, output="reconstruction")
+    recon_only.load_state_dict(full.state_dict())  # same keys: strict load works
+    x = torch.rand(1, 1, 64, 64, 32)
+    with torch.no_grad():
+        expected = full(x)[2]
+        got = recon_only(x)
+    assert isinstance(got, torch.Tensor)
+    assert torch.allclose(got, expected)
+    with pytest.raises(ValueError, match="output must be one of"):
+        SSLHead(feature_size=12, output="features")
