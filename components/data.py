@@ -1,0 +1,141 @@
+"""Datalists, rank partitioning and dataset construction: the one place that builds training datasets.
+
+Under DDP every rank must cache only its own shard (distributed-pitfalls.md a, b): the datalist is
+partitioned with a fixed seed into equal shards before any caching, each rank builds one dataset of its
+shard, and sizes are validated before the (possibly hour-long) caching starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from monai.data import CacheDataset, Dataset, SmartCacheDataset, load_decathlon_datalist, partition_dataset
+from torch.utils.data import DistributedSampler
+
+from .distributed import barrier, get_rank, get_world_size
+
+__all__ = ["load_datalist", "partition_for_rank", "check_shard_sizes", "build_dataset", "EpochShuffleSampler"]
+
+logger = logging.getLogger(__name__)
+
+CACHE_MODES = ("full", "smart", "none")
+
+
+def load_datalist(datalist: str | Path, key: str = "training", base_dir: str | Path | None = None) -> list[dict]:
+    """Reads the ``key`` list of a Decathlon-format datalist, with paths made absolute against ``base_dir``
+    (default: the datalist's folder). Errors name the file and the key, and an empty list is an error."""
+    path = Path(datalist)
+    if not path.is_file():
+        raise FileNotFoundError(f"datalist {str(path)!r} does not exist (set `datalist` or `dataset_dir`).")
+    try:
+        content = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"datalist {str(path)!r} is not valid JSON: {err}") from err
+    if not isinstance(content, dict) or key not in content:
+        keys = sorted(content) if isinstance(content, dict) else type(content).__name__
+        raise KeyError(f"datalist {str(path)!r} has no {key!r} list; it has: {keys}.")
+    items = load_decathlon_datalist(str(path), data_list_key=key, base_dir=str(base_dir or path.parent))
+    if not items:
+        raise ValueError(f"the {key!r} list of datalist {str(path)!r} is empty.")
+    return items
+
+
+def check_shard_sizes(
+    num_items: int, world_size: int, batch_size: int, cache: str = "full", cache_num: int | None = None
+) -> None:
+    """Fails before any caching when some rank would get less than one full batch per epoch, with the numbers
+    and a fix. Shards are equal (``even_divisible``); a smart cache serves ``cache_num`` items per epoch."""
+    if cache not in CACHE_MODES:
+        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}.")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    if num_items < world_size * batch_size:
+        raise ValueError(
+            f"{num_items} training volumes are too few for {world_size} rank(s) x batch_size {batch_size}: "
+            f"each rank needs at least one full batch per epoch. Use at most {max(num_items // batch_size, 1)} "
+            f"processes, a batch_size of at most {max(num_items // world_size, 1)}, or add data."
+        )
+    shard = math.ceil(num_items / world_size)
+    if cache == "smart":
+        if cache_num is None or cache_num < 1:
+            raise ValueError(f"cache='smart' needs cache_num >= 1 (volumes kept per rank), got {cache_num}.")
+        if cache_num < batch_size:
+            raise ValueError(f"cache_num={cache_num} is smaller than batch_size={batch_size}; use cache_num >= {batch_size}.")
+        if cache_num > shard:
+            raise ValueError(
+                f"cache_num={cache_num} exceeds the {shard} volumes of each rank's shard "
+                f"({num_items} volumes over {world_size} ranks); use cache_num <= {shard}."
+            )
+
+
+def partition_for_rank(
+    data: Sequence[dict], seed: int = 0, rank: int | None = None, world_size: int | None = None
+) -> list[dict]:
+    """This rank's shard: a seeded shuffle split into equal parts (short shards repeat an item), so every rank
+    runs the same number of iterations. The whole list on one process."""
+    world_size = get_world_size() if world_size is None else world_size
+    rank = get_rank() if rank is None else rank
+    if world_size == 1:
+        return list(data)
+    return partition_dataset(data, num_partitions=world_size, shuffle=True, seed=seed, even_divisible=True)[rank]
+
+
+def build_dataset(
+    data: Sequence[dict],
+    transform: Callable,
+    cache: str = "full",
+    cache_rate: float = 1.0,
+    cache_num: int | None = None,
+    replace_rate: float = 0.2,
+    num_workers: int = 4,
+    batch_size: int = 1,
+    partition: bool = True,
+    seed: int = 0,
+    progress: bool = True,
+) -> Dataset:
+    """Builds this rank's dataset from ``data``: ``cache`` = "full" (``CacheDataset`` of ``cache_rate`` of the
+    shard), "smart" (``SmartCacheDataset`` keeping ``cache_num`` volumes, ``replace_rate`` of them replaced
+    each epoch: attach ``monai.handlers.SmartCacheHandler``) or "none" (plain ``Dataset``).
+
+    With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked
+    before caching, caching runs on ``num_workers`` threads with a progress bar (rank 0), and all ranks meet
+    at a barrier afterwards so none enters the first collective while another still caches.
+    """
+    world_size = get_world_size() if partition else 1
+    check_shard_sizes(len(data), world_size, batch_size, cache, cache_num)
+    shard = partition_for_rank(data, seed=seed) if partition else list(data)
+    show = progress and get_rank() == 0
+    workers = max(int(num_workers), 1)
+    if cache == "full":
+        dataset = CacheDataset(shard, transform, cache_rate=cache_rate, num_workers=workers, progress=show)
+    elif cache == "smart":
+        dataset = SmartCacheDataset(
+            shard,
+            transform,
+            replace_rate=replace_rate,
+            cache_num=cache_num,
+            num_init_workers=workers,
+            num_replace_workers=workers,
+            progress=show,
+            seed=seed + get_rank(),
+        )
+    else:
+        dataset = Dataset(shard, transform)
+    logger.info("rank %d: dataset of %d/%d volumes (cache=%s)", get_rank(), len(shard), len(data), cache)
+    barrier()
+    return dataset
+
+
+class EpochShuffleSampler(DistributedSampler):
+    """Shuffles one rank's own shard anew every epoch from ``(seed, epoch)``; it never splits the data again.
+
+    It is a ``DistributedSampler`` fixed to a single replica only so that MONAI's workflows call its
+    ``set_epoch`` at each epoch start: resuming at an epoch boundary then replays the same order.
+    """
+
+    def __init__(self, dataset: Dataset, shuffle: bool = True, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=seed, drop_last=False)

@@ -1,0 +1,116 @@
+"""Datalist reading, rank partitioning and dataset construction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from monai.data import CacheDataset, Dataset, SmartCacheDataset
+
+from components.data import EpochShuffleSampler, build_dataset, check_shard_sizes, load_datalist, partition_for_rank
+
+
+def _items(n: int) -> list[dict]:
+    return [{"image": f"case_{i:03d}.nii.gz"} for i in range(n)]
+
+
+def test_load_datalist_makes_paths_absolute(tmp_path):
+    path = tmp_path / "dataset.json"
+    path.write_text(json.dumps({"training": [{"image": "a.nii.gz"}], "validation": [{"image": "b.nii.gz"}]}))
+    items = load_datalist(path, "training")
+    assert items == [{"image": str(tmp_path / "a.nii.gz")}]
+    assert load_datalist(path, "validation", base_dir="/data") == [{"image": "/data/b.nii.gz"}]
+
+
+def test_load_datalist_errors_name_file_and_key(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        load_datalist(missing)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    with pytest.raises(ValueError, match="broken.json.*not valid JSON"):
+        load_datalist(broken)
+    wrong_key = tmp_path / "wrong.json"
+    wrong_key.write_text(json.dumps({"train": []}))
+    with pytest.raises(KeyError, match="no 'training' list; it has: \\['train'\\]"):
+        load_datalist(wrong_key)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"training": []}))
+    with pytest.raises(ValueError, match="'training' list .* is empty"):
+        load_datalist(empty)
+
+
+def test_partition_is_disjoint_equal_and_deterministic():
+    data = _items(10)
+    shards = [partition_for_rank(data, seed=3, rank=r, world_size=4) for r in range(4)]
+    assert [len(s) for s in shards] == [3, 3, 3, 3]  # even_divisible: every rank runs the same iterations
+    names = [d["image"] for s in shards for d in s]
+    assert set(names) == {d["image"] for d in data}  # every volume is used, 2 of them twice
+    assert len(names) - len(set(names)) == 2
+    assert shards == [partition_for_rank(data, seed=3, rank=r, world_size=4) for r in range(4)]
+    assert shards != [partition_for_rank(data, seed=4, rank=r, world_size=4) for r in range(4)]
+    assert partition_for_rank(data, seed=3, rank=0, world_size=1) == data
+
+
+@pytest.mark.parametrize(
+    "num, world, batch, cache, cache_num, match",
+    [
+        (3, 2, 2, "full", None, "3 training volumes are too few for 2 rank\\(s\\) x batch_size 2"),
+        (1, 2, 1, "none", None, "Use at most 1 processes"),
+        (8, 2, 2, "smart", None, "cache_num >= 1"),
+        (8, 2, 2, "smart", 1, "cache_num=1 is smaller than batch_size=2"),
+        (8, 2, 2, "smart", 5, "cache_num=5 exceeds the 4 volumes of each rank's shard"),
+        (8, 2, 2, "memory", None, "cache must be one of"),
+        (8, 2, 0, "full", None, "batch_size must be >= 1"),
+    ],
+)
+def test_shard_size_errors_give_numbers_and_fix(num, world, batch, cache, cache_num, match):
+    with pytest.raises(ValueError, match=match):
+        check_shard_sizes(num, world, batch, cache, cache_num)
+
+
+def test_shard_sizes_accept_valid_configurations():
+    check_shard_sizes(4, 2, 2, "full")
+    check_shard_sizes(8, 2, 2, "smart", cache_num=4)
+
+
+def _double(item: dict) -> dict:
+    return {"image": torch.full((1, 2, 2, 2), float(item["image"]) * 2)}
+
+
+@pytest.mark.parametrize("cache, cls", [("full", CacheDataset), ("smart", SmartCacheDataset), ("none", Dataset)])
+def test_build_dataset_modes(cache, cls):
+    data = [{"image": i} for i in range(6)]
+    dataset = build_dataset(data, _double, cache=cache, cache_num=3, batch_size=1, num_workers=2, progress=False)
+    assert type(dataset) is cls
+    expected = 3 if cache == "smart" else 6
+    assert len(dataset) == expected
+    values = sorted(float(dataset[i]["image"][0, 0, 0, 0]) for i in range(len(dataset)))
+    assert all(v % 2 == 0 for v in values) and len(set(values)) == expected
+
+
+def test_build_dataset_checks_sizes_before_caching():
+    calls = []
+
+    def transform(item):
+        calls.append(item)
+        return item
+
+    with pytest.raises(ValueError, match="too few"):
+        build_dataset([{"image": 0}], transform, batch_size=2, progress=False)
+    assert calls == []  # nothing was cached
+
+
+def test_epoch_shuffle_sampler_reshuffles_per_epoch_without_splitting():
+    dataset = list(range(12))
+    sampler = EpochShuffleSampler(dataset, seed=5)
+    orders = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    assert all(sorted(o) == dataset for o in orders)  # the whole shard every epoch, no padding, no split
+    assert orders[0] != orders[1] != orders[2]
+    replay = EpochShuffleSampler(dataset, seed=5)
+    replay.set_epoch(1)
+    assert list(replay) == orders[1]  # resuming at epoch 1 replays the same order
