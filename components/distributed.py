@@ -39,6 +39,7 @@ __all__ = [
     "get_world_size",
     "init_distributed",
     "is_distributed",
+    "wrap_ddp",
 ]
 
 #: The environment variables that ``init_method="env://"`` needs; torchrun sets all of them (plus LOCAL_RANK).
@@ -110,6 +111,17 @@ def device_for_rank(device: str | torch.device | None = None) -> torch.device:
         if dev.index is None:
             return torch.device("cuda", get_local_rank())
     return dev
+
+
+def wrap_ddp(module: torch.nn.Module, device: str | torch.device, **kwargs) -> torch.nn.Module:
+    """``module`` moved to ``device`` and wrapped in DistributedDataParallel (``device_ids`` only on CUDA, as
+    DDP requires); returned unwrapped on one process, so one config serves both cases."""
+    device = torch.device(device)
+    module = module.to(device)
+    if not is_distributed():
+        return module
+    device_ids = [device] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids, **kwargs)
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = 4 * 3600) -> None:

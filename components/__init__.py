@@ -1,0 +1,33 @@
+"""Components of the Swin UNETR self-supervised pretraining and finetuning bundles (``import components``)."""
+
+from .augment import aug_rand, rot_rand, ssl_views
+from .checkpoint import (
+    CheckpointLoadError,
+    LoadReport,
+    PretrainedLoader,
+    ResumableCheckpointSaver,
+    ResumeHandler,
+    convert_checkpoint,
+    convert_state_dict,
+    load_pretrained,
+    save_atomic,
+)
+from .data import EpochShuffleSampler, build_dataset, check_shard_sizes, load_datalist, partition_for_rank
+from .distributed import (
+    all_gather_with_grad,
+    all_reduce_mean,
+    barrier,
+    cleanup_distributed,
+    device_for_rank,
+    get_rank,
+    get_world_size,
+    init_distributed,
+    wrap_ddp,
+)
+from .engine import SSLEvaluator, SSLTrainer, SSLViewsImageHandler
+from .losses import SSLLoss
+from .networks import SSLHead, check_roi_size
+from .runtime import as_bool, tune_allocator
+from .synthetic import write_dataset
+
+__version__ = "0.1.0"
