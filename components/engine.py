@@ -16,6 +16,7 @@ import torch
 from ignite.engine import Engine, Events
 from monai.engines import SupervisedEvaluator, SupervisedTrainer
 from monai.engines.workflow import Workflow
+from monai.data.utils import set_rnd
 from monai.utils import CommonKeys as Keys
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.tensorboard import SummaryWriter
@@ -23,7 +24,7 @@ from torch.utils.tensorboard import SummaryWriter
 from .augment import ssl_views
 from .distributed import all_reduce_mean, get_rank
 
-__all__ = ["SSLTrainer", "SSLEvaluator", "SSLViewsImageHandler", "resolve_amp_dtype", "epoch_seed"]
+__all__ = ["SSLTrainer", "SSLEvaluator", "SSLViewsImageHandler", "resolve_amp_dtype", "epoch_seed", "reseed_data"]
 
 LOG_KEY = "log"
 _AMP_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -43,6 +44,17 @@ def resolve_amp_dtype(device: torch.device, amp_dtype: str | None) -> torch.dtyp
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     """A seed per (run seed, epoch, rank): resuming at an epoch boundary replays the same views."""
     return (int(seed) * 1_000_003 + int(epoch) * 7_919 + int(rank) * 104_729) % (2**63 - 1)
+
+
+def reseed_data(loader: Any, seed: int) -> None:
+    """Makes a data loader's next pass a function of ``seed`` alone: the random transforms run in this process
+    (``num_workers=0``) and the base seed torch draws for worker processes. MONAI seeds transforms once, when
+    the loader is built, so without this a resumed run would draw different crops than an uninterrupted one."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is not None:
+        set_rnd(getattr(dataset, "transform", dataset), seed)
+    generator = getattr(loader, "generator", None)
+    (generator if generator is not None else torch.default_generator).manual_seed(seed)
 
 
 def _autocast(device: torch.device, enabled: bool, dtype: torch.dtype) -> contextlib.AbstractContextManager:
@@ -137,15 +149,19 @@ class SSLTrainer(_SSLViewsMixin, SupervisedTrainer):
         self.clip_grad_norm = clip_grad_norm
         use_scaler = self.use_amp and self.amp_dtype == torch.float16
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
-        self.add_event_handler(Events.EPOCH_STARTED, self._reseed_views)
+        self.add_event_handler(Events.EPOCH_STARTED, self._seed_epoch)
 
     def run(self) -> None:  # type: ignore[override]
         """Runs the training with this trainer's own GradScaler (MONAI's ``Trainer.run`` would replace it with a
         CUDA-only one, or None)."""
         Workflow.run(self)
 
-    def _reseed_views(self, engine: Engine) -> None:
-        self.view_generator.manual_seed(epoch_seed(self.seed, engine.state.epoch, get_rank()))
+    def _seed_epoch(self, engine: Engine) -> None:
+        """Views, crops and worker seeds of an epoch depend on (seed, epoch, rank) only: resuming at an epoch
+        boundary replays the uninterrupted run."""
+        seed = epoch_seed(self.seed, engine.state.epoch, get_rank())
+        self.view_generator.manual_seed(seed)
+        reseed_data(self.data_loader, seed)
 
     def _iteration(self, engine: SupervisedTrainer, batchdata: dict) -> dict:
         image, inputs, rot_labels, targets = self._views(batchdata)
@@ -174,7 +190,7 @@ class SSLTrainer(_SSLViewsMixin, SupervisedTrainer):
 class SSLEvaluator(_SSLViewsMixin, SupervisedEvaluator):
     """``SupervisedEvaluator`` computing reconstructions of the same kind of views as training.
 
-    The view generator is reseeded at every evaluation start, so each validation scores the same views and
+    Views and crops are reseeded at every evaluation start, so each validation scores the same views and
     the reconstruction L1 (the key metric, lower is better) is comparable across evaluations. The output
     holds ``pred`` (reconstructions of both augmented views), ``label`` (the clean rotated views),
     ``image`` (clean crops) and ``views`` (the augmented network inputs).
@@ -193,7 +209,12 @@ class SSLEvaluator(_SSLViewsMixin, SupervisedEvaluator):
         kwargs.setdefault("metric_cmp_fn", lambda current, best: current < best)
         super().__init__(device=device, val_data_loader=val_data_loader, network=network, amp=False, decollate=False, **kwargs)
         self._setup_views(seed, amp, amp_dtype)
-        self.add_event_handler(Events.STARTED, lambda _: self.view_generator.manual_seed(self.seed))
+        self.add_event_handler(Events.STARTED, self._seed_evaluation)
+
+    def _seed_evaluation(self, engine: Engine) -> None:
+        seed = epoch_seed(self.seed, 0, get_rank())
+        self.view_generator.manual_seed(seed)
+        reseed_data(self.data_loader, seed)
 
     def _iteration(self, engine: SupervisedEvaluator, batchdata: dict) -> dict:
         image, inputs, _, targets = self._views(batchdata)
