@@ -16,6 +16,7 @@ from pathlib import Path
 from monai.data import CacheDataset, Dataset, SmartCacheDataset, load_decathlon_datalist, partition_dataset
 from torch.utils.data import DistributedSampler
 
+from .datacheck import check_before_caching
 from .distributed import barrier, get_rank, get_world_size
 
 __all__ = ["load_datalist", "partition_for_rank", "check_shard_sizes", "build_dataset", "EpochShuffleSampler"]
@@ -96,18 +97,25 @@ def build_dataset(
     partition: bool = True,
     seed: int = 0,
     progress: bool = True,
+    check: bool = True,
+    check_keys: Sequence[str] | None = None,
+    roi_size: Sequence[int] | int | None = None,
+    channels: int | None = None,
 ) -> Dataset:
     """Builds this rank's dataset from ``data``: ``cache`` = "full" (``CacheDataset`` of ``cache_rate`` of the
     shard), "smart" (``SmartCacheDataset`` keeping ``cache_num`` volumes, ``replace_rate`` of them replaced
     each epoch: attach ``monai.handlers.SmartCacheHandler``) or "none" (plain ``Dataset``).
 
-    With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked
-    before caching, caching runs on ``num_workers`` threads with a progress bar (rank 0), and all ranks meet
+    With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked, and
+    with ``check`` every file of the shard is checked from its header (``check_before_caching``: missing,
+    truncated, wrong dimensions or ``channels``, image/label mismatch; smaller than ``roi_size`` is a warning),
+    all before caching, so a bad file stops the run at start-up with one report. Caching runs on ``num_workers`` threads with a progress bar (rank 0), and all ranks meet
     at a barrier afterwards so none enters the first collective while another still caches.
     """
     world_size = get_world_size() if partition else 1
     check_shard_sizes(len(data), world_size, batch_size, cache, cache_num)
     shard = partition_for_rank(data, seed=seed) if partition else list(data)
+    check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels, sync=partition)
     show = progress and get_rank() == 0
     workers = max(int(num_workers), 1)
     if cache == "full":
