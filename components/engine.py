@@ -110,8 +110,9 @@ class SSLTrainer(_SSLViewsMixin, SupervisedTrainer):
         seed: base seed of the view generator.
         other args: as ``monai.engines.SupervisedTrainer`` (its own CUDA-only ``amp`` is not used).
 
-    ``engine.state.output`` holds ``image``, ``pred`` (reconstructions), ``label`` (clean rotated views),
-    ``loss`` and ``log``: the loss parts and learning rate, averaged over ranks, for the stats handlers.
+    ``engine.state.output`` is a one-item list (as MONAI handlers expect: ``from_engine(["loss"], first=True)``)
+    of a dict with ``image``, ``pred`` (reconstructions), ``label`` (clean rotated views), ``loss`` and ``log``:
+    the loss parts and learning rate, averaged over ranks, for the stats handlers.
     """
 
     def __init__(
@@ -163,7 +164,7 @@ class SSLTrainer(_SSLViewsMixin, SupervisedTrainer):
         self.view_generator.manual_seed(seed)
         reseed_data(self.data_loader, seed)
 
-    def _iteration(self, engine: SupervisedTrainer, batchdata: dict) -> dict:
+    def _iteration(self, engine: SupervisedTrainer, batchdata: dict) -> list[dict]:
         image, inputs, rot_labels, targets = self._views(batchdata)
         self.network.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -184,7 +185,9 @@ class SSLTrainer(_SSLViewsMixin, SupervisedTrainer):
         logged = all_reduce_mean(logged)
         log = dict(zip(("loss", "loss_rot", "loss_contrast", "loss_recon"), logged))
         log["lr"] = self.optimizer.param_groups[0]["lr"]
-        return {Keys.IMAGE: image, Keys.PRED: recon.detach(), Keys.LABEL: targets, Keys.LOSS: total.detach(), LOG_KEY: log}
+        # a one-item list: the shape MONAI handlers read with from_engine([...], first=True) (their decollated
+        # outputs); the views of a batch have no per-sample meaning to decollate
+        return [{Keys.IMAGE: image, Keys.PRED: recon.detach(), Keys.LABEL: targets, Keys.LOSS: total.detach(), LOG_KEY: log}]
 
 
 class SSLEvaluator(_SSLViewsMixin, SupervisedEvaluator):

@@ -60,7 +60,7 @@ def test_output_holds_finite_loss_parts_and_learning_rate():
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
     trainer = _trainer(net, optimizer, _batches(2))
     trainer.run()
-    out = trainer.state.output
+    out = trainer.state.output[0]
     assert set(out["log"]) == {"loss", "loss_rot", "loss_contrast", "loss_recon", "lr"}
     parts = [float(out["log"][k]) for k in ("loss_rot", "loss_contrast", "loss_recon")]
     assert all(torch.isfinite(torch.tensor(parts)))
@@ -111,7 +111,7 @@ def test_bf16_autocast_on_cpu_runs_without_a_scaler():
     trainer = _trainer(net, optimizer, _batches(2), amp=True)
     assert trainer.amp_dtype == torch.bfloat16 and not trainer.scaler.is_enabled()
     trainer.run()
-    assert torch.isfinite(trainer.state.output["loss"])
+    assert torch.isfinite(trainer.state.output[0]["loss"])
 
 
 def test_amp_dtype_resolution():
@@ -126,7 +126,7 @@ def test_views_are_seeded_per_epoch():
     views = {}
 
     def record(engine):
-        views.setdefault(id(engine), []).append(engine.state.output["label"].clone())
+        views.setdefault(id(engine), []).append(engine.state.output[0]["label"].clone())
 
     for _ in range(2):
         torch.manual_seed(0)
@@ -158,7 +158,7 @@ def test_few_iterations_on_a_fixed_batch_lower_the_loss():
     trainer = _trainer(net, torch.optim.AdamW(net.parameters(), lr=1e-3), [{"image": crops}] * 8)
     trainer.add_event_handler(Events.ITERATION_STARTED, lambda engine: engine.view_generator.manual_seed(0))
     losses = []
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: losses.append(float(engine.state.output["loss"])))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: losses.append(float(engine.state.output[0]["loss"])))
     trainer.run()
     assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < 0.8 * losses[0], losses

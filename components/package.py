@@ -1,0 +1,547 @@
+"""Release and reuse of the bundles: deterministic packaging, hash-checked fetching and safe extraction.
+
+Why this module exists next to ``monai.bundle download``: in MONAI 1.6.1 every bundle source of ``download``
+(``--url``, ``github``, ``monaihosting``, ``ngc``) calls ``download_url(..., hash_val=None)``, so a bundle zip is
+never checked against a hash, and ``monai.bundle.load`` downloads through the same path. A bundle is code (its
+configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here:
+
+- :func:`package_bundle` writes ``<out>/<name>_v<version>.zip`` byte-for-byte reproducibly (sorted entries, fixed
+  timestamps and permissions, no extra attributes) with one top folder ``<name>/``, the layout
+  ``monai.bundle download --name <name>`` extracts to ``<bundle_dir>/<name>/``, and ``<zip>.sha256`` in the
+  ``sha256sum`` format. Trained weights (``models/*.pt``) are included when present; logs, caches, evaluation
+  outputs, data and temporary files are not (:func:`bundle_files`).
+- :func:`fetch` downloads (``http(s)://``, ``file://`` or a plain path) to a temporary file next to the target,
+  checks its SHA-256 and only then moves it into place. A hash is required: the ``sha256`` argument (from a
+  trusted place, e.g. the release notes) or, when it is not given, the ``<url>.sha256`` file published next to
+  the zip. The sidecar only guards against corrupt or truncated downloads (whoever can replace the zip can
+  replace the sidecar); pass ``sha256`` to guard against tampering.
+- :func:`extract_zip_safely` refuses absolute member names, ``..`` components, symbolic links and special files,
+  and any member whose resolved path leaves the target folder, before anything is written.
+- :func:`fetch_bundle` = fetch + verify + safe extraction into ``<bundle_dir>/<name>/``; the zip is kept in
+  ``bundle_dir`` so that ``monai.bundle download --source github ... --bundle_dir <bundle_dir>`` and
+  ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` find it afterwards without downloading again.
+- :func:`schema_path` finds the bundle metadata schema for ``monai.bundle verify_metadata``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import tempfile
+import urllib.parse
+import urllib.request
+import uuid
+import zipfile
+from pathlib import Path, PurePosixPath
+
+__all__ = [
+    "SEMVER_RE",
+    "HashMismatchError",
+    "UnsafeArchiveError",
+    "bundle_files",
+    "extract_zip_safely",
+    "fetch",
+    "fetch_bundle",
+    "package_bundle",
+    "read_metadata",
+    "schema_path",
+    "sha256_file",
+]
+
+logger = logging.getLogger(__name__)
+
+# semver.org's reference expression (MAJOR.MINOR.PATCH[-PRERELEASE][+BUILD], no leading zeros)
+SEMVER_RE = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+ZIP_DATE_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip entry can hold
+_FILE_MODE = 0o100644  # regular file, rw-r--r--
+_DIR_MODE = 0o040755  # directory, rwxr-xr-x
+_CHUNK = 1 << 20
+
+# what a bundle folder may contain that is not part of a release
+_TOP_LEVEL_OUTPUT_DIRS = {"eval", "data", "dist", "logs", "runs", "mlruns", "lightning_logs", "wandb", "tmp", "temp"}
+_CACHE_DIRS = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".cache"}
+_EXCLUDED_SUFFIXES = {".pyc", ".pyo", ".log", ".tmp", ".temp", ".part", ".partial", ".swp", ".swo", ".bak", ".orig"}
+_WEIGHT_SUFFIXES = {".pt", ".ts"}
+
+# the metadata schema used by the Model Zoo checks (and MONAI's tests)
+SCHEMA_NAME = "meta_schema_20240725.json"
+SCHEMA_MD5 = "06954cad2cc5d3784e72077ac76f0fc8"
+SCHEMA_URL = f"https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/{SCHEMA_NAME}"
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class HashMismatchError(ValueError):
+    """A downloaded file's SHA-256 differs from the expected one (the file was removed)."""
+
+
+class UnsafeArchiveError(ValueError):
+    """An archive member would be written outside the target folder, or is a link or special file."""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# hashing and metadata
+
+
+def _file_digest(path: str | os.PathLike, algorithm: str) -> str:
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of a file, read in chunks."""
+    return _file_digest(path, "sha256")
+
+
+def read_metadata(bundle_dir: str | os.PathLike) -> dict:
+    """``configs/metadata.json`` of a bundle, checked for what a release needs: valid JSON, a semantic
+    ``version`` and a ``changelog`` entry for it. Raises ``FileNotFoundError`` / ``ValueError`` saying what is
+    wrong and where."""
+    meta_file = Path(bundle_dir) / "configs" / "metadata.json"
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{meta_file} not found: a bundle needs configs/metadata.json with a 'version'.")
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{meta_file} is not valid JSON: {e}") from e
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_file} must hold a JSON object, got {type(meta).__name__}.")
+    version = meta.get("version")
+    if not isinstance(version, str) or not version:
+        raise ValueError(f"{meta_file} has no 'version' (expected a string such as \"0.1.0\").")
+    if not SEMVER_RE.match(version):
+        raise ValueError(f"{meta_file}: version {version!r} is not a semantic version (MAJOR.MINOR.PATCH).")
+    changelog = meta.get("changelog")
+    if not isinstance(changelog, dict) or version not in changelog:
+        raise ValueError(f"{meta_file}: version {version!r} has no entry in 'changelog'; describe the release there.")
+    return meta
+
+
+# ------------------------------------------------------------------------------------------------------------
+# packaging
+
+
+def _is_excluded_file(rel: PurePosixPath) -> bool:
+    name = rel.name
+    return (
+        name.startswith(".")
+        or name.endswith("~")
+        or name.startswith("events.out.tfevents")
+        or rel.suffix.lower() in _EXCLUDED_SUFFIXES
+    )
+
+
+def _is_weight_file(rel: PurePosixPath) -> bool:
+    """``models/<file>.pt|.ts``, except resumable training state (``checkpoint*.pt``: optimizer, scheduler...)."""
+    return (
+        len(rel.parts) == 2
+        and rel.parts[0] == "models"
+        and rel.suffix.lower() in _WEIGHT_SUFFIXES
+        and not rel.name.startswith("checkpoint")
+    )
+
+
+def bundle_files(bundle_dir: str | os.PathLike, include_weights: bool = True) -> list[str]:
+    """The files of a bundle folder that belong in a release, as sorted POSIX paths relative to ``bundle_dir``.
+
+    Left out: top-level output folders (``eval/``, ``data/``, ``dist/``, ``logs/``, ``runs/``, ``mlruns/`` ...),
+    caches (``__pycache__`` ...), hidden files, ``.pyc``, logs, TensorBoard event files, temporary and editor
+    files; under ``models/`` only weights (``models/*.pt``, ``models/*.ts``, not the resumable
+    ``checkpoint*.pt``) and only when ``include_weights``. With ``include_weights=False`` this is what the
+    repository tracks. Raises ``ValueError`` on a symbolic link (a release holds plain files only)."""
+    root = Path(bundle_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no bundle folder at {str(root)!r}.")
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        rel_dir = PurePosixPath(here.relative_to(root).as_posix())
+        top = rel_dir == PurePosixPath(".")
+        kept = []
+        for d in sorted(dirnames):
+            path = here / d
+            if path.is_symlink():
+                raise ValueError(f"{path} is a symbolic link; a bundle release holds plain files only.")
+            if d in _CACHE_DIRS or d.startswith(".") or (top and d in _TOP_LEVEL_OUTPUT_DIRS):
+                continue
+            if rel_dir.parts[:1] == ("models",):  # nothing below models/ is a release file
+                continue
+            kept.append(d)
+        dirnames[:] = kept
+        for f in filenames:
+            path = here / f
+            rel = PurePosixPath(f) if top else rel_dir / f
+            if _is_excluded_file(rel):
+                continue
+            if rel.parts[0] == "models" and not (include_weights and _is_weight_file(rel)):
+                continue
+            if path.is_symlink():
+                raise ValueError(f"{path} is a symbolic link; a bundle release holds plain files only.")
+            if not path.is_file():
+                continue
+            found.append(rel.as_posix())
+    return sorted(found)
+
+
+def _zip_info(arcname: str, mode: int, compress_type: int) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(arcname, date_time=ZIP_DATE_TIME)
+    info.create_system = 3  # unix, so that external_attr holds the mode
+    info.external_attr = mode << 16
+    if stat.S_ISDIR(mode):
+        info.external_attr |= 0x10  # MS-DOS directory flag
+    info.compress_type = compress_type
+    return info
+
+
+def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "dist") -> Path:
+    """Writes ``<out_dir>/<name>_v<version>.zip`` and ``<out_dir>/<name>_v<version>.zip.sha256`` for a bundle.
+
+    ``name`` is the bundle folder's name, ``version`` the one in ``configs/metadata.json`` (checked first by
+    :func:`read_metadata`; ``LICENSE`` must exist too). Every entry sits under the top folder ``<name>/``,
+    which is what ``python -m monai.bundle download --name <name> --url <zip url> --bundle_dir D`` (and the
+    ``github`` source) extract to ``D/<name>/``. The same files give the same bytes: entries sorted, every
+    timestamp 1980-01-01 00:00, permissions 0644 (files) / 0755 (folders), no extra fields or comment, deflate.
+    The files are :func:`bundle_files` (trained ``models/*.pt`` included when present). The zip is written to a
+    temporary name and moved into place. Returns the zip's path."""
+    root = Path(bundle_dir)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no bundle folder at {str(root)!r}.")
+    name = root.resolve().name
+    if not _NAME_RE.match(name):
+        raise ValueError(f"bundle folder name {name!r} is not a usable bundle name (letters, digits, '_', '.', '-').")
+    meta = read_metadata(root)
+    if not (root / "LICENSE").is_file():
+        raise FileNotFoundError(f"{root / 'LICENSE'} not found: a bundle release needs a LICENSE file.")
+    version = meta["version"]
+    files = bundle_files(root)
+
+    folders = {PurePosixPath(name)}
+    for rel in files:
+        for parent in PurePosixPath(name, rel).parents:
+            if parent != PurePosixPath("."):
+                folders.add(parent)
+    entries = sorted([(f"{d.as_posix()}/", None) for d in folders] + [(f"{name}/{rel}", rel) for rel in files])
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    zip_path = out / f"{name}_v{version}.zip"
+    tmp = out / f".{zip_path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with zipfile.ZipFile(tmp, "w") as zf:
+            for arcname, rel in entries:
+                if rel is None:
+                    zf.writestr(_zip_info(arcname, _DIR_MODE, zipfile.ZIP_STORED), b"")
+                    continue
+                src = root / rel
+                info = _zip_info(arcname, _FILE_MODE, zipfile.ZIP_DEFLATED)
+                large = src.stat().st_size >= zipfile.ZIP64_LIMIT
+                with open(src, "rb") as fin, zf.open(info, "w", force_zip64=large) as fout:
+                    shutil.copyfileobj(fin, fout, _CHUNK)
+        os.replace(tmp, zip_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+    digest = sha256_file(zip_path)
+    sidecar = zip_path.with_name(zip_path.name + ".sha256")
+    tmp_sidecar = out / f".{sidecar.name}.{uuid.uuid4().hex}.tmp"
+    tmp_sidecar.write_text(f"{digest}  {zip_path.name}\n", encoding="ascii")
+    os.replace(tmp_sidecar, sidecar)
+    weights = [f for f in files if f.startswith("models/")]
+    logger.info(
+        "package_bundle: wrote %s (%d files, weights: %s), sha256 %s",
+        zip_path, len(files), ", ".join(weights) or "none", digest,
+    )
+    return zip_path
+
+
+# ------------------------------------------------------------------------------------------------------------
+# fetching
+
+
+def _is_url(src: str) -> bool:
+    scheme = urllib.parse.urlparse(src).scheme
+    if len(scheme) <= 1:  # no scheme, or a Windows drive letter
+        return False
+    if scheme not in ("http", "https", "file", "ftp"):
+        raise ValueError(f"unsupported URL scheme {scheme!r} in {src!r} (expected http(s)://, file:// or a path).")
+    return True
+
+
+def _source_name(src: str) -> str:
+    if _is_url(src):
+        name = PurePosixPath(urllib.parse.unquote(urllib.parse.urlparse(src).path)).name
+    else:
+        name = Path(src).name
+    if not name:
+        raise ValueError(f"cannot tell a file name from {src!r}.")
+    return name
+
+
+def _open_source(src: str, timeout: float = 60.0):
+    if _is_url(src):
+        return urllib.request.urlopen(src, timeout=timeout)  # noqa: S310 (schemes checked in _is_url)
+    return open(src, "rb")
+
+
+def _sidecar_of(src: str) -> str:
+    if _is_url(src):
+        parts = urllib.parse.urlparse(src)
+        return urllib.parse.urlunparse(parts._replace(path=parts.path + ".sha256"))
+    return src + ".sha256"
+
+
+def _normalize_sha256(value: object, where: str) -> str:
+    text = str(value).strip().lower()
+    if not _SHA256_RE.match(text):
+        raise ValueError(f"{where}: {value!r} is not a SHA-256 (64 hexadecimal characters).")
+    return text
+
+
+def _read_sidecar(src: str, expected_name: str) -> str:
+    sidecar = _sidecar_of(src)
+    try:
+        with _open_source(sidecar) as f:
+            text = f.read(4096).decode("utf-8", "replace")
+    except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
+        raise ValueError(
+            f"no sha256 given for {src} and no hash file at {sidecar} ({e}). Pass sha256=<hex> "
+            "(e.g. from the release notes): downloads are never used unchecked."
+        ) from e
+    fields = text.split("\n", 1)[0].split()
+    if not fields:
+        raise ValueError(f"{sidecar} is empty; expected '<sha256>  <file name>'.")
+    digest = _normalize_sha256(fields[0], sidecar)
+    if len(fields) > 1 and fields[1].lstrip("*") != expected_name:
+        raise ValueError(f"{sidecar} is the hash of {fields[1].lstrip('*')!r}, not of {expected_name!r}.")
+    return digest
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """Creates ``path`` and missing parents; returns the folders it created, deepest first."""
+    created = []
+    p = path
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str | None = None) -> Path:
+    """Downloads ``url_or_path`` (``http(s)://``, ``file://`` or a local path) to ``dest`` after checking its
+    SHA-256; returns the file's path.
+
+    ``dest`` is the target file, or a folder (existing, or written with a trailing ``/``) to put the file in
+    under its own name. The expected hash
+    is ``sha256`` or, when that is ``None``, the one in ``<url_or_path>.sha256`` (``sha256sum`` format, as
+    :func:`package_bundle` writes it); without either the download is refused (``ValueError``): MONAI's own
+    bundle download checks no hash at all (``hash_val=None``). The data goes to a temporary file next to the
+    target and is moved into place only when the hash matches; on a mismatch (:class:`HashMismatchError`) or
+    any other failure the temporary file, and any folder this call created, is removed. A target that already
+    exists with the expected hash is kept as it is (no download)."""
+    src = os.fspath(url_or_path)
+    name = _source_name(src)
+    expected = _normalize_sha256(sha256, "sha256") if sha256 is not None else _read_sidecar(src, name)
+    as_folder = os.fspath(dest).endswith(("/", os.sep)) or Path(dest).is_dir()
+    target = Path(dest) / name if as_folder else Path(dest)
+    if target.is_file() and sha256_file(target) == expected:
+        logger.info("fetch: %s already present with sha256 %s; not downloading", target, expected)
+        return target
+
+    created = _make_dirs(target.parent)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.part"
+    try:
+        digest = hashlib.sha256()
+        with _open_source(src) as fin, open(tmp, "wb") as fout:
+            for chunk in iter(lambda: fin.read(_CHUNK), b""):
+                digest.update(chunk)
+                fout.write(chunk)
+        actual = digest.hexdigest()
+        if actual != expected:
+            raise HashMismatchError(
+                f"sha256 of {src} is {actual}, expected {expected}; the download was discarded "
+                "(corrupt, truncated or not the published file)."
+            )
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        _remove_empty(created)
+        raise
+    logger.info("fetch: %s -> %s (sha256 %s verified)", src, target, expected)
+    return target
+
+
+# ------------------------------------------------------------------------------------------------------------
+# safe extraction
+
+
+def _member_problem(info: zipfile.ZipInfo, root: Path) -> tuple[str | None, Path | None]:
+    """(reason, None) when a member must not be extracted, else (None, its target path)."""
+    name = info.filename
+    if not name or "\x00" in name:
+        return "has an empty or invalid name", None
+    if "\\" in name:
+        return "contains a backslash (an ambiguous path separator)", None
+    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
+        return "is an absolute path", None
+    parts = PurePosixPath(name).parts
+    if ".." in parts:
+        return "has a '..' component", None
+    mode = info.external_attr >> 16
+    if stat.S_ISLNK(mode):
+        return "is a symbolic link", None
+    if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return "is not a regular file or folder", None
+    target = (root / name).resolve()
+    if target != root and root not in target.parents:
+        return f"resolves to {target}, outside {root}", None
+    return None, target
+
+
+def extract_zip_safely(zip_path: str | os.PathLike, dest: str | os.PathLike) -> list[Path]:
+    """Extracts a zip into ``dest`` after checking every member; returns the extracted files' paths.
+
+    Refused (:class:`UnsafeArchiveError` naming the member; nothing is written): absolute names, ``..``
+    components, backslashes, symbolic links and other non-regular entries, duplicate names, and any member
+    whose resolved path (following links already present under ``dest``) is not inside ``dest``. Files are
+    written with mode 0644 whatever the archive says."""
+    dest = Path(dest)
+    root = dest.resolve()
+    with zipfile.ZipFile(zip_path) as zf:
+        plan: list[tuple[zipfile.ZipInfo, Path]] = []
+        seen: set[str] = set()
+        for info in zf.infolist():
+            reason, target = _member_problem(info, root)
+            if reason is None and info.filename.rstrip("/") in seen:
+                reason = "appears twice"
+            if reason is not None:
+                raise UnsafeArchiveError(
+                    f"refusing to extract {zip_path}: member {info.filename!r} {reason}; nothing was extracted."
+                )
+            seen.add(info.filename.rstrip("/"))
+            plan.append((info, target))
+        dest.mkdir(parents=True, exist_ok=True)
+        written = []
+        for info, target in plan:
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with zf.open(info) as fin, open(target, "wb") as fout:
+                shutil.copyfileobj(fin, fout, _CHUNK)
+            os.chmod(target, 0o644)
+            written.append(target)
+    return written
+
+
+def _bundle_top_folder(zip_path: Path) -> str:
+    with zipfile.ZipFile(zip_path) as zf:
+        names = [n for n in zf.namelist() if n]
+    tops = {n.split("/", 1)[0] for n in names}
+    if len(tops) != 1 or any("/" not in n for n in names if not n.endswith("/")):
+        raise ValueError(
+            f"{zip_path} is not a bundle release: expected every entry under one top folder <name>/, "
+            f"found {sorted(tops)}."
+        )
+    top = tops.pop()
+    if f"{top}/configs/metadata.json" not in names:
+        raise ValueError(f"{zip_path} is not a bundle release: {top}/configs/metadata.json is missing.")
+    return top
+
+
+def fetch_bundle(
+    url: str | os.PathLike, bundle_dir: str | os.PathLike, sha256: str | None = None, overwrite: bool = False
+) -> Path:
+    """Downloads a bundle zip into ``bundle_dir`` with :func:`fetch` (hash required: ``sha256`` or
+    ``<url>.sha256``), checks that it is a bundle release (one top folder ``<name>/`` with
+    ``configs/metadata.json``) and extracts it with :func:`extract_zip_safely` to ``bundle_dir/<name>/``;
+    returns that folder.
+
+    This is the hash-checked replacement for ``python -m monai.bundle download``, which in MONAI 1.6.1 passes
+    ``hash_val=None`` for every bundle source. The zip stays in ``bundle_dir``, so ``monai.bundle download
+    --source github --repo owner/repo/tag --version X --bundle_dir <bundle_dir>`` finds it and skips the download,
+    and ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` uses the extracted folder. An existing non-empty
+    ``bundle_dir/<name>/`` is replaced only with ``overwrite=True`` (``FileExistsError`` otherwise). Extraction
+    goes through a temporary folder, so a refused archive leaves no partial bundle."""
+    bundle_dir = Path(bundle_dir)
+    src = os.fspath(url)
+    zip_target = bundle_dir / _source_name(src)
+    had_zip = zip_target.exists()
+    zip_path = fetch(src, zip_target, sha256=sha256)
+    try:
+        top = _bundle_top_folder(zip_path)
+        target = bundle_dir / top
+        if target.exists() and any(target.iterdir()) and not overwrite:
+            raise FileExistsError(f"{target} exists and is not empty; remove it or pass overwrite=True to replace it.")
+        staging = Path(tempfile.mkdtemp(prefix=f".{top}.", dir=bundle_dir))
+        try:
+            extract_zip_safely(zip_path, staging)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging / top, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except (UnsafeArchiveError, ValueError, zipfile.BadZipFile):
+        if not had_zip:  # a verified download that is not a usable bundle release: do not leave it for MONAI
+            zip_path.unlink(missing_ok=True)
+        raise
+    logger.info("fetch_bundle: %s extracted to %s", zip_path, target)
+    return target
+
+
+# ------------------------------------------------------------------------------------------------------------
+# metadata schema
+
+
+def schema_path(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The bundle metadata schema file for ``python -m monai.bundle verify_metadata --filepath``.
+
+    Looked up in this order: the file named by the environment variable ``BUNDLE_SCHEMA_PATH`` (taken as given:
+    an explicit choice, e.g. a newer schema); ``../shared/bundle-schema/meta_schema_20240725.json`` next to the
+    repository (md5-checked); a cached download under ``cache_dir`` (default ``$XDG_CACHE_HOME`` or
+    ``~/.cache``, ``swin-ssl-bundles/``); else a download from the public URL MONAI's tests use, checked against
+    md5 ``06954cad2cc5d3784e72077ac76f0fc8``. ``verify_metadata`` itself only downloads when the file is
+    missing, so pointing it at this path keeps it offline."""
+    env = os.environ.get("BUNDLE_SCHEMA_PATH")
+    if env:
+        if not Path(env).is_file():
+            raise FileNotFoundError(f"BUNDLE_SCHEMA_PATH={env!r} is not a file.")
+        return Path(env)
+    shared = _REPO_ROOT.parent / "shared" / "bundle-schema" / SCHEMA_NAME
+    if shared.is_file():
+        actual = _file_digest(shared, "md5")
+        if actual != SCHEMA_MD5:
+            raise ValueError(f"{shared} has md5 {actual}, expected {SCHEMA_MD5} (not the {SCHEMA_NAME} schema).")
+        return shared
+    default_base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swin-ssl-bundles"
+    base = Path(cache_dir) if cache_dir else default_base
+    cached = base / SCHEMA_NAME
+    if cached.is_file() and _file_digest(cached, "md5") == SCHEMA_MD5:
+        return cached
+    from monai.apps.utils import download_url  # checks the hash of the download and removes a mismatch
+
+    cached.unlink(missing_ok=True)
+    download_url(url=SCHEMA_URL, filepath=cached, hash_val=SCHEMA_MD5, hash_type="md5", progress=False)
+    return cached

@@ -1,0 +1,163 @@
+"""The Model Zoo checks, run on every folder under bundles/: required files, JSON formatting, file sizes,
+version and changelog, the metadata schema, the network's input / output against the metadata, and the
+workflow properties of train.json and inference.json (MONAI 1.6.1's ConfigWorkflow.check_properties).
+
+MONAI is called through its Python API (the functions ``python -m monai.bundle verify_metadata`` /
+``verify_net_in_out`` run), saving an interpreter start per check; ``components`` is importable here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from monai.bundle import ConfigWorkflow, verify_metadata, verify_net_in_out
+
+import components
+from components.package import SEMVER_RE, bundle_files, schema_path
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:parsing config_file:UserWarning"),
+    pytest.mark.filterwarnings("ignore:No hash value provided:UserWarning"),
+    pytest.mark.filterwarnings("ignore:monai.transforms.spatial.dictionary Orientationd:FutureWarning"),
+]
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLES = sorted(p for p in (REPO / "bundles").iterdir() if p.is_dir())
+REQUIRED = ["LICENSE", "configs/metadata.json", "configs/inference.json", "configs/logging.conf", "docs/README.md"]
+MAX_BYTES = 1_000_000  # "no file in git over 1 MB"
+FS = 12  # tiny feature size for the network and workflow checks
+
+bundle_param = pytest.mark.parametrize("bundle", BUNDLES, ids=[p.name for p in BUNDLES])
+
+
+def _meta(bundle: Path) -> dict:
+    return json.loads((bundle / "configs" / "metadata.json").read_text(encoding="utf-8"))
+
+
+def _tracked_files(bundle: Path) -> list[str]:
+    """What the repository holds of the bundle: ``git ls-files`` (when git knows it) plus the release files
+    without weights (covers a bundle not committed yet; models/, eval/, data/ are gitignored)."""
+    files = set(bundle_files(bundle, include_weights=False))
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--", "."], cwd=bundle, capture_output=True, check=True, timeout=60
+        ).stdout.decode()
+        files |= {f for f in out.split("\0") if f}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return sorted(f for f in files if (bundle / f).is_file())
+
+
+def test_every_bundle_is_checked():
+    assert BUNDLES, "no bundle folders under bundles/"
+    assert "swin_unetr_ssl_pretrain" in [b.name for b in BUNDLES]
+
+
+@bundle_param
+def test_required_files(bundle):
+    missing = [f for f in REQUIRED if not (bundle / f).is_file()]
+    assert not missing, f"{bundle.name} lacks {missing}"
+
+
+@bundle_param
+def test_json_is_4_space_indented(bundle):
+    bad = []
+    for rel in _tracked_files(bundle):
+        if not rel.endswith(".json"):
+            continue
+        text = (bundle / rel).read_text(encoding="utf-8")
+        formatted = json.dumps(json.loads(text), indent=4, ensure_ascii=False)
+        if text not in (formatted, formatted + "\n"):
+            bad.append(rel)
+    assert not bad, f"{bundle.name}: not formatted as json.dumps(indent=4): {bad}"
+
+
+@bundle_param
+def test_no_file_over_1mb(bundle):
+    big = {f: (bundle / f).stat().st_size for f in _tracked_files(bundle) if (bundle / f).stat().st_size > MAX_BYTES}
+    assert not big, f"{bundle.name}: files over 1 MB in the repository (list large files in large_files.json): {big}"
+
+
+@bundle_param
+def test_version_and_changelog(bundle):
+    meta = _meta(bundle)
+    version = meta.get("version")
+    assert isinstance(version, str) and SEMVER_RE.match(version), f"version {version!r} is not MAJOR.MINOR.PATCH"
+    changelog = meta.get("changelog")
+    assert isinstance(changelog, dict) and version in changelog, f"version {version} has no changelog entry"
+    assert all(SEMVER_RE.match(v) for v in changelog), f"changelog keys are not all semantic: {list(changelog)}"
+
+
+@bundle_param
+def test_metadata_schema_and_required_packages(bundle):
+    verify_metadata(meta_file=str(bundle / "configs" / "metadata.json"), filepath=str(schema_path()))
+    meta = _meta(bundle)
+    configs = [f for f in _tracked_files(bundle) if f.startswith("configs/") and f.endswith(".json")]
+    if any("components" in (bundle / f).read_text(encoding="utf-8") for f in configs):
+        required = meta.get("required_packages_version", {})
+        assert "swin-ssl-bundles" in required, "configs use components: required_packages_version needs swin-ssl-bundles"
+        assert SEMVER_RE.match(str(required["swin-ssl-bundles"]))
+
+
+@bundle_param
+def test_net_in_out(bundle):
+    """``python -m monai.bundle verify_net_in_out --net_id network_def ... --config_file configs/inference.json``
+    with the smallest shape the metadata allows (n=1) and feature size 12."""
+    verify_net_in_out(
+        net_id="network_def",
+        meta_file=str(bundle / "configs" / "metadata.json"),
+        config_file=str(bundle / "configs" / "inference.json"),
+        device="cpu",
+        n=1,
+        p=1,
+        any=1,
+        feature_size=FS,
+    )
+
+
+@pytest.fixture(scope="module")
+def synthetic_data(tmp_path_factory):
+    """Lazily written synthetic datasets by kind ("ct" / "mri"): 1 training, 1 validation, 1 test volume."""
+    written: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in written:
+            written[kind] = tmp_path_factory.mktemp(kind)
+            components.write_dataset(written[kind], kind=kind, num=3, seed=0)
+        return written[kind]
+
+    return get
+
+
+def _kind(meta: dict) -> str:
+    image = meta["network_data_format"]["inputs"]["image"]
+    return "ct" if str(image.get("modality", "")).upper() == "CT" and image.get("num_channels", 1) == 1 else "mri"
+
+
+@bundle_param
+@pytest.mark.parametrize("config, workflow_type", [("train.json", "train"), ("inference.json", "infer")])
+def test_workflow_properties(bundle, config, workflow_type, synthetic_data, tmp_path):
+    """ConfigWorkflow(...).check_properties() == [] for train.json ("train") and inference.json ("infer").
+    MONAI 1.6.1 instantiates each property for the check (initialize() first), so the workflow is pointed at
+    a tiny synthetic dataset and a temporary bundle_root; nothing is run."""
+    if not (bundle / "configs" / config).is_file():
+        pytest.fail(f"{bundle.name} has no configs/{config}")
+    overrides = {
+        "bundle_root": str(tmp_path),
+        "dataset_dir": str(synthetic_data(_kind(_meta(bundle)))),
+        "device": "cpu",
+        "num_workers": 0,
+        "batch_size": 1,
+        "feature_size": FS,
+    }
+    workflow = ConfigWorkflow(
+        config_file=str(bundle / "configs" / config),
+        meta_file=str(bundle / "configs" / "metadata.json"),
+        logging_file=False,
+        workflow_type=workflow_type,
+        **overrides,
+    )
+    workflow.initialize()
+    assert workflow.check_properties() == []
