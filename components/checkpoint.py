@@ -709,6 +709,8 @@ def load_pretrained(
             f"missing differs on {sorted(set(result.missing_keys) ^ set(report.missing))[:5]}"
         )
     logger.info(report.summary())
+    for key, how in report.adapted.items():
+        logger.info("load_pretrained: adapted %s: %s", key, how)
     if report.unknown:
         logger.warning(
             "load_pretrained: %d source tensors of unknown role were not used, e.g. %s",

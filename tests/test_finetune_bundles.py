@@ -1,0 +1,470 @@
+"""The two finetuning bundles (BTCV CT, BraTS MRI) end to end on tiny synthetic data, on CPU.
+
+Every bundle run is a real ``python -m monai.bundle run`` in a subprocess (``torchrun`` for the 2-process
+evaluation), shared between assertions through module-scoped fixtures:
+
+- a tiny SSL checkpoint (``SSLHead(feature_size=12)`` state dict, the layout the pretraining bundle writes to
+  ``models/model.pt``) and one of feature size 24 that must not load into a feature-12 model;
+- CT: train (1 epoch, 3 volumes) -> evaluate on 3 validation volumes (odd) -> the same evaluation with
+  ``torchrun --nproc_per_node=2`` and multi_gpu_evaluate.json -> inference on the test volume (permuted LSP axes,
+  anisotropic spacing); and a training run whose pretrained checkpoint does not fit;
+- MRI: train with the 1 -> 4 channel policy -> evaluate -> inference on an RAS and an LPS volume.
+
+Sizes: crops of 64x32x32 (SwinUNETR's bottleneck InstanceNorm needs more than one voxel in training, so 32^3
+fails; 64x32x32 leaves 2x1x1), feature size 12, coarse spacing so whole volumes stay small. Subprocesses run
+with one OpenMP thread: on a shared 2-core machine two threads per process oversubscribe the cores and a
+training step becomes ~10x slower. Each run has a wall-clock limit; its whole process group is killed past it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+
+import components
+from components.checkpoint import PATCH_EMBED_WEIGHT
+from components.demo import bundle_command
+from components.synthetic import CT_LABELS
+
+REPO = Path(__file__).resolve().parent.parent
+CT = REPO / "bundles" / "swin_unetr_btcv_finetune"
+MRI = REPO / "bundles" / "swin_unetr_brats_finetune"
+BRATS_NAMES = ["TC", "WT", "ET"]
+RUN_TIMEOUT_S = 300
+PG_TIMEOUT_S = 120  # process-group timeout of the torchrun evaluation: a collective mismatch fails, not hangs
+
+TINY = {
+    "roi_size": [64, 32, 32],
+    "feature_size": 12,
+    "num_samples": 1,
+    "batch_size": 1,
+    "num_workers": 0,
+    "amp": "false",  # the string, as a shell user types it: read through components.as_bool
+    "use_checkpoint": "false",
+    "tune_allocator": "false",
+    "device": "cpu",
+}
+CT_TINY = {**TINY, "spacing": [3.0, 3.0, 4.0]}
+MRI_TINY = {**TINY, "spacing": [2.0, 2.0, 2.0]}
+TRAIN_TINY = {"max_epochs": 1, "val_interval": 1, "log_interval": 1}
+
+SUMMARY = re.compile(
+    r"layout=(\w+) target=(\w+): loaded (\d+)/(\d+) encoder tensors .*?\((\d+) encoder;.*?(\d+) adapted"
+)
+
+
+def _env() -> dict[str, str]:
+    env = os.environ.copy()
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
+    return env
+
+
+def _run(bundle: Path, configs, overrides: dict, log: Path, nproc: int = 1) -> tuple[int, str, float]:
+    """Runs a bundle (under torchrun when ``nproc`` > 1); returns (exit code, output, seconds)."""
+    cmd = bundle_command(bundle, configs, overrides)
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+               f"--nproc_per_node={nproc}", *cmd[1:]]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        log.write_text(out)
+        pytest.fail(f"{bundle.name} {configs} ran past {RUN_TIMEOUT_S}s; output in {log}\n{out[-3000:]}")
+    log.write_text(out)
+    return proc.returncode, out, time.perf_counter() - start
+
+
+def _ok(result: tuple[int, str, float], what: str) -> str:
+    code, out, _ = result
+    assert code == 0, f"{what} failed (exit {code}):\n{out[-4000:]}"
+    return out
+
+
+def _summary(out: str) -> tuple:
+    found = SUMMARY.findall(out)
+    assert found, f"no load report of components.checkpoint in the log:\n{out[-3000:]}"
+    layout, target, loaded, total, enc_missing, adapted = found[0]
+    return layout, target, int(loaded), int(total), int(enc_missing), int(adapted)
+
+
+def _datalist(src: Path, dst: Path, **lists) -> Path:
+    """A copy of ``src`` (same folder, so relative paths still resolve) with some lists replaced."""
+    content = json.loads(src.read_text())
+    content.update(lists)
+    dst.write_text(json.dumps(content, indent=2))
+    return dst
+
+
+def _read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shared data and runs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("finetune")
+
+
+@pytest.fixture(scope="module")
+def ssl_ckpts(work) -> dict[str, Path]:
+    """SSL-bundle-layout checkpoints (bare SSLHead state dicts): feature 12 (fits) and 24 (does not)."""
+    paths = {}
+    for size in (12, 24):
+        torch.manual_seed(size)
+        paths[size] = work / f"ssl_f{size}.pt"
+        torch.save(components.SSLHead(feature_size=size).state_dict(), paths[size])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def ct_data(work) -> dict[str, Path]:
+    root = work / "ct"
+    datalist = components.write_dataset(root, kind="ct", num=5, seed=0)  # 3 train, 1 validation, 1 test
+    content = json.loads(datalist.read_text())
+    val3 = _datalist(datalist, root / "dataset_val3.json", validation=content["training"][:2] + content["validation"])
+    return {"root": root, "datalist": datalist, "val3": val3}
+
+
+@pytest.fixture(scope="module")
+def mri_data(work) -> dict[str, Path]:
+    root = work / "mri"
+    datalist = components.write_dataset(root, kind="mri", num=5, seed=0)
+    content = json.loads(datalist.read_text())
+    # the test case is RAS; add an LPS one so the inversion of Orientationd is exercised on MRI too
+    test2 = _datalist(datalist, root / "dataset_test2.json", test=content["test"] + content["training"][:1])
+    return {"root": root, "datalist": datalist, "test2": test2}
+
+
+@pytest.fixture(scope="module")
+def ct_train(work, ct_data, ssl_ckpts):
+    out = work / "ct_run"
+    overrides = {**CT_TINY, **TRAIN_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(out / "eval"),
+                 "ckpt_dir": str(out / "models"), "pretrained_path": str(ssl_ckpts[12])}
+    return _run(CT, ["train.json"], overrides, work / "ct_train.log"), out
+
+
+@pytest.fixture(scope="module")
+def ct_eval(work, ct_data, ct_train):
+    _ok(ct_train[0], "CT training")
+    out = work / "ct_eval"
+    overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "datalist": str(ct_data["val3"]),
+                 "output_dir": str(out), "ckpt_dir": str(ct_train[1] / "models")}
+    return _run(CT, ["train.json", "evaluate.json"], overrides, work / "ct_eval.log"), out
+
+
+@pytest.fixture(scope="module")
+def ct_eval_ddp(work, ct_data, ct_train):
+    _ok(ct_train[0], "CT training")
+    out = work / "ct_eval_ddp"
+    overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "datalist": str(ct_data["val3"]),
+                 "output_dir": str(out), "ckpt_dir": str(ct_train[1] / "models"), "dist_timeout_s": PG_TIMEOUT_S}
+    configs = ["train.json", "evaluate.json", "multi_gpu_evaluate.json"]
+    return _run(CT, configs, overrides, work / "ct_eval_ddp.log", nproc=2), out
+
+
+@pytest.fixture(scope="module")
+def ct_infer(work, ct_data, ct_train):
+    _ok(ct_train[0], "CT training")
+    out = work / "ct_seg"
+    overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(out),
+                 "ckpt_dir": str(ct_train[1] / "models")}
+    for key in ("use_checkpoint", "tune_allocator"):
+        overrides.pop(key)  # not ids of inference.json
+    return _run(CT, ["inference.json"], overrides, work / "ct_infer.log"), out
+
+
+@pytest.fixture(scope="module")
+def mri_train(work, mri_data, ssl_ckpts):
+    out = work / "mri_run"
+    overrides = {**MRI_TINY, **TRAIN_TINY, "dataset_dir": str(mri_data["root"]), "output_dir": str(out / "eval"),
+                 "ckpt_dir": str(out / "models"), "pretrained_path": str(ssl_ckpts[12])}
+    return _run(MRI, ["train.json"], overrides, work / "mri_train.log"), out
+
+
+@pytest.fixture(scope="module")
+def mri_eval(work, mri_data, mri_train):
+    _ok(mri_train[0], "MRI training")
+    out = work / "mri_eval"
+    overrides = {**MRI_TINY, "dataset_dir": str(mri_data["root"]), "output_dir": str(out),
+                 "ckpt_dir": str(mri_train[1] / "models")}
+    return _run(MRI, ["train.json", "evaluate.json"], overrides, work / "mri_eval.log"), out
+
+
+@pytest.fixture(scope="module")
+def mri_infer(work, mri_data, mri_train):
+    _ok(mri_train[0], "MRI training")
+    out = work / "mri_seg"
+    overrides = {**MRI_TINY, "dataset_dir": str(mri_data["root"]), "datalist": str(mri_data["test2"]),
+                 "output_dir": str(out), "ckpt_dir": str(mri_train[1] / "models")}
+    for key in ("use_checkpoint", "tune_allocator"):
+        overrides.pop(key)
+    return _run(MRI, ["inference.json"], overrides, work / "mri_infer.log"), out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers of components.segmentation (no bundle run)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_brats_labels_round_trip():
+    from monai.data import MetaTensor
+    from monai.transforms import ConvertToMultiChannelBasedOnBratsClasses
+
+    label = torch.tensor([0, 1, 2, 4, 2, 0], dtype=torch.uint8).reshape(1, 1, 1, 6)
+    regions = ConvertToMultiChannelBasedOnBratsClasses()(label)
+    back = components.brats_labels_from_regions(MetaTensor(regions.float(), affine=torch.eye(4) * 2))
+    assert back.dtype == torch.uint8 and tuple(back.shape) == (1, 1, 1, 6)
+    assert torch.equal(back.as_tensor(), label)
+    assert isinstance(back, MetaTensor) and float(back.affine[0, 0]) == 2.0
+    with pytest.raises(ValueError, match="3 region channels"):
+        components.brats_labels_from_regions(torch.zeros(2, 4, 4, 4))
+
+
+def test_per_class_means_ignore_missing_classes():
+    details = torch.tensor([[1.0, float("nan")], [0.5, 0.25]])
+    assert components.per_class_means(details) == [0.75, 0.25]
+    with pytest.raises(ValueError, match="expected 3 classes"):
+        components.per_class_means(details, num_classes=3)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# configs and metadata
+# ---------------------------------------------------------------------------------------------------------------
+
+VOCABULARY = ["bundle_root", "dataset_dir", "datalist", "output_dir", "ckpt_dir", "device", "roi_size", "feature_size",
+              "in_channels", "batch_size", "num_samples", "num_workers", "cache_rate", "learning_rate", "max_epochs",
+              "val_interval", "amp", "use_checkpoint", "resume", "seed", "pretrained_path", "channel_policy",
+              "out_channels", "label_names"]
+
+
+@pytest.mark.parametrize("bundle", [CT, MRI], ids=["ct", "mri"])
+def test_metadata_ids_and_label_names(bundle):
+    from monai.bundle import verify_metadata
+
+    meta_file = bundle / "configs" / "metadata.json"
+    schema = components.schema_path() if hasattr(components, "schema_path") else None
+    if schema is not None:
+        verify_metadata(meta_file=str(meta_file), filepath=str(schema))  # raises on a schema violation
+    meta = json.loads(meta_file.read_text())
+    assert meta["required_packages_version"]["swin-ssl-bundles"] == "0.1.0"
+    assert meta["version"] in meta["changelog"]
+    train = json.loads((bundle / "configs" / "train.json").read_text())
+    assert [k for k in VOCABULARY if k not in train] == []
+    names = train["label_names"]
+    expected = [CT_LABELS[i] for i in range(14)] if bundle == CT else BRATS_NAMES
+    assert names == expected
+    channel_def = meta["network_data_format"]["outputs"]["pred"]["channel_def"]
+    assert [channel_def[str(i)] for i in range(len(channel_def))] == names
+    assert meta["network_data_format"]["outputs"]["pred"]["num_channels"] == train["out_channels"] == len(names)
+    assert meta["network_data_format"]["inputs"]["image"]["num_channels"] == train["in_channels"]
+    assert train["channel_policy"] == ("error" if bundle == CT else "repeat")
+    for name in ("multi_gpu_train.json", "multi_gpu_evaluate.json"):
+        layer = json.loads((bundle / "configs" / name).read_text())
+        assert layer["validate#sampler"]["even_divisible"] is False and layer["validate#sampler"]["shuffle"] is False
+    assert (bundle / "LICENSE").read_text() == (REPO / "LICENSE").read_text()
+
+
+@pytest.mark.parametrize("bundle", [CT, MRI], ids=["ct", "mri"])
+def test_pretrained_path_defaults_to_the_ssl_bundle_model(bundle, tmp_path):
+    from monai.bundle import ConfigParser
+
+    root = tmp_path / "bundles" / bundle.name
+    root.mkdir(parents=True)
+    parser = ConfigParser()
+    parser.read_config(str(bundle / "configs" / "train.json"))
+    parser["bundle_root"] = str(root)
+    parser.parse()
+    assert parser.get_parsed_content("pretrained_path", lazy=False) is None  # no SSL model: from scratch
+    ssl_model = tmp_path / "bundles" / "swin_unetr_ssl_pretrain" / "models" / "model.pt"
+    ssl_model.parent.mkdir(parents=True)
+    ssl_model.touch()
+    assert Path(parser.get_parsed_content("pretrained_path", lazy=False)).resolve() == ssl_model.resolve()
+
+
+@pytest.mark.parametrize("bundle", [CT, MRI], ids=["ct", "mri"])
+def test_workflow_properties(bundle, ct_data, mri_data, tmp_path):
+    from monai.bundle import ConfigWorkflow
+
+    data = ct_data if bundle == CT else mri_data
+    configs = bundle / "configs"
+    overrides = {"bundle_root": str(bundle), "dataset_dir": str(data["root"]), "feature_size": 12, "cache_rate": 0.0,
+                 "num_workers": 0, "device": "cpu", "tune_allocator": False, "pretrained_path": None,
+                 "output_dir": str(tmp_path / "eval"), "ckpt_dir": str(tmp_path / "models")}  # nothing in the repo
+    skip = ("cache_rate", "tune_allocator", "pretrained_path")  # ids of train.json only
+    cases = {
+        "train": ([configs / "train.json"], "train", overrides),
+        "train+evaluate": ([configs / "train.json", configs / "evaluate.json"], "train", overrides),
+        "inference": ([configs / "inference.json"], "infer", {k: v for k, v in overrides.items() if k not in skip}),
+    }
+    for name, (files, kind, ov) in cases.items():
+        workflow = ConfigWorkflow(config_file=[str(f) for f in files], meta_file=str(configs / "metadata.json"),
+                                  workflow_type=kind, **ov)
+        workflow.initialize()
+        assert workflow.check_properties() == [], name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CT bundle
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_ct_train_starts_from_ssl_encoder(ct_train, ssl_ckpts):
+    result, out_dir = ct_train
+    out = _ok(result, "CT training")
+    layout, target, loaded, total, enc_missing, adapted = _summary(out)
+    assert (layout, target) == ("ssl_collection", "swinunetr")
+    assert loaded == total > 100 and enc_missing == 0 and adapted == 0
+    # per-class Dice with class names at the validation
+    assert re.search(r"val_mean_dice \S+ per class \(1 images\): spleen [0-9.]+, right kidney", out)
+    assert "val_dice_left_adrenal_gland" in out  # scalar entries for StatsHandler / TensorBoard
+    # the weights really came from the SSL checkpoint: a warm-up of 50 epochs moves them by ~1e-6 in 3 steps
+    ssl = torch.load(ssl_ckpts[12], weights_only=True)
+    best = torch.load(out_dir / "models" / "model.pt", weights_only=True)
+    resumable = torch.load(out_dir / "models" / "checkpoint.pt", weights_only=True)
+    assert {"model", "optimizer", "lr_scheduler", "trainer", "best_metric"} <= set(resumable)
+    assert resumable["trainer"]["iteration"] == 3
+    encoder = [k for k in best if k.startswith("swinViT.") and not k.endswith("relative_position_index")]
+    diffs = [float((best[k] - ssl[k]).abs().max()) for k in encoder]
+    assert max(diffs) < 1e-3
+    from monai.networks.nets import SwinUNETR
+
+    SwinUNETR(in_channels=1, out_channels=14, feature_size=12).load_state_dict(best)  # strict
+
+
+def test_ct_checkpoint_that_does_not_fit_stops_the_run(work, ct_data, ssl_ckpts):
+    out_dir = work / "ct_bad"
+    overrides = {**CT_TINY, **TRAIN_TINY, "cache_rate": 0.0, "dataset_dir": str(ct_data["root"]),
+                 "output_dir": str(out_dir / "eval"), "ckpt_dir": str(out_dir / "models"),
+                 "pretrained_path": str(ssl_ckpts[24])}
+    code, out, _ = _run(CT, ["train.json"], overrides, work / "ct_bad.log")
+    assert code != 0
+    assert "CheckpointLoadError" in out and "would not load" in out
+    assert "embedding size is 24 but the model's is 12" in out
+    assert not (out_dir / "models" / "model.pt").exists()
+
+
+def test_ct_evaluate_writes_per_class_and_mean_dice(ct_eval):
+    result, out_dir = ct_eval
+    _ok(result, "CT evaluation")
+    summary = json.loads((out_dir / "metrics.json").read_text())
+    assert summary["metric"] == "val_mean_dice" and summary["num_images"] == 3
+    assert list(summary["per_class"]) == [CT_LABELS[i] for i in range(1, 14)]
+    rows = _read_csv(out_dir / "val_mean_dice_raw.csv")  # MONAI MetricsSaver: per image, per class
+    assert len(rows) == 3 and len({r["filename"] for r in rows}) == 3
+    assert len(rows[0]) == 1 + 13 + 1  # filename, 13 organs, mean
+    # MeanDice = mean over images of each image's class mean; the JSON, the CSVs and the log agree
+    assert summary["mean"] == pytest.approx(np.mean([float(r["mean"]) for r in rows]), abs=1e-6)
+    metrics = dict(line.split(",") for line in (out_dir / "metrics.csv").read_text().splitlines())
+    assert float(metrics["val_mean_dice"]) == pytest.approx(summary["mean"], abs=1e-6)
+    assert float(metrics["val_dice_spleen"]) == pytest.approx(summary["per_class"]["spleen"], abs=1e-6)
+    assert (out_dir / "val_mean_dice_summary.csv").is_file()
+
+
+def test_two_process_evaluation_equals_single_process(ct_eval, ct_eval_ddp):
+    _ok(ct_eval[0], "CT evaluation")
+    out = _ok(ct_eval_ddp[0], "CT 2-process evaluation")
+    single = json.loads((ct_eval[1] / "metrics.json").read_text())
+    ddp = json.loads((ct_eval_ddp[1] / "metrics.json").read_text())
+    # 3 volumes on 2 ranks: 2 + 1, no padding duplicate (a duplicate would make 4 and shift the mean)
+    assert ddp["num_images"] == 3
+    assert ddp["mean"] == pytest.approx(single["mean"], abs=1e-6)
+    for name, value in single["per_class"].items():
+        assert ddp["per_class"][name] == pytest.approx(value, abs=1e-6, nan_ok=True)
+    rows = {r["filename"]: r for r in _read_csv(ct_eval_ddp[1] / "val_mean_dice_raw.csv")}
+    reference = {r["filename"]: r for r in _read_csv(ct_eval[1] / "val_mean_dice_raw.csv")}
+    assert set(rows) == set(reference) and len(rows) == 3
+    for name, row in reference.items():
+        assert float(rows[name]["mean"]) == pytest.approx(float(row["mean"]), abs=1e-6)
+    assert out.count("Engine run finished") >= 2  # both ranks evaluated
+
+
+def test_ct_inference_keeps_input_geometry(ct_infer, ct_data):
+    result, out_dir = ct_infer
+    _ok(result, "CT inference")
+    case = json.loads(ct_data["datalist"].read_text())["test"][0]
+    source = nib.load(ct_data["root"] / case["image"])
+    assert nib.aff2axcodes(source.affine) != ("R", "A", "S")  # the case is meaningful: not RAS,
+    assert len(set(np.round(source.header.get_zooms()[:3], 3))) > 1  # and not isotropic
+    stem = Path(case["image"]).name.split(".")[0]
+    seg = nib.load(out_dir / f"{stem}_seg.nii.gz")
+    assert seg.shape == source.shape
+    np.testing.assert_allclose(seg.affine, source.affine, atol=1e-4)
+    assert seg.get_data_dtype() == np.uint8
+    values = np.unique(np.asarray(seg.dataobj))
+    assert values.min() >= 0 and values.max() <= 13
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# MRI bundle
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_mri_train_adapts_ssl_patch_embedding(mri_train, ssl_ckpts):
+    result, out_dir = mri_train
+    out = _ok(result, "MRI training")
+    layout, target, loaded, total, enc_missing, adapted = _summary(out)
+    assert (layout, target) == ("ssl_collection", "swinunetr")
+    assert loaded == total and enc_missing == 0 and adapted == 1
+    assert f"adapted {PATCH_EMBED_WEIGHT}: repeat: input channels 1 -> 4" in out  # named in the run's log
+    # the one adapted tensor is the patch embedding, as the loader reports it for this model and policy
+    from monai.networks.nets import SwinUNETR
+
+    channel_policy = json.loads((MRI / "configs" / "train.json").read_text())["channel_policy"]
+    report = components.load_pretrained(SwinUNETR(in_channels=4, out_channels=3, feature_size=12), ssl_ckpts[12],
+                                        channel_policy=channel_policy)
+    assert list(report.adapted) == [PATCH_EMBED_WEIGHT]
+    assert report.adapted[PATCH_EMBED_WEIGHT].startswith("repeat: input channels 1 -> 4")
+    # ... and the trained-from weights are the 1-channel kernel repeated over 4 channels / 4
+    ssl = torch.load(ssl_ckpts[12], weights_only=True)[PATCH_EMBED_WEIGHT]
+    trained = torch.load(out_dir / "models" / "model.pt", weights_only=True)[PATCH_EMBED_WEIGHT]
+    assert tuple(trained.shape) == (12, 4, 2, 2, 2)
+    torch.testing.assert_close(trained, ssl.repeat(1, 4, 1, 1, 1) / 4, atol=1e-3, rtol=0)
+    assert re.search(r"val_mean_dice \S+ per class \(1 images\): TC [0-9.]+, WT [0-9.]+, ET [0-9.]+", out)
+
+
+def test_mri_evaluate_reports_regions(mri_eval):
+    result, out_dir = mri_eval
+    _ok(result, "MRI evaluation")
+    summary = json.loads((out_dir / "metrics.json").read_text())
+    assert list(summary["per_class"]) == BRATS_NAMES and summary["num_images"] == 1
+    rows = _read_csv(out_dir / "val_mean_dice_raw.csv")
+    assert len(rows) == 1 and len(rows[0]) == 1 + 3 + 1
+    assert summary["mean"] == pytest.approx(float(rows[0]["mean"]), abs=1e-6)
+
+
+def test_mri_inference_writes_brats_labels_in_input_geometry(mri_infer, mri_data):
+    result, out_dir = mri_infer
+    _ok(result, "MRI inference")
+    cases = json.loads(mri_data["test2"].read_text())["test"]
+    orientations = set()
+    for case in cases:
+        source = nib.load(mri_data["root"] / case["image"])
+        orientations.add(nib.aff2axcodes(source.affine))
+        seg = nib.load(out_dir / f"{Path(case['image']).name.split('.')[0]}_seg.nii.gz")
+        assert source.ndim == 4 and seg.shape == source.shape[:3]
+        np.testing.assert_allclose(seg.affine, source.affine, atol=1e-4)
+        assert seg.get_data_dtype() == np.uint8
+        assert set(np.unique(np.asarray(seg.dataobj)).tolist()) <= {0, 1, 2, 4}
+    assert len(orientations) == 2
