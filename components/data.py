@@ -115,7 +115,7 @@ def build_dataset(
     world_size = get_world_size() if partition else 1
     check_shard_sizes(len(data), world_size, batch_size, cache, cache_num)
     shard = partition_for_rank(data, seed=seed) if partition else list(data)
-    check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels, sync=partition)
+    check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels)
     show = progress and get_rank() == 0
     workers = max(int(num_workers), 1)
     if cache == "full":

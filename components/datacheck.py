@@ -52,7 +52,7 @@ import numpy as np
 import torch
 from nibabel.orientations import io_orientation
 
-from .distributed import all_reduce_mean, device_for_rank, get_rank, get_world_size, is_distributed
+from .distributed import all_reduce_mean, collective_device, get_rank, get_world_size, is_distributed
 
 __all__ = [
     "DataIssue",
@@ -954,7 +954,7 @@ def check_before_caching(
     where = f"{context} (rank {rank})" if is_distributed() else context
     failed_ranks = 1 if report.errors else 0
     if sync and is_distributed() and get_world_size() > 1:
-        flag = torch.tensor(float(bool(report.errors)), device=device_for_rank())
+        flag = torch.tensor(float(bool(report.errors)), device=collective_device())
         failed_ranks = int(round(float(all_reduce_mean(flag)) * get_world_size()))
     report.raise_if_errors(where)
     if failed_ranks:

@@ -2,7 +2,8 @@
 
 Everything in this package that needs to know about ``torch.distributed`` goes through this module, so that
 there is exactly one place that decides the backend, the device of a rank, how a process group is created and
-torn down, and how tensors are gathered / averaged across ranks. Only ``torch`` is imported.
+torn down, and how tensors are gathered / averaged across ranks. Imports only ``torch`` (and ignite's
+distributed model, synced at initialisation).
 
 All helpers degrade to single-process behaviour when no process group is initialised (rank 0, world size 1,
 gathers and reductions return their input, barriers return at once), so the same code path runs under
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 
+import ignite.distributed as idist
 import torch
 import torch.distributed as dist
 
@@ -32,6 +34,7 @@ __all__ = [
     "all_reduce_mean",
     "barrier",
     "cleanup_distributed",
+    "collective_device",
     "default_backend",
     "device_for_rank",
     "get_local_rank",
@@ -113,6 +116,13 @@ def device_for_rank(device: str | torch.device | None = None) -> torch.device:
     return dev
 
 
+def collective_device() -> torch.device:
+    """Where tensors of a collective must live: this rank's GPU under NCCL, the CPU for any other backend."""
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", get_local_rank())
+    return torch.device("cpu")
+
+
 def wrap_ddp(module: torch.nn.Module, device: str | torch.device, **kwargs) -> torch.nn.Module:
     """``module`` moved to ``device`` and wrapped in DistributedDataParallel (``device_ids`` only on CUDA, as
     DDP requires); returned unwrapped on one process, so one config serves both cases."""
@@ -129,6 +139,9 @@ def init_distributed(backend: str | None = None, timeout_s: float = 4 * 3600) ->
 
     Idempotent: does nothing when a process group is already initialised. For NCCL the CUDA device of this
     process is set to ``cuda:{LOCAL_RANK}`` first, so that collectives and ``barrier`` use the right GPU.
+    Then every rank syncs ignite's distributed model: its first rank query runs a collective, and handlers that
+    exist on rank 0 only (MONAI's ``CheckpointSaver`` asks in its constructor) would otherwise leave rank 0 in that
+    collective while the other ranks wait in DDP's first forward, until the timeout.
 
     Args:
         backend: ``"nccl"``, ``"gloo"``, ...; ``None`` picks :func:`default_backend`.
@@ -157,6 +170,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 4 * 3600) ->
     if backend == "nccl":
         torch.cuda.set_device(get_local_rank())
     dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+    idist.sync()
 
 
 def cleanup_distributed() -> None:
