@@ -13,6 +13,7 @@ from .checkpoint import (
     save_atomic,
 )
 from .data import EpochShuffleSampler, build_dataset, check_shard_sizes, load_datalist, partition_for_rank
+from .datacheck import DataCheckError, DataIssue, DataReport, check_before_caching, check_datalist, check_items
 from .distributed import (
     all_gather_with_grad,
     all_reduce_mean,
@@ -25,9 +26,13 @@ from .distributed import (
     wrap_ddp,
 )
 from .engine import SSLEvaluator, SSLTrainer, SSLViewsImageHandler
+from .faults import NonFiniteLossError, StopOnNonFiniteLoss, batch_filenames, resolve_resume
 from .losses import SSLLoss
 from .networks import SSLHead, check_roi_size
+from .package import extract_zip_safely, fetch, fetch_bundle, package_bundle, schema_path
 from .runtime import as_bool, tune_allocator
+from .segmentation import PerClassMetrics, brats_labels_from_regions, per_class_means
 from .synthetic import write_dataset
+from .transforms import CompactCropForegroundd, RandCompactSpatialCropSamplesd, compact_nbytes
 
 __version__ = "0.1.0"

@@ -30,3 +30,66 @@ def stop_after_epoch(trainer: Engine, epoch: int) -> None:
 
 def read_lr(path: str | Path) -> dict[int, float]:
     return {r["iteration"]: r["lr"] for r in map(json.loads, Path(path).read_text().splitlines())}
+
+
+# ------------------------------------------------------------------ fault injection (tests/test_faults.py)
+
+
+class _NaNFrom:
+    def __init__(self, loss_function, call: int) -> None:
+        self.loss_function, self.call, self.calls = loss_function, int(call), 0
+
+    def __call__(self, *args, **kwargs):
+        total, parts = self.loss_function(*args, **kwargs)
+        self.calls += 1
+        if self.calls >= self.call:  # keeps the graph: backward runs, with NaN gradients
+            parts = {**parts, "recon": parts["recon"] * float("nan")}
+            total = total * float("nan")
+        return total, parts
+
+
+def nan_loss_from(loss_function, call: int) -> _NaNFrom:
+    """Wraps an SSL loss ``(total, parts)``: from its ``call``-th call on, the total and the recon part are NaN."""
+    return _NaNFrom(loss_function, call)
+
+
+def raise_on_rank(rank: int, message: str):
+    """A deterministic (cached) transform that passes data through, except on ``rank``, where it raises."""
+    from monai.transforms import Transform
+
+    import components
+
+    class RaiseOnRank(Transform):
+        def __call__(self, data):
+            if components.get_rank() == int(rank):
+                raise RuntimeError(f"{message} (rank {components.get_rank()})")
+            return data
+
+    return RaiseOnRank()
+
+
+def raise_at_iteration(trainer: Engine, iteration: int, rank: int, message: str) -> None:
+    """Raises ``RuntimeError(message)`` on ``rank`` only, after ``iteration``."""
+    import components
+
+    def fail(engine: Engine) -> None:
+        if components.get_rank() == int(rank):
+            raise RuntimeError(f"{message} (rank {components.get_rank()}, iteration {engine.state.iteration})")
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iteration), fail)
+
+
+def kill_once_at_iteration(trainer: Engine, iteration: int, rank: int, marker: str) -> None:
+    """SIGKILLs this process on ``rank`` after ``iteration``, once: only while ``marker`` does not exist yet."""
+    import os
+    import signal
+
+    import components
+
+    def kill(engine: Engine) -> None:
+        if components.get_rank() == int(rank) and not os.path.exists(marker):
+            Path(marker).write_text(str(engine.state.iteration))
+            print(f"probe: SIGKILL rank {components.get_rank()} at iteration {engine.state.iteration}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iteration), kill)

@@ -9,6 +9,7 @@ import torch
 from monai.data import CacheDataset, Dataset, SmartCacheDataset
 
 from components.data import EpochShuffleSampler, build_dataset, check_shard_sizes, load_datalist, partition_for_rank
+from components.datacheck import DataCheckError
 
 
 def _items(n: int) -> list[dict]:
@@ -82,7 +83,8 @@ def _double(item: dict) -> dict:
 @pytest.mark.parametrize("cache, cls", [("full", CacheDataset), ("smart", SmartCacheDataset), ("none", Dataset)])
 def test_build_dataset_modes(cache, cls):
     data = [{"image": i} for i in range(6)]
-    dataset = build_dataset(data, _double, cache=cache, cache_num=3, batch_size=1, num_workers=2, progress=False)
+    # in-memory items, not files: the header check is off
+    dataset = build_dataset(data, _double, cache=cache, cache_num=3, batch_size=1, num_workers=2, progress=False, check=False)
     assert type(dataset) is cls
     expected = 3 if cache == "smart" else 6
     assert len(dataset) == expected
@@ -98,8 +100,21 @@ def test_build_dataset_checks_sizes_before_caching():
         return item
 
     with pytest.raises(ValueError, match="too few"):
-        build_dataset([{"image": 0}], transform, batch_size=2, progress=False)
+        build_dataset([{"image": 0}], transform, batch_size=2, progress=False, check=False)
     assert calls == []  # nothing was cached
+
+
+def test_build_dataset_checks_files_before_caching(tmp_path):
+    calls = []
+
+    def transform(item):
+        calls.append(item)
+        return item
+
+    missing = str(tmp_path / "case_007.nii.gz")
+    with pytest.raises(DataCheckError, match="case_007.nii.gz"):
+        build_dataset([{"image": missing}], transform, progress=False)
+    assert calls == []  # stopped before caching
 
 
 def test_epoch_shuffle_sampler_reshuffles_per_epoch_without_splitting():
