@@ -11,6 +11,7 @@ from torch import nn
 
 from components import CompactCropForegroundd, RandCompactSpatialCropSamplesd, SSLLoss, SSLTrainer, write_dataset
 from components.demo import BUNDLES_DIR
+from tests.test_engine import TinySSLNet  # SSLHead's interface at a size inductor compiles in seconds
 
 pytestmark = pytest.mark.filterwarnings("ignore:monai.transforms.spatial.dictionary Orientationd:FutureWarning")
 
@@ -84,23 +85,6 @@ def test_compile_is_an_opt_in_config_id():
     assert _parser().get_parsed_content("train#trainer#compile") is False
     assert _parser(compile="true").get_parsed_content("train#trainer#compile") is True
     assert _parser().get_parsed_content("train#trainer#compile_kwargs") == {}
-
-
-class TinySSLNet(nn.Module):
-    """SSLHead's interface (rotation logits, embedding, reconstruction) at a size inductor compiles in seconds;
-    compiling the real SSLHead on a 2-core CPU takes many minutes (over 15 on the shared build machine)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encode = nn.Conv3d(1, 4, 3, padding=1)
-        self.rotation_head = nn.Linear(4, 4)
-        self.contrastive_head = nn.Linear(4, 8)
-        self.conv = nn.Conv3d(4, 1, 1)
-
-    def forward(self, x):
-        features = torch.relu(self.encode(x))
-        pooled = features.mean(dim=(2, 3, 4))
-        return self.rotation_head(pooled), self.contrastive_head(pooled), self.conv(features)
 
 
 def _train(compile: bool) -> tuple[SSLTrainer, nn.Module]:
