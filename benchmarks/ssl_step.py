@@ -1,0 +1,467 @@
+"""Where the time of one SSL pretraining iteration goes, and how close the bundle comes to bare math.
+
+For each size, the pretraining bundle's own ``train#trainer`` is built from ``configs/train.json`` (SSLTrainer with
+the handlers the bundle attaches: StatsHandler, TensorBoardStatsHandler, checkpointing, ..., and the data loader
+over the cached synthetic CT) and each iteration is split into phases by timing its pieces from outside (nothing in
+``components`` is changed; see README.md for the proposed optional hook in engine.py):
+
+- ``data``: ignite's GET_BATCH_STARTED -> GET_BATCH_COMPLETED (waiting for the loader: crops, collation);
+- ``views``: ``SSLTrainer._views`` (to the device, two rotations and two ``aug_rand`` passes);
+- ``forward``, ``loss``, ``backward`` (loss end -> the first GradScaler call), ``optimizer`` (unscale, clipping,
+  step, scheduler), ``gather`` (the all-reduce of the logged losses), ``logging`` (gather end -> the end of the
+  ITERATION_COMPLETED handlers), ``other`` (the rest: engine bookkeeping, ITERATION_STARTED handlers).
+
+In the same process, right after every bundle iteration, a bare iteration runs only zero_grad + forward + loss +
+backward + optimizer step on already-prepared views with the same network and optimizer; ``overhead_ratio`` = the
+median over these pairs of bundle iteration / bare iteration (target <= 1.05). On a shared machine neighbouring
+iterations can differ by 1.5x from load alone, so ``overhead_ratio_within`` = the median over bundle iterations of
+total / (forward + loss + backward + optimizer phases of that same iteration) is reported too: it compares the
+overhead with the math it accompanies, with no second run for the load to change in between.
+
+The allocator comparison runs the bare loop in two fresh subprocesses, one with ``components.tune_allocator()`` and
+one without, alternating, and reports their median iteration times, the ratio tuned / plain (target <= 0.5) and
+user / system CPU seconds per iteration (``resource.getrusage``).
+
+    python benchmarks/ssl_step.py                       # tiny (64^3, feature 12) and paper (96^3, feature 48)
+    python benchmarks/ssl_step.py --sizes tiny --iters 12
+    python benchmarks/ssl_step.py --small               # CI: 64x32x32, 2 iterations, seconds
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
+
+# per size: bundle overrides; "volumes" synthetic CT subjects: training gets all but 2 (epochs of 2 / 3 / 2 steps).
+# One volume x 2 crops per step as in the published per-GPU setting, 1 x 1 at 96^3: see the memory note below.
+SIZES = {
+    "ci": {"roi_size": [64, 32, 32], "feature_size": 12, "batch_size": 1, "num_samples": 1, "use_checkpoint": False, "volumes": 4},
+    "tiny": {"roi_size": [64, 64, 64], "feature_size": 12, "batch_size": 1, "num_samples": 2, "use_checkpoint": False, "volumes": 5},
+    # one crop (two views): with tune_allocator a step of 2 crops at 96^3 needs more than the 23 GB of the machine
+    # the recorded results come from (peak RSS 2.7x the plain allocator's; see README.md)
+    "paper": {"roi_size": [96, 96, 96], "feature_size": 48, "batch_size": 1, "num_samples": 1, "use_checkpoint": True, "volumes": 4},
+}
+DEFAULT_ITERS = {"ci": 2, "tiny": 8, "paper": 6}
+PHASES = ("data", "views", "forward", "loss", "backward", "optimizer", "gather", "logging", "other")
+
+
+def machine_info() -> dict:
+    """Where the figures come from: CPU count, load averages, torch threads and versions."""
+    import monai
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_avg_1_5_15": [round(v, 2) for v in load],
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "monai": monai.__version__,
+        "cuda": torch.cuda.is_available(),
+    }
+
+
+def json_stdout():
+    """A file on the original stdout for the JSON result, with file descriptor 1 pointed at stderr from now on, so
+    that the log lines of MONAI's handlers (some write to stdout) cannot mix with the JSON."""
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return out
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the bundle's trainer, instrumented from outside
+# ---------------------------------------------------------------------------------------------------------------
+class _ScalerProxy:
+    """Forwards to the trainer's GradScaler and stamps the first call of an iteration (= the end of backward)."""
+
+    def __init__(self, scaler, timer: "PhaseTimer") -> None:
+        self._scaler, self._timer = scaler, timer
+
+    def __getattr__(self, name):
+        attr = getattr(self._scaler, name)
+        if name in ("unscale_", "step") and callable(attr):
+
+            def stamped(*args, **kwargs):
+                self._timer.mark_once("backward_end")
+                return attr(*args, **kwargs)
+
+            return stamped
+        return attr
+
+
+class PhaseTimer:
+    """Per-iteration timestamps of an SSLTrainer's phases, taken by wrapping its pieces (CPU: synchronous).
+
+    Every mark holds the wall clock (``perf_counter``) and the process CPU time (``process_time``, all threads):
+    on a machine shared with other jobs the wall times of neighbouring iterations differ by up to 2x, while the
+    CPU time an iteration consumes barely moves, so both are reported."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.marks: dict[str, tuple[float, float]] = {}
+        self.records: list[dict[str, float]] = []
+        self.cpu_records: list[dict[str, float]] = []
+        self.epoch_first: list[bool] = []
+
+    def mark(self, name: str) -> None:
+        self.sync()
+        self.marks[name] = (time.perf_counter(), time.process_time())
+
+    def mark_once(self, name: str) -> None:
+        if name not in self.marks:
+            self.mark(name)
+
+    def timed(self, fn, start: str, end: str):
+        def wrapper(*args, **kwargs):
+            self.mark(start)
+            out = fn(*args, **kwargs)
+            self.mark(end)
+            return out
+
+        return wrapper
+
+    def _phases(self, clock: int) -> dict[str, float]:
+        m = {k: v[clock] for k, v in self.marks.items()}
+        phases = {
+            "data": m["batch_end"] - m["batch_start"],
+            "views": m["views_end"] - m["views_start"],
+            "forward": m["forward_end"] - m["forward_start"],
+            "loss": m["loss_end"] - m["loss_start"],
+            "backward": m["backward_end"] - m["loss_end"],
+            "optimizer": m["gather_start"] - m["backward_end"],
+            "gather": m["gather_end"] - m["gather_start"],
+            "logging": m["end"] - m["gather_end"],
+        }
+        total = m["end"] - m["batch_start"]
+        phases["other"] = total - sum(phases.values())
+        phases["total"] = total
+        return phases
+
+    def finish(self, engine) -> None:
+        """Last ITERATION_COMPLETED handler: turns the marks of this iteration into phase durations."""
+        self.mark("end")
+        self.records.append(self._phases(0))
+        self.cpu_records.append(self._phases(1))
+        self.epoch_first.append(engine.state.iteration % engine.state.epoch_length == 1 or engine.state.epoch_length == 1)
+        self.marks = {}
+
+
+def instrument(trainer) -> PhaseTimer:
+    """Wraps the trainer's pieces with timestamps; returns the timer collecting per-iteration phases."""
+    from ignite.engine import Events
+
+    import components.engine as engine_module
+
+    timer = PhaseTimer(torch.device(trainer.state.device))
+    trainer.add_event_handler(Events.GET_BATCH_STARTED, lambda e: timer.mark("batch_start"))
+    trainer.add_event_handler(Events.GET_BATCH_COMPLETED, lambda e: timer.mark("batch_end"))
+    for event in (Events.GET_BATCH_STARTED, Events.GET_BATCH_COMPLETED):  # first, before the bundle's handlers
+        handlers = trainer._event_handlers[event]
+        handlers.insert(0, handlers.pop())
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, timer.finish)  # last: after the bundle's handlers
+    trainer._views = timer.timed(trainer._views, "views_start", "views_end")
+    trainer._forward = timer.timed(trainer._forward, "forward_start", "forward_end")
+    trainer.loss_function = timer.timed(trainer.loss_function, "loss_start", "loss_end")
+    trainer.scaler = _ScalerProxy(trainer.scaler, timer)
+    engine_module.all_reduce_mean = timer.timed(engine_module.all_reduce_mean, "gather_start", "gather_end")
+    return timer
+
+
+def build_trainer(size: dict, workdir: Path, num_workers: int | None, amp: bool, tune: bool):
+    """The bundle's train#trainer on synthetic CT for ``size`` (validation off: it is epoch-level, not per step)."""
+    from monai.bundle import ConfigParser
+
+    import components
+
+    data = workdir / "data"
+    if not (data / "dataset.json").exists():
+        components.write_dataset(data, kind="ct", num=size["volumes"], seed=0)
+    overrides = {k: v for k, v in size.items() if k != "volumes"}
+    overrides.update(
+        bundle_root=str(BUNDLE),
+        dataset_dir=str(data),
+        output_dir=str(workdir / "eval"),
+        ckpt_dir=str(workdir / "models"),
+        amp=amp,
+        max_epochs=1000,
+        val_interval=10**6,
+        tune_allocator=tune,
+    )
+    if num_workers is not None:
+        overrides["num_workers"] = num_workers
+    parser = ConfigParser()
+    parser.read_config(str(BUNDLE / "configs" / "train.json"))
+    parser.read_meta(str(BUNDLE / "configs" / "metadata.json"))
+    parser.update(overrides)
+    parser.get_parsed_content("initialize")  # the bundle's start-up: tune_allocator, set_determinism
+    return parser.get_parsed_content("train#trainer"), overrides
+
+
+def prepared_views(trainer) -> tuple[torch.Tensor, ...]:
+    """One batch of the trainer's own loader turned into network inputs, rotation labels and targets."""
+    from components import ssl_views
+
+    batch = next(iter(trainer.data_loader))
+    image = batch["image"]
+    image = (image.as_tensor() if hasattr(image, "as_tensor") else image).to(trainer.device)
+    generator = torch.Generator(device=trainer.device).manual_seed(0)
+    return tuple(ssl_views(image, generator=generator))
+
+
+def bare_step(network, optimizer, loss_function, views, autocast) -> None:
+    """zero_grad + forward + loss + backward + optimizer step: the math of an iteration and nothing else."""
+    inputs, rot_labels, targets = views
+    optimizer.zero_grad(set_to_none=True)
+    with autocast():
+        rot_logits, embeddings, recon = network(inputs)
+    emb_1, emb_2 = embeddings.float().chunk(2)
+    total, _ = loss_function(rot_logits.float(), rot_labels, emb_1, emb_2, recon.float(), targets)
+    total.backward()
+    optimizer.step()
+
+
+def _autocast_factory(trainer):
+    if not trainer.use_amp:
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device_type=trainer.device.type, dtype=trainer.amp_dtype)
+
+
+def measure_size(name: str, size: dict, iters: int, warmup: int, num_workers: int | None, amp: bool) -> dict:
+    """``warmup + iters`` bundle iterations (whole epochs), each with one bare twin run right after it (odd
+    iterations: an ITERATION_COMPLETED handler after the timer's) or right before it (even ones: the first
+    GET_BATCH_STARTED handler, ahead of the timer's first mark): twins are measured seconds apart, so load changes
+    of a shared machine hit both alike, and alternating the order cancels a drift. ``overhead_ratio`` is the median
+    of the per-pair ratios. With loader workers the first iteration of each epoch (worker start-up, amortised over
+    thousands of iterations in a real epoch) is left out and its data wait reported on its own."""
+    import math
+
+    from ignite.engine import Events
+
+    with tempfile.TemporaryDirectory(prefix=f"ssl_step_{name}_") as tmp:
+        workdir = Path(tmp)
+        trainer, _ = build_trainer(size, workdir, num_workers, amp, tune=True)
+        epoch_length = len(trainer.data_loader)
+        workers = trainer.data_loader.num_workers
+        loss_function = trainer.loss_function
+        timer = instrument(trainer)
+        views = prepared_views(trainer)
+        autocast = _autocast_factory(trainer)
+        sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
+        bare: list[float] = []
+        bare_cpu: list[float] = []
+
+        def bare_twin(engine) -> None:
+            sync()
+            start, start_cpu = time.perf_counter(), time.process_time()
+            bare_step(trainer.network, trainer.optimizer, loss_function, views, autocast)
+            sync()
+            bare.append(time.perf_counter() - start)
+            bare_cpu.append(time.process_time() - start_cpu)
+
+        # the twin runs after odd iterations and before even ones (ahead of the timer's first mark, so never inside
+        # the bundle iteration's window): a drift of the machine's load then favours neither side. At
+        # GET_BATCH_STARTED, state.iteration is still the previous one: even there means the coming one is odd.
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(event_filter=lambda e, i: i % 2 == 1), bare_twin)
+        trainer.add_event_handler(Events.GET_BATCH_STARTED, lambda e: bare_twin(e) if e.state.iteration % 2 == 1 else None)
+        handlers = trainer._event_handlers[Events.GET_BATCH_STARTED]
+        handlers.insert(0, handlers.pop())  # before the timer's batch_start mark
+        trainer.state.max_epochs = math.ceil((warmup + iters) / epoch_length)
+        trainer.run()
+        keep = [
+            i
+            for i in range(warmup, len(timer.records))
+            if not (timer.epoch_first[i] and workers > 0 and epoch_length > 1)
+        ]
+        records, twins = [timer.records[i] for i in keep], [bare[i] for i in keep]
+        cpu_records, cpu_twins = [timer.cpu_records[i] for i in keep], [bare_cpu[i] for i in keep]
+        cpu_phases = {p: _median([r[p] for r in cpu_records]) for p in (*PHASES, "total")}
+        cpu_pairs = [r["total"] / b for r, b in zip(cpu_records, cpu_twins)]
+        firsts = [timer.records[i]["data"] for i in range(warmup, len(timer.records)) if timer.epoch_first[i]]
+        phases = {p: _median([r[p] for r in records]) for p in (*PHASES, "total")}
+        full, bare_median = phases["total"], _median(twins)
+        fwd_bwd = phases["forward"] + phases["loss"] + phases["backward"]
+        pair_ratios = [r["total"] / b for r, b in zip(records, twins)]
+        math_phases = ("forward", "loss", "backward", "optimizer")
+        within = [r["total"] / sum(r[p] for p in math_phases) for r in records]
+        return {
+            "roi_size": size["roi_size"],
+            "feature_size": size["feature_size"],
+            "crops_per_step": size["batch_size"] * size["num_samples"],
+            "views_per_step": 2 * size["batch_size"] * size["num_samples"],
+            "use_checkpoint": size["use_checkpoint"],
+            "amp": amp,
+            "num_workers": workers,
+            "iterations_measured": len(records),
+            "phase_median_s": {k: round(v, 5) for k, v in phases.items()},
+            "phase_share_of_iteration": {k: round(phases[k] / full, 5) for k in PHASES},
+            "epoch_first_data_wait_s": round(_median(firsts), 4),
+            "bundle_iteration_median_s": round(full, 5),
+            "bare_iteration_median_s": round(bare_median, 5),
+            "pair_ratios": [round(r, 4) for r in pair_ratios],
+            "overhead_ratio": round(_median(pair_ratios), 4),
+            "overhead_ratio_of_medians": round(full / bare_median, 4),
+            "overhead_ratio_within": round(_median(within), 4),
+            "views_share_of_forward_backward": round(phases["views"] / fwd_bwd, 5),
+            "process_max_rss_gb": round(peak_rss_bytes() / 2**30, 2),
+            "cpu_phase_median_s": {k: round(v, 5) for k, v in cpu_phases.items()},
+            "cpu_bare_iteration_median_s": round(_median(cpu_twins), 5),
+            "cpu_pair_ratios": [round(r, 4) for r in cpu_pairs],
+            "overhead_ratio_cpu": round(_median(cpu_pairs), 4),
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# allocator: the bare loop in a plain process vs one with tune_allocator
+# ---------------------------------------------------------------------------------------------------------------
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process image: ``VmHWM`` (Linux), which starts afresh at exec; ``ru_maxrss``
+    would also count the parent's peak, which a child inherits across fork + exec."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def allocator_child(size: dict, iters: int, tune: bool) -> dict:
+    """Runs in a fresh subprocess: the bare loop on random crops; median time, user and system CPU per iteration."""
+    import components
+    from components import SSLHead, SSLLoss, ssl_views
+
+    applied = components.tune_allocator(tune) if tune else False
+    torch.manual_seed(0)
+    network = SSLHead(in_channels=1, feature_size=size["feature_size"], use_checkpoint=size["use_checkpoint"])
+    optimizer = torch.optim.AdamW(network.parameters(), lr=4e-4, weight_decay=0.1)
+    crops = torch.rand(size["batch_size"] * size["num_samples"], 1, *size["roi_size"])
+    views = tuple(ssl_views(crops, generator=torch.Generator().manual_seed(0)))
+    loss = SSLLoss()
+    bare_step(network, optimizer, loss, views, contextlib.nullcontext)  # warm-up
+    times, users, systems = [], [], []
+    for _ in range(iters):
+        before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        bare_step(network, optimizer, loss, views, contextlib.nullcontext)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        times.append(time.perf_counter() - start)
+        users.append(after.ru_utime - before.ru_utime)
+        systems.append(after.ru_stime - before.ru_stime)
+    return {
+        "tuned": applied,
+        "times_s": [round(t, 4) for t in times],
+        "user_s": [round(t, 4) for t in users],
+        "system_s": [round(t, 4) for t in systems],
+        "minor_page_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+        "max_rss_bytes": peak_rss_bytes(),
+    }
+
+
+def measure_allocator(size_name: str, iters: int, rounds: int) -> dict:
+    """Alternates plain / tuned subprocesses ``rounds`` times; medians over all their iterations."""
+    runs: dict[str, list[dict]] = {"plain": [], "tuned": []}
+    for _ in range(rounds):
+        for mode in ("plain", "tuned"):
+            cmd = [sys.executable, __file__, "--_allocator-child", mode, "--sizes", size_name, "--allocator-iters", str(iters)]
+            cmd += ["--threads", str(torch.get_num_threads())]
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
+            runs[mode].append(json.loads(out.stdout))
+    result: dict = {"size": size_name, "iterations_per_process": iters, "processes_per_mode": rounds}
+    for mode, items in runs.items():
+        times = [t for r in items for t in r["times_s"]]
+        result[mode] = {
+            "iteration_median_s": round(_median(times), 4),
+            "user_s_per_iteration": round(_median([t for r in items for t in r["user_s"]]), 4),
+            "system_s_per_iteration": round(_median([t for r in items for t in r["system_s"]]), 4),
+            "minor_page_faults_per_process": int(_median([r["minor_page_faults"] for r in items])),
+            "max_rss_gb": round(max(r["max_rss_bytes"] for r in items) / 2**30, 2),
+            "times_s_per_process": [r["times_s"] for r in items],
+            "applied": items[0]["tuned"],
+        }
+    result["tuned_over_plain"] = round(result["tuned"]["iteration_median_s"] / result["plain"]["iteration_median_s"], 4)
+    result["tuned_over_plain_max_rss"] = round(result["tuned"]["max_rss_gb"] / result["plain"]["max_rss_gb"], 3)
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="tiny,paper", help=f"comma-separated, of {sorted(SIZES)}")
+    parser.add_argument("--iters", type=int, default=None, help="measured iterations per size (default: tiny 8, paper 3)")
+    parser.add_argument("--warmup", type=int, default=1, help="iterations left out first")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the bundle's)")
+    parser.add_argument("--amp", action="store_true", help="autocast (bf16 on CPU) as the bundle's default")
+    parser.add_argument("--allocator-size", default="tiny", help="size of the allocator comparison ('none' skips it)")
+    parser.add_argument("--allocator-iters", type=int, default=3)
+    parser.add_argument("--allocator-rounds", type=int, default=2)
+    parser.add_argument("--small", action="store_true", help="CI: the 'ci' size, 2 iterations, tiny allocator run")
+    parser.add_argument("--_allocator-child", dest="allocator_child", choices=("plain", "tuned"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.allocator_child:
+        result = allocator_child(SIZES[args.sizes], args.allocator_iters, args.allocator_child == "tuned")
+        print(json.dumps(result))
+        return result
+    if args.small:
+        args.sizes, args.iters, args.allocator_size = "ci", 2, "ci"
+        args.allocator_iters, args.allocator_rounds = 1, 1
+        args.num_workers = 0 if args.num_workers is None else args.num_workers
+    names = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SIZES]
+    if unknown:
+        parser.error(f"unknown sizes {unknown}; choose from {sorted(SIZES)}")
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO)  # StatsHandler really formats and writes its lines
+    out = json_stdout()
+
+    result: dict = {"benchmark": "ssl_step", "machine": machine_info(), "sizes": {}}
+    start = time.perf_counter()
+    for name in names:
+        size = SIZES[name]
+        iters = args.iters or DEFAULT_ITERS[name]
+        result["sizes"][name] = measure_size(name, size, iters, args.warmup, args.num_workers, args.amp)
+    if args.allocator_size != "none":
+        result["allocator"] = measure_allocator(args.allocator_size, args.allocator_iters, args.allocator_rounds)
+    result["targets"] = {
+        "overhead_ratio_max": 1.05,
+        "overhead_ratio_met": {n: r["overhead_ratio"] <= 1.05 for n, r in result["sizes"].items()},
+        "overhead_ratio_cpu_met": {n: r["overhead_ratio_cpu"] <= 1.05 for n, r in result["sizes"].items()},
+        "overhead_ratio_within_met": {n: r["overhead_ratio_within"] <= 1.05 for n, r in result["sizes"].items()},
+        "allocator_ratio_max": 0.5,
+        "allocator_ratio_met": result["allocator"]["tuned_over_plain"] <= 0.5 if "allocator" in result else None,
+    }
+    result["machine"]["load_avg_1_5_15_at_end"] = [round(v, 2) for v in os.getloadavg()]
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    out.write(json.dumps(result, indent=2) + "\n")
+    out.flush()
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The benchmarks (benchmarks/*.py) run in their CI-sized ``--small`` form and print what they promise.
+
+Only shapes and sanity are asserted, never timings: CI machines are shared and noisy. The one figure asserted is
+the cache's bytes, which do not depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+
+
+def _run(script: str, *args: str, timeout: int = 600) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout)  # exactly one JSON object on stdout, nothing else
+
+
+def _machine_ok(machine: dict) -> None:
+    assert machine["cpu_count"] >= 1 and len(machine["load_avg_1_5_15"]) == 3
+    assert len(machine["load_avg_1_5_15_at_end"]) == 3
+
+
+@pytest.mark.slow
+def test_ssl_step_small():
+    result = _run("ssl_step.py", "--small")
+    assert result["benchmark"] == "ssl_step"
+    _machine_ok(result["machine"])
+    ci = result["sizes"]["ci"]
+    assert ci["roi_size"] == [64, 32, 32] and ci["feature_size"] == 12 and ci["views_per_step"] == 2
+    phases = {"data", "views", "forward", "loss", "backward", "optimizer", "gather", "logging", "other"}
+    for key in ("phase_median_s", "cpu_phase_median_s"):
+        assert set(ci[key]) == phases | {"total"}
+        assert all(ci[key][p] >= 0 for p in phases - {"other"})  # "other" = total - the rest, per iteration
+        assert ci[key]["total"] >= max(ci[key][p] for p in phases)  # medians are not additive, maxima are bounded
+    assert set(ci["phase_share_of_iteration"]) == phases
+    assert ci["iterations_measured"] == len(ci["pair_ratios"]) == len(ci["cpu_pair_ratios"]) >= 2
+    assert ci["overhead_ratio"] > 0 and ci["overhead_ratio_cpu"] > 0 and ci["bare_iteration_median_s"] > 0
+    allocator = result["allocator"]
+    for mode in ("plain", "tuned"):
+        stats = allocator[mode]
+        assert stats["iteration_median_s"] > 0
+        assert stats["user_s_per_iteration"] >= 0 and stats["system_s_per_iteration"] >= 0
+    assert allocator["plain"]["applied"] is False
+    assert allocator["tuned"]["applied"] is (sys.platform == "linux")
+    assert allocator["tuned_over_plain"] > 0
+    assert set(result["targets"]) >= {"overhead_ratio_met", "overhead_ratio_cpu_met", "allocator_ratio_met"}
+
+
+def test_augment_small():
+    result = _run("augment.py", "--small")
+    assert result["benchmark"] == "augment" and result["size"] == 32 and result["batch"] == 4
+    _machine_ok(result["machine"])
+    timing = result["timing"]
+    for kind in ("one_view", "ssl_views_two_views"):
+        assert timing[kind]["ours"]["median_s"] > 0 and timing[kind]["reference"]["median_s"] > 0
+    assert timing["speedup_one_view"] > 0 and timing["speedup_two_views"] > 0
+    dist = result["distributions"]
+    assert set(dist) == {"changed_fraction", "box_volume", "box_side", "boxes_per_inner_pass", "paste_passes"}
+    for stats in dist.values():
+        assert 0.0 <= stats["ks"]["statistic"] <= 1.0 and 0.0 <= stats["ks"]["p_value"] <= 1.0
+        assert stats["ours"]["n"] > 0 and stats["reference"]["n"] > 0
+    # the semantics are the same: box sides lie in [int(0.05 * 32), int(0.25 * 32) - 1] = [1, 7] for both
+    for impl in ("ours", "reference"):
+        assert 1 <= dist["box_side"][impl]["p10"] <= dist["box_side"][impl]["p90"] <= 7
+        assert 0 < dist["changed_fraction"][impl]["mean"] < 0.6
+
+
+def test_augment_share_of_a_saved_step(tmp_path):
+    saved = tmp_path / "ssl_step.json"
+    paper = {"phase_median_s": {"forward": 2.0, "loss": 0.1, "backward": 3.9}, "crops_per_step": 2}
+    saved.write_text(json.dumps({"sizes": {"paper": paper}, "machine": {"cpu_count": 2}}))
+    result = _run("augment.py", "--small", "--ssl-step-json", str(saved))
+    share = result["share_of_paper_step"]
+    assert share["paper_forward_backward_s_per_crop"] == 3.0
+    views = result["timing"]["ssl_views_two_views"]["ours"]["median_s"]
+    assert share["views_share_of_forward_backward"] == pytest.approx(views / 12.0, rel=1e-3)
+
+
+def test_cache_small():
+    result = _run("cache.py", "--small")
+    assert result["benchmark"] == "cache" and result["roi"] == [96, 96, 96]
+    _machine_ok(result["machine"])
+    recipe, compact = result["recipe"], result["compact"]
+    assert recipe["volumes"] == compact["volumes"] == 4
+    assert recipe["dtype"] == "torch.float32" and compact["dtype"] == "torch.int16"
+    assert 0 < compact["bytes_per_volume_max"] < recipe["bytes_per_volume_min"]
+    assert compact["bytes_total"] <= 0.25 * recipe["bytes_total"]  # bytes do not depend on the machine
+    ratio = compact["bytes_total"] / recipe["bytes_total"]
+    assert result["compact_over_recipe"]["bytes"] == pytest.approx(ratio, abs=1e-4)
+    for stats in (recipe, compact):
+        assert stats["caching_s"] > 0 and stats["random_part_s_per_item"] > 0
+    assert result["targets"]["bytes_ratio_met"] is True
