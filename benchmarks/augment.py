@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -41,16 +40,7 @@ import torch
 from components import aug_rand, rot_rand, ssl_views, tune_allocator
 from components.augment import _apply_aug, _draw_aug
 
-
-def machine_info() -> dict:
-    """Where the figures come from: CPU count, load averages, torch threads and versions."""
-    return {
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "load_avg_1_5_15": [round(v, 2) for v in os.getloadavg()],
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-    }
+from machine import machine_info
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,23 +35,11 @@ from pathlib import Path
 
 import torch
 
+from machine import machine_info
+
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
 MODES = ("recipe", "compact")
-
-
-def machine_info() -> dict:
-    """Where the figures come from: CPU count, load averages, torch threads and versions."""
-    import monai
-
-    return {
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "load_avg_1_5_15": [round(v, 2) for v in os.getloadavg()],
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "monai": monai.__version__,
-    }
 
 
 def _rss_bytes() -> int | None:

@@ -36,7 +36,6 @@ import contextlib
 import json
 import logging
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -46,6 +45,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from machine import machine_info
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
@@ -61,24 +62,6 @@ SIZES = {
 }
 DEFAULT_ITERS = {"ci": 2, "tiny": 8, "paper": 6}
 PHASES = ("data", "views", "forward", "loss", "backward", "optimizer", "gather", "logging", "other")
-
-
-def machine_info() -> dict:
-    """Where the figures come from: CPU count, load averages, torch threads and versions."""
-    import monai
-
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "load_avg_1_5_15": [round(v, 2) for v in load],
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "monai": monai.__version__,
-        "cuda": torch.cuda.is_available(),
-    }
 
 
 def json_stdout():
