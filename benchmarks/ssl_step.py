@@ -54,13 +54,14 @@ BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
 # per size: bundle overrides; "volumes" synthetic CT subjects: training gets all but 2 (epochs of 2 / 3 / 2 steps).
 # One volume x 2 crops per step as in the published per-GPU setting, 1 x 1 at 96^3: see the memory note below.
 SIZES = {
-    "ci": {"roi_size": [64, 32, 32], "feature_size": 12, "batch_size": 1, "num_samples": 1, "use_checkpoint": False, "volumes": 4},
-    "tiny": {"roi_size": [64, 64, 64], "feature_size": 12, "batch_size": 1, "num_samples": 2, "use_checkpoint": False, "volumes": 5},
+    "ci": dict(roi_size=[64, 32, 32], feature_size=12, batch_size=1, num_samples=1, use_checkpoint=False, volumes=4),
+    "tiny": dict(roi_size=[64, 64, 64], feature_size=12, batch_size=1, num_samples=2, use_checkpoint=False, volumes=5),
     # one crop (two views): with tune_allocator a step of 2 crops at 96^3 needs more than the 23 GB of the machine
     # the recorded results come from (peak RSS 2.7x the plain allocator's; see README.md)
-    "paper": {"roi_size": [96, 96, 96], "feature_size": 48, "batch_size": 1, "num_samples": 1, "use_checkpoint": True, "volumes": 4},
+    "paper": dict(roi_size=[96, 96, 96], feature_size=48, batch_size=1, num_samples=1, use_checkpoint=True, volumes=4),
 }
 DEFAULT_ITERS = {"ci": 2, "tiny": 8, "paper": 6}
+MODES = ("plain", "tuned")
 PHASES = ("data", "views", "forward", "loss", "backward", "optimizer", "gather", "logging", "other")
 
 
@@ -151,7 +152,8 @@ class PhaseTimer:
         self.mark("end")
         self.records.append(self._phases(0))
         self.cpu_records.append(self._phases(1))
-        self.epoch_first.append(engine.state.iteration % engine.state.epoch_length == 1 or engine.state.epoch_length == 1)
+        length = engine.state.epoch_length
+        self.epoch_first.append(length == 1 or engine.state.iteration % length == 1)
         self.marks = {}
 
 
@@ -271,7 +273,8 @@ def measure_size(name: str, size: dict, iters: int, warmup: int, num_workers: in
         # the bundle iteration's window): a drift of the machine's load then favours neither side. At
         # GET_BATCH_STARTED, state.iteration is still the previous one: even there means the coming one is odd.
         trainer.add_event_handler(Events.ITERATION_COMPLETED(event_filter=lambda e, i: i % 2 == 1), bare_twin)
-        trainer.add_event_handler(Events.GET_BATCH_STARTED, lambda e: bare_twin(e) if e.state.iteration % 2 == 1 else None)
+        before_even = lambda e: bare_twin(e) if e.state.iteration % 2 == 1 else None  # noqa: E731
+        trainer.add_event_handler(Events.GET_BATCH_STARTED, before_even)
         handlers = trainer._event_handlers[Events.GET_BATCH_STARTED]
         handlers.insert(0, handlers.pop())  # before the timer's batch_start mark
         trainer.state.max_epochs = math.ceil((warmup + iters) / epoch_length)
@@ -290,6 +293,7 @@ def measure_size(name: str, size: dict, iters: int, warmup: int, num_workers: in
         full, bare_median = phases["total"], _median(twins)
         fwd_bwd = phases["forward"] + phases["loss"] + phases["backward"]
         pair_ratios = [r["total"] / b for r, b in zip(records, twins)]
+        summed = sum(r["total"] for r in records)
         math_phases = ("forward", "loss", "backward", "optimizer")
         within = [r["total"] / sum(r[p] for p in math_phases) for r in records]
         return {
@@ -302,7 +306,7 @@ def measure_size(name: str, size: dict, iters: int, warmup: int, num_workers: in
             "num_workers": workers,
             "iterations_measured": len(records),
             "phase_median_s": {k: round(v, 5) for k, v in phases.items()},
-            "phase_share_of_iteration": {k: round(phases[k] / full, 5) for k in PHASES},
+            "phase_share_of_iteration": {k: round(sum(r[k] for r in records) / summed, 5) for k in PHASES},
             "epoch_first_data_wait_s": round(_median(firsts), 4),
             "bundle_iteration_median_s": round(full, 5),
             "bare_iteration_median_s": round(bare_median, 5),
@@ -312,6 +316,7 @@ def measure_size(name: str, size: dict, iters: int, warmup: int, num_workers: in
             "overhead_ratio_within": round(_median(within), 4),
             "views_share_of_forward_backward": round(phases["views"] / fwd_bwd, 5),
             "process_max_rss_gb": round(peak_rss_bytes() / 2**30, 2),
+            "per_iteration_s": [{k: round(v, 4) for k, v in r.items()} for r in records],
             "cpu_phase_median_s": {k: round(v, 5) for k, v in cpu_phases.items()},
             "cpu_bare_iteration_median_s": round(_median(cpu_twins), 5),
             "cpu_pair_ratios": [round(r, 4) for r in cpu_pairs],
@@ -367,11 +372,11 @@ def allocator_child(size: dict, iters: int, tune: bool) -> dict:
 
 def measure_allocator(size_name: str, iters: int, rounds: int) -> dict:
     """Alternates plain / tuned subprocesses ``rounds`` times; medians over all their iterations."""
-    runs: dict[str, list[dict]] = {"plain": [], "tuned": []}
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for _ in range(rounds):
-        for mode in ("plain", "tuned"):
-            cmd = [sys.executable, __file__, "--_allocator-child", mode, "--sizes", size_name, "--allocator-iters", str(iters)]
-            cmd += ["--threads", str(torch.get_num_threads())]
+        for mode in MODES:
+            cmd = [sys.executable, __file__, "--_allocator-child", mode, "--sizes", size_name]
+            cmd += ["--allocator-iters", str(iters), "--threads", str(torch.get_num_threads())]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
             runs[mode].append(json.loads(out.stdout))
     result: dict = {"size": size_name, "iterations_per_process": iters, "processes_per_mode": rounds}
@@ -394,16 +399,16 @@ def measure_allocator(size_name: str, iters: int, rounds: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="tiny,paper", help=f"comma-separated, of {sorted(SIZES)}")
-    parser.add_argument("--iters", type=int, default=None, help="measured iterations per size (default: tiny 8, paper 3)")
+    parser.add_argument("--iters", type=int, default=None, help=f"measured iterations (default {DEFAULT_ITERS})")
     parser.add_argument("--warmup", type=int, default=1, help="iterations left out first")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the bundle's)")
     parser.add_argument("--amp", action="store_true", help="autocast (bf16 on CPU) as the bundle's default")
     parser.add_argument("--allocator-size", default="tiny", help="size of the allocator comparison ('none' skips it)")
-    parser.add_argument("--allocator-iters", type=int, default=3)
-    parser.add_argument("--allocator-rounds", type=int, default=2)
-    parser.add_argument("--small", action="store_true", help="CI: the 'ci' size, 2 iterations, tiny allocator run")
-    parser.add_argument("--_allocator-child", dest="allocator_child", choices=("plain", "tuned"), help=argparse.SUPPRESS)
+    parser.add_argument("--allocator-iters", type=int, default=3, help="iterations per allocator process")
+    parser.add_argument("--allocator-rounds", type=int, default=2, help="processes per mode, alternating")
+    parser.add_argument("--small", action="store_true", help="CI: the 'ci' size, 2 iterations, no loader workers")
+    parser.add_argument("--_allocator-child", dest="allocator_child", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.threads:
