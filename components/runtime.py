@@ -31,15 +31,24 @@ def as_bool(value: bool | int | str, name: str = "value") -> bool:
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
 
 
-def tune_allocator(enabled: bool = True, keep_bytes: int = 1 << 30, top_pad: int = 64 << 20) -> bool:
+def tune_allocator(enabled: bool = True, trim_threshold: int = -1, top_pad: int = 64 << 20) -> bool:
     """Keeps freed memory inside the process on Linux/glibc, so large CPU activations are not mmap'ed, freed and
     page-faulted again every iteration.
 
     glibc serves allocations above its mmap threshold (at most 32 MB) with fresh ``mmap`` calls and returns
-    them on free; a 3D transformer step then spends more time in the kernel than in its own math. Disabling
-    mmap allocations (``M_MMAP_MAX=0``) and raising the trim threshold makes freed blocks reusable. PyTorch
-    has no setting for this (its caching allocator is CUDA-only). Returns True when applied; a no-op
-    elsewhere (macOS, Windows, musl) and when ``enabled`` is False, the opt-out a config id controls.
+    them on free, and gives the top of the heap back to the system once more than ``M_TRIM_THRESHOLD`` is free; a
+    3D transformer step then spends more time in the kernel than in its own math. Disabling mmap allocations
+    (``M_MMAP_MAX=0``) and trimming (``trim_threshold=-1``, mallopt's "never") makes freed blocks reusable: after
+    the first iterations the heap stops growing and a step page-faults no more. The price is a heap about twice
+    the plain peak (fragmentation), measured in ``benchmarks/ssl_step.py``. PyTorch has no setting for this (its
+    caching allocator is CUDA-only). Returns True when applied; a no-op elsewhere (macOS, Windows, musl) and
+    when ``enabled`` is False, the opt-out a config id controls.
+
+    Args:
+        enabled: False leaves the allocator as it is.
+        trim_threshold: free bytes at the heap top above which glibc trims; -1 never trims. A positive value
+            (at most 2 GiB: mallopt takes an int) bounds the heap at the cost of page faults after every trim.
+        top_pad: extra bytes requested whenever the heap grows.
     """
     if not enabled or platform.system() != "Linux":
         return False
@@ -51,7 +60,7 @@ def tune_allocator(enabled: bool = True, keep_bytes: int = 1 << 30, top_pad: int
         logger.info("tune_allocator: no glibc mallopt here; allocator left as it is.")
         return False
     applied = mallopt(_M_MMAP_MAX, 0) == 1
-    applied &= mallopt(_M_TRIM_THRESHOLD, int(keep_bytes)) == 1
+    applied &= mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)) == 1
     applied &= mallopt(_M_TOP_PAD, int(top_pad)) == 1
     logger.info("tune_allocator: glibc keeps freed memory in the process (applied=%s).", applied)
     return bool(applied)
