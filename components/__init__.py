@@ -26,7 +26,15 @@ from .distributed import (
     wrap_ddp,
 )
 from .engine import SSLEvaluator, SSLTrainer, SSLViewsImageHandler
-from .faults import NonFiniteLossError, StopOnNonFiniteLoss, batch_filenames, resolve_resume
+from .faults import (
+    DataItemError,
+    NonFiniteLossError,
+    SourceNamingCompose,
+    StopOnNonFiniteLoss,
+    batch_filenames,
+    item_sources,
+    resolve_resume,
+)
 from .losses import SSLLoss
 from .networks import SSLHead, check_roi_size
 from .package import extract_zip_safely, fetch, fetch_bundle, package_bundle, schema_path
@@ -35,4 +43,4 @@ from .segmentation import PerClassMetrics, brats_labels_from_regions, per_class_
 from .synthetic import write_dataset
 from .transforms import CompactCropForegroundd, RandCompactSpatialCropSamplesd, compact_nbytes
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

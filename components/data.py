@@ -14,10 +14,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from monai.data import CacheDataset, Dataset, SmartCacheDataset, load_decathlon_datalist, partition_dataset
+from monai.transforms import Compose
 from torch.utils.data import DistributedSampler
 
 from .datacheck import check_before_caching
 from .distributed import barrier, get_rank, get_world_size
+from .faults import SourceNamingCompose
 
 __all__ = ["load_datalist", "partition_for_rank", "check_shard_sizes", "build_dataset", "EpochShuffleSampler"]
 
@@ -101,6 +103,8 @@ def build_dataset(
     check_keys: Sequence[str] | None = None,
     roi_size: Sequence[int] | int | None = None,
     channels: int | None = None,
+    pixdim: Sequence[float] | float | None = None,
+    source: str | Path = "<items>",
 ) -> Dataset:
     """Builds this rank's dataset from ``data``: ``cache`` = "full" (``CacheDataset`` of ``cache_rate`` of the
     shard), "smart" (``SmartCacheDataset`` keeping ``cache_num`` volumes, ``replace_rate`` of them replaced
@@ -108,15 +112,21 @@ def build_dataset(
 
     With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked, and
     with ``check`` every file of the shard is checked from its header (``check_before_caching``: missing,
-    truncated, wrong dimensions or ``channels``, image/label mismatch; smaller than ``roi_size`` is a warning),
-    all before caching, so a bad file stops the run at start-up with one report. Caching runs on ``num_workers`` threads with a progress bar (rank 0), and all ranks meet
-    at a barrier afterwards so none enters the first collective while another still caches.
+    truncated, wrong dimensions or ``channels``, image/label mismatch; smaller than ``roi_size`` after resampling to
+    ``pixdim`` is a warning; an entry's own problems, such as a missing key, name ``source``, e.g. the datalist),
+    all before caching, so a bad file stops the run at start-up with one report. The transform is run as a
+    :class:`~components.faults.SourceNamingCompose`, so a transform error while caching or in training names
+    the volume. Caching runs on ``num_workers`` threads with a progress bar (rank 0), and all ranks meet at a
+    barrier afterwards so none enters the first collective while another still caches.
     """
     world_size = get_world_size() if partition else 1
     check_shard_sizes(len(data), world_size, batch_size, cache, cache_num)
     shard = partition_for_rank(data, seed=seed) if partition else list(data)
-    check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels)
+    check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels, pixdim=pixdim,
+                         source=str(source))
     show = progress and get_rank() == 0
+    if not isinstance(transform, SourceNamingCompose):
+        transform = SourceNamingCompose(transform if isinstance(transform, Compose) else Compose(transform))
     workers = max(int(num_workers), 1)
     if cache == "full":
         dataset = CacheDataset(shard, transform, cache_rate=cache_rate, num_workers=workers, progress=show)

@@ -749,6 +749,7 @@ def check_items(
     spatial_dims: int = 3,
     atol: float = 1e-3,
     duplicates: bool = True,
+    source: str = "<items>",
 ) -> DataReport:
     """Checks a list of datalist entries (e.g. the output of ``load_datalist`` or one rank's shard).
 
@@ -783,7 +784,7 @@ def check_items(
         keys, roi_size, deep, channels, num_classes, label_values, label_key, pixdim, spatial_dims, atol, duplicates
     )
     report = DataReport(deep=opt.deep)
-    checker = _Checker(opt, report, source="<items>")
+    checker = _Checker(opt, report, source=source)
     checker.check_list(
         list(items) if not isinstance(items, list) else items,
         list_name,
@@ -901,6 +902,7 @@ def check_before_caching(
     pixdim: Sequence[float] | float | None = None,
     sync: bool = True,
     context: str = "dataset",
+    source: str = "<items>",
 ) -> DataReport | None:
     """The check ``build_dataset`` runs on this rank's shard before caching: raises on any error.
 
@@ -915,6 +917,7 @@ def check_before_caching(
         enabled: False skips the check (returns None), e.g. for a dataset checked before.
         sync: agree on failure across ranks (a collective: every rank must call this function).
         context: names the dataset in the error message, e.g. ``"training"``.
+        source: where the items came from (the datalist path), named by errors about an entry rather than a file.
         roi_size, deep, channels, num_classes, label_values, label_key, pixdim: as in :func:`check_items`.
 
     Returns:
@@ -948,6 +951,7 @@ def check_before_caching(
         pixdim=pixdim,
         list_name=context,
         duplicates=False,
+        source=source,
     )
     for issue in report.warnings:
         logger.warning("rank %d: %s", rank, issue.format())

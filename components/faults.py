@@ -4,6 +4,9 @@
   the epoch, the iteration, the loss parts and the files of the batch, instead of training on for hours with NaN
   weights (and saving them). Under DDP every rank checks the same all-reduced loss, so all ranks stop at the same
   iteration and none is left waiting in a collective.
+- :class:`SourceNamingCompose`: a ``Compose`` whose errors name the data item's source files, applied by
+  ``build_dataset`` to every bundle's pipeline, so that a volume that breaks a transform at item 700 of caching, or
+  in a loader worker mid-training, is named in the error.
 - :func:`resolve_resume`: the checkpoint a run resumes from: an explicit ``resume``, else (``auto_resume``) the
   latest ``<ckpt_dir>/checkpoint.pt`` when there is one. With ``torchrun --max-restarts=N`` a rank that was killed
   is restarted with the same command line and so continues from the last saved iteration.
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,10 +26,19 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 from monai.handlers import from_engine
+from monai.transforms import Compose
 
 from .distributed import collective_device, get_rank, get_world_size, is_distributed
 
-__all__ = ["NonFiniteLossError", "StopOnNonFiniteLoss", "batch_filenames", "resolve_resume"]
+__all__ = [
+    "DataItemError",
+    "NonFiniteLossError",
+    "SourceNamingCompose",
+    "StopOnNonFiniteLoss",
+    "batch_filenames",
+    "item_sources",
+    "resolve_resume",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +85,79 @@ def batch_filenames(batch: Any, image_key: str = "image") -> list[str] | None:
     if not names:
         return None
     return list(dict.fromkeys(names))
+
+
+def item_sources(item: Any) -> dict[str, str]:
+    """``{key: source file}`` of one data item, before or after transforms: path strings of a datalist entry,
+    ``filename_or_obj`` of MetaTensors and of ``<key>_meta_dict``. Lists (the crops of one item) are merged."""
+    if isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
+        merged: dict[str, str] = {}
+        for element in item:
+            merged.update(item_sources(element))
+        return merged
+    if not isinstance(item, Mapping):
+        return {}
+    sources: dict[str, str] = {}
+    for key, value in item.items():
+        name, key = None, str(key)
+        if isinstance(value, (str, os.PathLike)):
+            name = value
+        elif isinstance(value, MetaTensor):
+            name = value.meta.get("filename_or_obj")
+        elif isinstance(value, Mapping) and key.endswith("_meta_dict"):  # LoadImaged(image_only=False)
+            name, key = value.get("filename_or_obj"), key.removesuffix("_meta_dict")
+        names = _filenames_from(name)
+        if names:
+            sources.setdefault(key, ", ".join(names))
+    return sources
+
+
+class DataItemError(RuntimeError):
+    """A transform failed on a data item; the message names the item's files, the transform and the root error."""
+
+
+_TRANSFORM_IN_MESSAGE = re.compile(r"applying transform <?([\w.]+)")
+
+
+def _describe_failure(err: BaseException) -> str:
+    """``"<Transform>: <RootType>: <root message>"`` from MONAI's chain of "applying transform ..." errors."""
+    chain, seen = [err], {id(err)}
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) is not None and id(cause) not in seen:
+        chain.append(cause)
+        seen.add(id(cause))
+    transforms = [m.group(1).split(".")[-1] for e in chain if (m := _TRANSFORM_IN_MESSAGE.search(str(e)))]
+    root = chain[-1]
+    where = f"{transforms[-1]}: " if transforms else ""
+    return f"{where}{type(root).__name__}: {root}"
+
+
+class SourceNamingCompose(Compose):
+    """The transforms of ``compose`` (the same objects, settings and random state: nothing is re-seeded), with
+    errors that name the data item's files.
+
+    MONAI's ``Compose`` reports only the transform ("applying transform <LoadImaged object ...>"), so an error
+    while caching a thousand volumes, or in a data-loader worker mid-training, does not say which volume caused
+    it. This raises :class:`DataItemError` (chained to the original) naming the stage (caching: the transforms
+    before the first random one; after the cache: the rest), the item's files (:func:`item_sources`), the
+    transform and the root error. ``CacheDataset`` and ``SmartCacheDataset`` call it with ``start`` / ``end`` like
+    any ``Compose``.
+    """
+
+    def __init__(self, compose: Compose) -> None:
+        if not isinstance(compose, Compose):
+            raise TypeError(f"SourceNamingCompose wraps a monai.transforms.Compose, got {type(compose).__name__}.")
+        self.__dict__.update(vars(compose))
+
+    def __call__(self, input_, start=0, end=None, threading=False, lazy: bool | None = None):
+        try:
+            return super().__call__(input_, start=start, end=end, threading=threading, lazy=lazy)
+        except DataItemError:
+            raise
+        except Exception as err:
+            stage = "the transforms after the cache" if start else "caching" if end is not None else "a transform"
+            sources = item_sources(input_)
+            named = ", ".join(f"{k}={v}" for k, v in sources.items()) if sources else "an item with no file names"
+            raise DataItemError(f"{stage} failed for {named}: {_describe_failure(err)}") from err
 
 
 def _as_float(value: Any) -> float:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 
+import nibabel as nib
+import numpy as np
 import pytest
 import torch
-from monai.data import CacheDataset, Dataset, SmartCacheDataset
+from monai.data import CacheDataset, DataLoader, Dataset, SmartCacheDataset
+from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandomizableTransform
 
 from components.data import EpochShuffleSampler, build_dataset, check_shard_sizes, load_datalist, partition_for_rank
 from components.datacheck import DataCheckError
+from components.faults import DataItemError
 
 
 def _items(n: int) -> list[dict]:
@@ -115,6 +119,49 @@ def test_build_dataset_checks_files_before_caching(tmp_path):
     with pytest.raises(DataCheckError, match="case_007.nii.gz"):
         build_dataset([{"image": missing}], transform, progress=False)
     assert calls == []  # stopped before caching
+
+
+class _FailOn(RandomizableTransform):
+    """A random (so: after the cache) transform that raises on one volume, as a broken crop would."""
+
+    def __init__(self, bad: str) -> None:
+        super().__init__(prob=1.0)
+        self.bad = bad
+
+    def __call__(self, data: dict) -> dict:
+        self.randomize(None)
+        if self.bad in str(data["image"].meta["filename_or_obj"]):
+            raise ValueError("crop outside the volume")
+        return data
+
+
+@pytest.mark.parametrize("cache", ["full", "smart", "none"])
+def test_transform_errors_in_training_name_the_file(tmp_path, cache):
+    """An error in a random transform, raised in a DataLoader worker process, names the volume: MONAI's own
+    message names only the transform."""
+    paths = []
+    for i in range(3):
+        paths.append(str(tmp_path / f"case_{i:03d}.nii.gz"))
+        nib.save(nib.Nifti1Image(np.full((4, 4, 4), i, np.float32), np.eye(4)), paths[-1])
+    transform = Compose([LoadImaged("image", image_only=True), EnsureChannelFirstd("image"), _FailOn("case_001")])
+    dataset = build_dataset([{"image": p} for p in paths], transform, cache=cache, cache_num=2, progress=False)
+    loader = DataLoader(dataset, batch_size=1, num_workers=1)
+    with pytest.raises(DataItemError) as raised:
+        list(loader)
+    message = str(raised.value)
+    stage = "a transform" if cache == "none" else "the transforms after the cache"
+    assert f"{stage} failed for image={paths[1]}: _FailOn: ValueError: crop outside the volume" in message
+    assert "DataLoader worker process 0" in message
+
+
+def test_caching_errors_name_the_file(tmp_path):
+    good, bad = str(tmp_path / "good.nii.gz"), str(tmp_path / "bad.nii.gz")
+    nib.save(nib.Nifti1Image(np.zeros((4, 4, 4), np.float32), np.eye(4)), good)
+    (tmp_path / "bad.nii.gz").write_bytes((tmp_path / "good.nii.gz").read_bytes()[:-20])
+    items = [{"image": good, "label": good}, {"image": bad, "label": good}]
+    transform = Compose([LoadImaged(["image", "label"], image_only=True), _FailOn("nothing")])
+    with pytest.raises(DataItemError, match=rf"^caching failed for image={bad}, label={good}: LoadImaged: \w+Error: "):
+        build_dataset(items, transform, progress=False, check=False, num_workers=1)
 
 
 def test_epoch_shuffle_sampler_reshuffles_per_epoch_without_splitting():
