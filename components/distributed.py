@@ -169,8 +169,31 @@ def init_distributed(backend: str | None = None, timeout_s: float = 4 * 3600) ->
     backend = backend or default_backend()
     if backend == "nccl":
         torch.cuda.set_device(get_local_rank())
-    dist.init_process_group(backend=backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    store = _restart_attempt_store(timeout)
+    if store is None:
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout)
+    else:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     idist.sync()
+
+
+def _restart_attempt_store(timeout: timedelta) -> dist.Store | None:
+    """torchrun's shared store under a prefix of this restart attempt, when the workers use the agent's store.
+
+    With ``--max-restarts``, torchrun hands the restarted workers the same TCPStore as the attempt before
+    (``TORCHELASTIC_USE_AGENT_STORE``), and ``env://`` uses it without a per-attempt prefix (pytorch/pytorch#135712):
+    the restarted ranks then read the previous attempt's keys (e.g. the gloo / NCCL addresses of dead processes)
+    and fail to connect. Prefixing with ``TORCHELASTIC_RESTART_COUNT`` gives every attempt its own keys.
+    None when the workers do not use the agent's store (``env://`` then makes a fresh store per attempt).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    client = dist.TCPStore(host, port, int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"/components/attempt_{attempt}", client)
 
 
 def cleanup_distributed() -> None:
