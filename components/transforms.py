@@ -11,7 +11,8 @@ fraction of the memory:
 - :class:`RandCompactSpatialCropSamplesd` (random, after the cache): draws crop corners with the same random calls
   in the same order as ``RandSpatialCropSamplesd(random_center=True, random_size=False)`` on the padded box, cuts
   each crop from the compact array, fills the padding of that crop only and applies the recipe's intensity scaling
-  (MONAI's own ``ScaleIntensityRange``) to the crop.
+  to the crop (:class:`IntensityScaler`: MONAI's ``ScaleIntensityRange`` arithmetic in place, checked bit for bit
+  against MONAI's transform).
 
 For the same random state the crops are ``torch.equal`` to the recipe's (tests/test_transforms.py). Why this is
 exact:
@@ -22,8 +23,10 @@ exact:
 - Inside the padded box, voxels outside the stored region are exactly 0 after scaling (the stored region is the
   bounding box of the non-zero scaled voxels), so filling them with 0 lazily is exact.
 - Integers with ``|v| <= 2**24`` convert to float32 exactly, so ``float32(stored int) == float32(loaded value)``
-  and the same elementwise scaling gives the same bits. Images whose values are not such integers (float data
-  with fractions, huge integers) are stored as the recipe's scaled float32 values instead, still without padding.
+  and the same elementwise scaling gives the same bits. For uint8 / int8 / int16 images the foreground test
+  ``scaled > 0`` is an integer comparison ``x > t`` found by scaling every value of the dtype once, so caching
+  never makes a float copy of such a volume. Images whose values are not such integers (float data with fractions,
+  huge integers) are stored as the recipe's scaled float32 values instead, still without padding.
 
 Load images with ``LoadImaged(dtype=None)`` (the file's own dtype) in front of :class:`CompactCropForegroundd`;
 with the default ``float32`` loading, integer-valued volumes are still detected and stored as integers, only
@@ -44,7 +47,13 @@ from monai.transforms.utils import compute_divisible_spatial_size, generate_spat
 from monai.transforms.traits import MultiSampleTrait
 from monai.utils import MAX_SEED, ensure_tuple_rep
 
-__all__ = ["CompactCropForegroundd", "RandCompactSpatialCropSamplesd", "COMPACT_SUFFIX", "compact_nbytes"]
+__all__ = [
+    "CompactCropForegroundd",
+    "RandCompactSpatialCropSamplesd",
+    "IntensityScaler",
+    "COMPACT_SUFFIX",
+    "compact_nbytes",
+]
 
 COMPACT_SUFFIX = "_compact"
 """``data[key + COMPACT_SUFFIX]`` holds the geometry and scaling of the compact array ``data[key]``."""
@@ -61,6 +70,7 @@ def _plain(x: Any) -> torch.Tensor:
 
 
 def _positive_sizes(value: Sequence[int] | int, ndim: int, name: str) -> tuple[int, ...]:
+    """``value`` as one positive int per spatial axis; a clear error otherwise (MONAI would silently fall back)."""
     sizes = tuple(int(v) for v in ensure_tuple_rep(value, ndim))
     if any(v < 1 for v in sizes):
         raise ValueError(f"{name} must be positive on every spatial axis, got {value!r}.")
@@ -201,8 +211,9 @@ class CompactCropForegroundd(MapTransform):
 
     and ``data[key + "_compact"]`` holds a small dict: ``padded_shape`` (the recipe's cached spatial shape),
     ``offset`` (where the stored array starts inside it) and ``scale`` (the scaling arguments, or None when the
-    array is already scaled). Metadata (affine etc.) is dropped: the pretraining crops carry none
-    (``EnsureTyped(track_meta=False)`` in the recipe).
+    array is already scaled). The image's metadata (affine etc.) is dropped: the pretraining crops carry none
+    (``EnsureTyped(track_meta=False)`` in the recipe); other keys, such as the ``image_meta_dict`` that
+    ``LoadImaged(image_only=False)`` adds, are kept, so errors can still name the file.
 
     The box is MONAI's: ``generate_spatial_bounding_box`` of the foreground ``scaled > 0`` of ``source_key`` (the
     ``CropForegroundd`` default), grown to ``compute_divisible_spatial_size`` with ``(S - s) // 2`` voxels before,

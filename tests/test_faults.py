@@ -13,6 +13,7 @@ from monai.data import MetaTensor
 from monai.engines import SupervisedTrainer
 
 from components import NonFiniteLossError, SSLLoss, SSLTrainer, StopOnNonFiniteLoss, batch_filenames, resolve_resume
+from components.faults import item_sources
 from tests.test_engine import TinySSLNet
 
 
@@ -115,6 +116,19 @@ def test_batch_filenames_deduplicates_crops_of_one_volume():
     assert batch_filenames(decollated) == ["a", "b"]
 
 
+def test_item_sources_before_and_after_transforms():
+    assert item_sources({"image": "/d/a.nii.gz", "label": "/d/a_seg.nii.gz", "id": 3}) == {
+        "image": "/d/a.nii.gz",
+        "label": "/d/a_seg.nii.gz",
+    }
+    loaded = {"image": MetaTensor(torch.zeros(1), meta={"filename_or_obj": "/d/b.nii.gz"}), "label": torch.zeros(1)}
+    assert item_sources(loaded) == {"image": "/d/b.nii.gz"}
+    compact = {"image": torch.zeros(1), "image_meta_dict": {"filename_or_obj": "/d/c.nii.gz"}, "image_compact": {}}
+    assert item_sources(compact) == {"image": "/d/c.nii.gz"}
+    assert item_sources([compact, dict(compact)]) == {"image": "/d/c.nii.gz"}  # crops of one volume
+    assert item_sources({"image": torch.zeros(1)}) == {} and item_sources(7) == {}
+
+
 def test_resolve_resume(tmp_path, caplog):
     ckpt = tmp_path / "checkpoint.pt"
     with caplog.at_level(logging.INFO, logger="components.faults"):
@@ -175,16 +189,17 @@ def test_bundle_stops_on_nan_loss_with_its_context(fault_data, tmp_path):
     assert "NonFiniteLossError" in output
     assert "non-finite training loss nan at epoch 1, iteration 2 (iteration 2/4 of the epoch)" in output, output[-4000:]
     assert "loss_recon=nan" in output and "loss_rot=" in output and "loss_contrast=" in output
-    assert "batch files: not tracked" in output  # the bundle's EnsureTyped(track_meta=False) drops the meta data
+    files = re.search(r"batch files \(rank 0\): \['([^']+)'\]", output)  # LoadImaged(image_only=False) keeps them
+    assert files and Path(files.group(1)).parent == fault_data / "imagesTr", output[-4000:]
     ckpt = torch.load(tmp_path / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert ckpt["trainer"]["iteration"] == 1
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values() if v.is_floating_point())
 
 
-def _torchrun_bundle(tmp: Path, overrides: dict, extra: dict, *torchrun_args: str, timeout: float = 300, env=None):
+def _torchrun_bundle(tmp: Path, overrides: dict, extra: dict, *torchrun_args: str, timeout: float = 300):
     configs = CONFIGS + [_extra(tmp, extra)]
     cmd = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", *torchrun_args, *_bundle_args(configs, overrides))
-    (launch,) = _launch_all([cmd], {**_env(None), **(env or {})}, tmp, timeout=timeout)
+    (launch,) = _launch_all([cmd], _env(None), tmp, timeout=timeout)
     return launch
 
 
@@ -220,10 +235,8 @@ def test_killed_rank_is_restarted_and_the_run_resumes(fault_data, tmp_path):
     overrides = _overrides(fault_data, tmp_path, "kill", max_epochs=2, ckpt_iteration_interval=1)
     marker = tmp_path / "killed.marker"
     run = [RUN[0], f"${PROBES}.kill_once_at_iteration(@train#trainer, 3, 1, {str(marker)!r})", RUN[1]]
-    # without this, restarted workers may read the previous attempt's gloo/NCCL addresses from torchrun's shared
-    # store and fail to connect (pytorch/pytorch#135712, #167288); seen here with torch 2.13 on every restart
-    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    launch = _torchrun_bundle(tmp_path, overrides, {"run": run}, "--max-restarts=1", timeout=420, env=env)
+    # torchrun's default shared store: init_distributed keeps the attempts' keys apart (pytorch/pytorch#135712)
+    launch = _torchrun_bundle(tmp_path, overrides, {"run": run}, "--max-restarts=1", timeout=420)
     assert launch.code == 0 and not launch.timed_out, launch.ok()
     assert marker.read_text() == "3"
     output = launch.output

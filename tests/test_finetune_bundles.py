@@ -268,7 +268,7 @@ def test_metadata_ids_and_label_names(bundle):
     if schema is not None:
         verify_metadata(meta_file=str(meta_file), filepath=str(schema))  # raises on a schema violation
     meta = json.loads(meta_file.read_text())
-    assert meta["required_packages_version"]["swin-ssl-bundles"] == "0.1.0"
+    assert meta["required_packages_version"]["swin-ssl-bundles"] == components.__version__
     assert meta["version"] in meta["changelog"]
     train = json.loads((bundle / "configs" / "train.json").read_text())
     assert [k for k in VOCABULARY if k not in train] == []

@@ -262,3 +262,22 @@ def test_intensity_scaler_reproduces_monai_bit_for_bit(args, fast):
         expected = ScaleIntensityRange(*args)(values.to(torch.float32))
         got = scaler(values)
     assert torch.equal(got, expected.as_tensor() if hasattr(expected, "as_tensor") else expected)
+
+
+def test_crops_still_name_their_file_with_the_loaders_meta_dict(ct_items):
+    """With LoadImaged(image_only=False), as the bundles load, a NaN report can name the batch's files in both
+    pipelines: the compact transforms keep the image_meta_dict key although they drop the image's own meta data."""
+    from components.faults import batch_filenames
+
+    names = {}
+    for name, make in (("recipe", _recipe), ("compact", _compact)):
+        pipeline = make([64, 32, 32], 2)
+        load = pipeline.transforms[0]
+        pipeline.transforms = (LoadImaged("image", image_only=False, dtype=load._loader.dtype), *pipeline.transforms[1:])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dataset = CacheDataset(ct_items[:2], pipeline, num_workers=1, progress=False)
+        batch = next(iter(DataLoader(dataset, batch_size=2)))
+        assert not isinstance(batch["image"], MetaTensor)  # the step still gets plain tensors
+        names[name] = batch_filenames(batch)
+    assert names["compact"] == names["recipe"] == [item["image"] for item in ct_items[:2]]
