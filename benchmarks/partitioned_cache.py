@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import resource
-import socket
 import sys
 import tempfile
 import time
@@ -144,12 +143,6 @@ def _worker(rank: int, world: int, port: int, variant: str, items: list[dict], r
         os._exit(1)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_variant(variant: str, items: list[dict], world: int, roi: list[int], out_dir: Path, timeout: float) -> list[dict]:
     import torch.multiprocessing as mp
 
@@ -157,25 +150,12 @@ def run_variant(variant: str, items: list[dict], world: int, roi: list[int], out
     # (fresh processes, so ru_maxrss is per variant, without paying the imports four times)
     for key, value in MALLOC_ENV.items():
         os.environ.setdefault(key, value)  # read by glibc when the fork server starts; the ranks inherit it
+    from tests.ranks import run_ranks  # the repository root is on sys.path (see __main__)
+
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["components", "monai.bundle", "monai.data", "monai.transforms", "psutil"])
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, variant, items, roi, str(out_dir))) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break  # one rank failed: do not wait for the others' process-group timeout
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
+    codes = run_ranks(ctx, _worker, lambda rank, port: (rank, world, port, variant, items, roi, str(out_dir)), world, timeout)
     errors = "\n".join(f"--- {f.name} ---\n{f.read_text()}" for f in sorted(out_dir.glob(f"{variant}_rank*.err")))
-    codes = [p.exitcode for p in procs]
     if codes != [0] * world:
         raise RuntimeError(f"{variant}: exit codes {codes} (timeout {timeout} s)\n{errors}")
     return [json.loads((out_dir / f"{variant}_rank{r}.json").read_text()) for r in range(world)]

@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the bundle's)")
     parser.add_argument("--amp", action="store_true", help="autocast (bf16 on CPU) as the bundle's default")
     parser.add_argument("--allocator-size", default="tiny", help="size of the allocator comparison ('none' skips it)")
-    parser.add_argument("--allocator-iters", type=int, default=3, help="iterations per allocator process")
+    parser.add_argument("--allocator-iters", type=int, default=5, help="iterations per allocator process")
     parser.add_argument("--allocator-rounds", type=int, default=2, help="processes per mode, alternating")
     parser.add_argument("--small", action="store_true", help="CI: the 'ci' size, 2 iterations, no loader workers")
     parser.add_argument("--_allocator-child", dest="allocator_child", choices=MODES, help=argparse.SUPPRESS)

@@ -12,8 +12,6 @@ equal the single-process gradients on the concatenated global batch; without gat
 from __future__ import annotations
 
 import os
-import socket
-import time
 import traceback
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import torch.nn as nn
 
 from components import distributed as D
 from components.losses import SSLLoss
+from tests.ranks import run_ranks
 
 WORLD = 2
 GLOBAL_B = 6
@@ -169,32 +168,11 @@ def _child(rank: int, world: int, port: int, out_dir: str, scenario: str) -> Non
         os._exit(1)  # do not wait for the other rank's collectives
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(scenario: str, out_dir: Path, world: int = WORLD) -> list[dict]:
     """Run ``scenario`` on ``world`` spawned processes; return each rank's result, or fail with the traceback."""
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, port, str(out_dir), scenario)) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    try:
-        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break  # one rank failed: do not wait for the others to time out
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
+    args = lambda rank, port: (rank, world, port, str(out_dir), scenario)  # noqa: E731
+    codes = run_ranks(mp.get_context("spawn"), _child, args, world, LAUNCH_TIMEOUT_S)
     errors = "\n".join(f"--- rank {r} ---\n{f.read_text()}" for r, f in enumerate(sorted(out_dir.glob("*.err"))))
-    codes = [p.exitcode for p in procs]
     assert codes == [0] * world, f"scenario {scenario!r}: exit codes {codes} (timeout {LAUNCH_TIMEOUT_S} s)\n{errors}"
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
 

@@ -144,9 +144,7 @@ def test_resolve_resume(tmp_path, caplog):
 # ------------------------------------------------------------------------------------------- bundle runs (slow)
 
 import json  # noqa: E402
-import os  # noqa: E402
 import subprocess  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from components import write_dataset  # noqa: E402

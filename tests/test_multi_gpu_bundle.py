@@ -27,7 +27,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -39,6 +38,7 @@ import pytest
 import torch
 
 from components import write_dataset
+from tests.ranks import free_port, run_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
@@ -128,12 +128,6 @@ def _extra_config(probe_dir: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ launching
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli(overrides: dict) -> list[str]:
@@ -287,7 +281,7 @@ def multi_node(data_dir, tmp_path_factory) -> Run:
         "replace_rate": 0.5,
     }
     configs = CONFIGS + [str(probe / "extra.json")]
-    port = _free_port()
+    port = free_port()
     rdzv = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}"]
     rdzv.append(f"--rdzv_id=mgpu{port}")
     cmds = [_torchrun(*rdzv, f"--node_rank={n}", *_bundle_args(configs, overrides)) for n in (0, 1)]
@@ -536,24 +530,9 @@ def _partition_scenario() -> dict:
 def _spawn(tmp: Path, world: int = 2, timeout: float = 120) -> list[dict]:
     import torch.multiprocessing as mp
 
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_child, args=(r, world, port, str(tmp))) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
+    codes = run_ranks(mp.get_context("spawn"), _child, lambda rank, port: (rank, world, port, str(tmp)), world, timeout)
     errors = "\n".join(f"--- {f.name} ---\n{f.read_text()}" for f in sorted(tmp.glob("*.err")))
-    assert [p.exitcode for p in procs] == [0] * world, errors
+    assert codes == [0] * world, errors
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
