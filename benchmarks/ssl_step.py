@@ -60,7 +60,7 @@ SIZES = {
     # the recorded results come from (peak RSS 2.7x the plain allocator's; see README.md)
     "paper": dict(roi_size=[96, 96, 96], feature_size=48, batch_size=1, num_samples=1, use_checkpoint=True, volumes=4),
 }
-DEFAULT_ITERS = {"ci": 2, "tiny": 8, "paper": 6}
+DEFAULT_ITERS = {"ci": 2, "tiny": 10, "paper": 10}
 MODES = ("plain", "tuned")
 PHASES = ("data", "views", "forward", "loss", "backward", "optimizer", "gather", "logging", "other")
 
@@ -400,7 +400,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="tiny,paper", help=f"comma-separated, of {sorted(SIZES)}")
     parser.add_argument("--iters", type=int, default=None, help=f"measured iterations (default {DEFAULT_ITERS})")
-    parser.add_argument("--warmup", type=int, default=1, help="iterations left out first")
+    parser.add_argument(
+        "--warmup", type=int, default=3, help="iterations left out first (the tuned heap grows in the first ones)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the bundle's)")
     parser.add_argument("--amp", action="store_true", help="autocast (bf16 on CPU) as the bundle's default")
@@ -418,7 +420,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(result))
         return result
     if args.small:
-        args.sizes, args.iters, args.allocator_size = "ci", 2, "ci"
+        args.sizes, args.iters, args.warmup, args.allocator_size = "ci", 2, 1, "ci"
         args.allocator_iters, args.allocator_rounds = 1, 1
         args.num_workers = 0 if args.num_workers is None else args.num_workers
     names = [s.strip() for s in args.sizes.split(",") if s.strip()]
