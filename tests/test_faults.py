@@ -14,15 +14,7 @@ from monai.engines import SupervisedTrainer
 
 from components import NonFiniteLossError, SSLLoss, SSLTrainer, StopOnNonFiniteLoss, batch_filenames, resolve_resume
 from components.faults import item_sources
-from tests.test_engine import TinySSLNet
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.test_engine import TinySSLNet, _one_thread  # noqa: F401 (autouse fixture: one thread here too)
 
 
 def _ssl_batches(kind: str) -> list[dict]:
