@@ -186,19 +186,23 @@ def _restart_attempt_store(timeout: timedelta) -> dist.Store | None:
     (``TORCHELASTIC_USE_AGENT_STORE``), and ``env://`` uses it without a per-attempt prefix (pytorch/pytorch#135712):
     the restarted ranks then read the previous attempt's keys (e.g. the gloo / NCCL addresses of dead processes)
     and fail to connect. Prefixing with ``TORCHELASTIC_RESTART_COUNT`` gives every attempt its own keys.
-    None when the workers do not use the agent's store (``env://`` then makes a fresh store per attempt).
+    None for a first attempt, and when the workers do not use the agent's store (``env://`` then makes a fresh
+    store per attempt).
     """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
-        return None
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True) or attempt == "0":
+        return None  # a first attempt shares no keys with an earlier one: torch's own env:// path
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     client = dist.TCPStore(host, port, int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
     return dist.PrefixStore(f"/components/attempt_{attempt}", client)
 
 
 def cleanup_distributed() -> None:
-    """Destroy the default process group if one is initialised (no-op otherwise)."""
+    """Destroy the default process group if one is initialised (no-op otherwise), after a barrier: a rank that
+    tears down its connections while another still finishes (e.g. rank 0 writing the last checkpoint) was once
+    seen to abort at exit ("terminate called without an active exception") in a restarted torchrun run."""
     if is_distributed():
+        barrier()
         dist.destroy_process_group()
 
 
