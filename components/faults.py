@@ -43,7 +43,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: the message part used when the batch carries no file names
-NOT_TRACKED = "not tracked (the batch image has no meta data: keep it with track_meta=True in the last EnsureTyped)"
+NOT_TRACKED = (
+    "not tracked (the batch has no image meta data: load with LoadImaged(image_only=False), as the bundles do, "
+    "or keep track_meta=True in the last EnsureTyped)"
+)
 
 
 class NonFiniteLossError(RuntimeError):
