@@ -24,7 +24,7 @@ import nibabel as nib
 import numpy as np
 from nibabel.orientations import apply_orientation, axcodes2ornt, inv_ornt_aff, ornt_transform
 
-__all__ = ["write_dataset", "CT_LABELS", "MRI_LABELS", "MRI_MODALITIES", "split_sizes"]
+__all__ = ["write_dataset", "CT_LABELS", "MRI_LABELS", "MRI_MODALITIES", "split_sizes", "DEMO_ORGANS"]
 
 CT_LABELS: dict[int, str] = {
     0: "background",
@@ -54,6 +54,9 @@ MRI_LABELS: dict[int, str] = {
 
 MRI_MODALITIES: dict[int, str] = {0: "T1", 1: "T1ce", 2: "T2", 3: "FLAIR"}
 """Channel order of the 4D MRI images."""
+
+DEMO_ORGANS: tuple[str, ...] = ("spleen", "right kidney", "left kidney", "liver", "stomach")
+"""The large CT organs the demo and the low-data benchmark segment (``write_dataset(organs=...)``)."""
 
 _KINDS = ("ct", "mri")
 _MIN_NUM = 3
@@ -118,7 +121,15 @@ def split_sizes(num: int) -> tuple[int, int, int]:
     return int(num) - 2 * held_out, held_out, held_out
 
 
-def write_dataset(out: str | Path, kind: str = "ct", num: int = 6, seed: int = 0) -> Path:
+def write_dataset(
+    out: str | Path,
+    kind: str = "ct",
+    num: int = 6,
+    seed: int = 0,
+    organs: Sequence[str] | None = None,
+    varied: bool = False,
+    labels: bool = True,
+) -> Path:
     """
     Write a synthetic dataset in the Medical Segmentation Decathlon layout and return its ``dataset.json``.
 
@@ -133,9 +144,22 @@ def write_dataset(out: str | Path, kind: str = "ct", num: int = 6, seed: int = 0
             labels 0/1/2/4).
         num: number of subjects, at least 3.
         seed: non-negative seed; the same seed gives identical voxel arrays and affines.
+        organs: CT only: the organs to label, by name (``CT_LABELS``), numbered 1.. in this order; the other
+            organs stay in the image but are background in the label (e.g. :data:`DEMO_ORGANS`).
+        varied: CT only: a pretraining-style set with more variety than the labeled one: each subject is an
+            independent draw (another subject than the same index without ``varied``), with a random field of
+            view cut out of the slab (organs cut at the border), scanner contrast and offset, noise level,
+            and lesions (cysts, hyperdense nodules) painted into organs.
+        labels: write label maps and list them; ``False`` writes images only (an unlabeled set).
+
+    Example::
+
+        write_dataset("data/labeled", num=10, organs=DEMO_ORGANS)      # 6 training, 2 validation, 2 test
+        write_dataset("data/unlabeled", num=40, varied=True, labels=False)
 
     Raises:
-        ValueError: for an unknown ``kind``, ``num < 3`` or a negative / non-integer ``seed``.
+        ValueError: for an unknown ``kind`` or organ, ``num < 3``, a negative / non-integer ``seed``, or
+            ``organs`` / ``varied`` with ``kind="mri"``.
     """
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}.")
@@ -143,26 +167,45 @@ def write_dataset(out: str | Path, kind: str = "ct", num: int = 6, seed: int = 0
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}.")
 
+    if kind == "mri" and (organs is not None or varied):
+        raise ValueError("organs and varied apply to kind='ct' only.")
+    names = {name: index for index, name in CT_LABELS.items() if index}
+    unknown = [o for o in organs or () if o not in names]
+    if unknown or (organs is not None and (not organs or len(set(organs)) != len(organs))):
+        raise ValueError(f"organs must be distinct names from {sorted(names)}, got {organs!r}.")
+    relabel = None
+    if organs is not None:
+        relabel = np.zeros(len(CT_LABELS), dtype=np.uint8)
+        relabel[[names[o] for o in organs]] = np.arange(1, len(organs) + 1, dtype=np.uint8)
+
     out = Path(out)
     (out / "imagesTr").mkdir(parents=True, exist_ok=True)
-    (out / "labelsTr").mkdir(parents=True, exist_ok=True)
+    if labels:
+        (out / "labelsTr").mkdir(parents=True, exist_ok=True)
     make_subject = _ct_subject if kind == "ct" else _mri_subject
     items = []
     for index in range(num):
-        rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(index,)))
+        key = (index, 1) if varied else (index,)
+        rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=key))
         image, label, affine = make_subject(rng, index)
+        if varied:
+            image, label, affine = _vary_ct(rng, image, label, affine)
         name = f"case_{index:03d}.nii.gz"
         _save_nifti(image, affine, out / "imagesTr" / name)
-        _save_nifti(label, affine, out / "labelsTr" / name)
-        items.append({"image": f"imagesTr/{name}", "label": f"labelsTr/{name}"})
+        items.append({"image": f"imagesTr/{name}"})
+        if labels:
+            _save_nifti(label if relabel is None else relabel[label], affine, out / "labelsTr" / name)
+            items[-1]["label"] = f"labelsTr/{name}"
 
     if kind == "ct":
+        label_names = CT_LABELS if organs is None else {0: "background", **dict(enumerate(organs, start=1))}
         header = {
             "name": "SyntheticAbdomenCT",
-            "description": "Synthetic BTCV-like abdominal CT phantoms in Hounsfield units (portal-venous phase).",
+            "description": "Synthetic BTCV-like abdominal CT phantoms in Hounsfield units (portal-venous phase)"
+            + ("; varied fields of view, contrast, noise and lesions." if varied else "."),
             "tensorImageSize": "3D",
             "modality": {"0": "CT"},
-            "labels": {str(k): v for k, v in CT_LABELS.items()},
+            "labels": {str(k): v for k, v in label_names.items()} if labels else {},
         }
     else:
         header = {
@@ -175,7 +218,11 @@ def write_dataset(out: str | Path, kind: str = "ct", num: int = 6, seed: int = 0
         }
     datalist = {
         **header,
-        "reference": f"components.synthetic.write_dataset(kind={kind!r}, num={num}, seed={seed})",
+        "reference": f"components.synthetic.write_dataset(kind={kind!r}, num={num}, seed={seed}"
+        + (f", organs={tuple(organs)!r}" if organs is not None else "")
+        + (", varied=True" if varied else "")
+        + ("" if labels else ", labels=False")
+        + ")",
         "numTraining": n_train,
         "numValidation": n_val,
         "numTest": n_test,
@@ -446,6 +493,32 @@ def _ct_subject(rng: np.random.Generator, index: int) -> tuple[np.ndarray, np.nd
     affine = _ras_affine(rng, shape, spacing, shift)
     (image, label), affine = _reorient((image, label), affine, _CT_ORIENTATIONS[index % len(_CT_ORIENTATIONS)])
     return image, label, affine
+
+
+def _vary_ct(
+    rng: np.random.Generator, image: np.ndarray, label: np.ndarray, affine: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """More variety for a pretraining set: lesions in organs, scanner contrast / offset / extra noise, and a
+    random field of view (60-100 % of each axis, at least 40 voxels) that cuts organs at its border."""
+    image = image.astype(np.float32)
+    organ_voxels = np.argwhere(label > 0)
+    for _ in range(int(rng.integers(0, 4))):
+        if not len(organ_voxels):
+            break
+        centre = organ_voxels[rng.integers(len(organ_voxels))].astype(np.float64)
+        radii = rng.uniform(2.0, 6.0, 3)
+        box, field = _blob(image.shape, centre, radii, rng, tilt=np.pi, wobble=0.2)
+        inside = (field < 1.0) & (label[box] > 0)
+        image[box][inside] = rng.choice([rng.uniform(-10.0, 20.0), rng.uniform(180.0, 300.0)])
+    soft = image > -200.0  # tissue, not air or lung: its contrast and level vary between scanners
+    image[soft] = _HU_SOFT + (image[soft] - _HU_SOFT) * np.float32(rng.uniform(0.8, 1.2)) + np.float32(rng.uniform(-25, 25))
+    image += rng.standard_normal(image.shape, dtype=np.float32) * np.float32(rng.uniform(0.0, 25.0))
+    size = [min(n, max(40, int(n * f))) for n, f in zip(image.shape, rng.uniform(0.6, 1.0, 3))]
+    box = tuple(slice(a, a + s) for a, s in ((int(rng.integers(0, n - s + 1)), s) for n, s in zip(image.shape, size)))
+    affine = affine.copy()
+    affine[:3, 3] = affine[:3, :3] @ np.array([b.start for b in box]) + affine[:3, 3]
+    image = np.rint(np.clip(image[box], *_HU_CLIP)).astype(np.int16)
+    return image, np.ascontiguousarray(label[box]), affine
 
 
 def _mri_subject(rng: np.random.Generator, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

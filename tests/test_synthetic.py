@@ -11,7 +11,7 @@ import pytest
 from monai.data import load_decathlon_datalist
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, Orientationd
 
-from components.synthetic import CT_LABELS, MRI_LABELS, split_sizes, write_dataset
+from components.synthetic import CT_LABELS, DEMO_ORGANS, MRI_LABELS, split_sizes, write_dataset
 
 KEYS = ("training", "validation", "test")
 
@@ -187,6 +187,9 @@ def test_mri_volumes(mri_json):
         ({"num": 0}, "0"),
         ({"num": 4.0}, "4.0"),
         ({"seed": -1}, "-1"),
+        ({"organs": ("liver", "lung")}, "lung"),
+        ({"organs": ("liver", "liver")}, "liver"),
+        ({"kind": "mri", "varied": True}, "kind='ct' only"),
     ],
 )
 def test_invalid_arguments(tmp_path, kwargs, culprit):
@@ -194,3 +197,40 @@ def test_invalid_arguments(tmp_path, kwargs, culprit):
     with pytest.raises(ValueError, match=culprit):
         write_dataset(out, **kwargs)
     assert not out.exists()  # validated before anything is written
+
+
+def test_organ_subset_relabels_and_keeps_the_image(tmp_path, ct_cases):
+    """organs=DEMO_ORGANS: the same voxels as the full labels, those organs numbered 1..5, the rest background."""
+    path = write_dataset(tmp_path / "five", num=6, seed=0, organs=DEMO_ORGANS)
+    meta = json.loads(path.read_text())
+    assert meta["labels"] == {"0": "background", **{str(i): n for i, n in enumerate(DEMO_ORGANS, start=1)}}
+    full = {name: index for index, name in CT_LABELS.items()}
+    for (im, aff, lb, _), (im0, aff0, lb0, _) in zip(_cases(path), ct_cases):
+        np.testing.assert_array_equal(im, im0)
+        np.testing.assert_array_equal(aff, aff0)
+        assert set(np.unique(lb).tolist()) == set(range(len(DEMO_ORGANS) + 1))
+        for new, name in enumerate(DEMO_ORGANS, start=1):
+            np.testing.assert_array_equal(lb == new, lb0 == full[name])
+        assert (lb[~np.isin(lb0, [full[n] for n in DEMO_ORGANS])] == 0).all()
+
+
+def test_varied_unlabeled_set_is_more_diverse(tmp_path, ct_cases):
+    """varied=True, labels=False: other subjects, images only, cut fields of view, wider contrast and noise."""
+    path = write_dataset(tmp_path / "unlabeled", num=8, seed=0, varied=True, labels=False)
+    meta = json.loads(path.read_text())
+    items = [i for key in KEYS for i in meta[key]]
+    assert len(items) == 8 and all(set(i) == {"image"} for i in items) and meta["labels"] == {}
+    assert not (tmp_path / "unlabeled" / "labelsTr").exists()
+    images = [_load(tmp_path / "unlabeled" / i["image"]) for i in items]
+    plain = [c[0] for c in ct_cases]
+    for (im, _), im0 in zip(images, plain):
+        assert im.shape != im0.shape or not np.array_equal(im, im0)  # an independent draw, not a copy
+        assert min(im.shape) >= 40 and im.dtype == np.int16
+    # the field of view is cut: on average the volumes are smaller than the labeled set's
+    assert np.mean([im.size for im, _ in images]) < np.mean([im.size for im in plain])
+    # soft-tissue level and spread vary more between subjects (scanner contrast, offset, noise)
+    def soft_stats(volumes):
+        return np.array([(v[(v > -200) & (v < 300)].mean(), v[(v > -200) & (v < 300)].std()) for v in volumes])
+    assert soft_stats([im for im, _ in images]).std(axis=0)[1] > soft_stats(plain).std(axis=0)[1]
+    again = write_dataset(tmp_path / "again", num=3, seed=0, varied=True, labels=False)
+    np.testing.assert_array_equal(_load(again.parent / "imagesTr" / "case_001.nii.gz")[0], images[1][0])
