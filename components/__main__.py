@@ -11,6 +11,7 @@ from . import demo as _demo
 from . import package as _package
 from . import synthetic
 from .checkpoint import convert_checkpoint as _convert_checkpoint
+from .runner import BUNDLES_DIR
 from .runtime import as_bool
 
 
@@ -39,14 +40,14 @@ def convert_checkpoint(
     print(f"wrote {dst}")
 
 
-def demo(
-    out: str = "demo_out", num: int = 8, seed: int = 0, epochs: int = 2, finetune_epochs: int = 4, roi: int = 64, feature_size: int = 12
-) -> None:
-    """Runs the whole pipeline on CPU in a few minutes, each step a real ``monai.bundle run``: synthesises NUM CT
-    volumes, pretrains a tiny SSL model for EPOCHS, finetunes the CT bundle from it and from scratch for
-    FINETUNE_EPOCHS each, evaluates both; prints a table (mean Dice, time) and writes dice_curves.png and
-    segmentations.png under OUT."""
-    _demo.run_demo(out=out, num=num, seed=seed, epochs=epochs, finetune_epochs=finetune_epochs, roi=roi, feature_size=feature_size)
+def demo(out: str = "demo_out", seed: int = 0, compare: bool = False, device: str | None = None, budget: str | None = None) -> None:
+    """Shows what SSL pretraining is for, each step a real ``monai.bundle run``: synthesises labeled (5 organs)
+    and unlabeled CT, pretrains the Swin ViT encoder with the SSL bundle on the unlabeled volumes, finetunes the
+    CT bundle from those weights, evaluates it on held-out volumes and segments one. Writes summary.txt,
+    summary.json and pictures (segmentations, SSL losses, SSL views, Dice curves) under OUT. SEED changes every
+    random draw; --compare adds the from-scratch arm with the same budget (always on with CUDA); --device
+    cpu|cuda (default: CUDA where present); --budget cpu|cuda|quick (default: by device; quick learns nothing)."""
+    _demo.run_demo(out=out, seed=seed, compare=as_bool(compare, "compare"), device=device, budget=budget)
 
 
 def check_data(
@@ -93,7 +94,7 @@ def package(bundle: str, out: str = "dist") -> None:
     """Packs BUNDLE (a bundle folder, or a name under bundles/) into OUT/<name>_v<version>.zip, reproducibly
     (same files, same bytes), with trained models/*.pt when present and without logs, caches, eval/ or data/;
     writes OUT/<name>_v<version>.zip.sha256 ("<sha256>  <file>", as sha256sum) beside it."""
-    root = Path(bundle) if Path(bundle).is_dir() else _demo.BUNDLES_DIR / bundle
+    root = Path(bundle) if Path(bundle).is_dir() else BUNDLES_DIR / bundle
     path = _package.package_bundle(root, out)
     print(f"wrote {path} and {path.name}.sha256 (sha256 {_package.sha256_file(path)})")
 

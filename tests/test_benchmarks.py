@@ -100,3 +100,36 @@ def test_cache_small():
     for stats in (recipe, compact):
         assert stats["caching_s"] > 0 and stats["random_part_s_per_item"] > 0
     assert result["targets"]["bytes_ratio_met"] is True
+
+
+@pytest.mark.slow
+def test_low_data_small(tmp_path):
+    """Both arms, every k and every seed of the CI plan, finite held-out Dice; the SSL arm loads the whole encoder."""
+    result = _run("low_data.py", "--small", "--out", str(tmp_path), timeout=900)
+    assert result["benchmark"] == "low_data" and result["device"] == "cpu"
+    _machine_ok(result["machine"])
+    settings = result["settings"]
+    assert settings["ks"] == [1, 2] and settings["seeds"] == 2 and settings["finetune_iterations"] == 2
+    runs = result["runs"]
+    assert sorted((r["k"], r["seed"], r["arm"]) for r in runs) == sorted(
+        (k, s, arm) for k in (1, 2) for s in (0, 1) for arm in ("ssl", "scratch")
+    )
+    for run in runs:
+        assert 0.0 <= run["mean_dice"] <= 1.0 and run["iterations"] == 2 and run["seconds"] > 0
+        assert set(run["per_class_dice"]) == {"spleen", "right kidney", "left kidney", "liver", "stomach"}
+        assert run["encoder_tensors_loaded"] == ([126, 126] if run["arm"] == "ssl" else None)
+        assert (tmp_path / f"k{run['k']}_seed{run['seed']}_{run['arm']}" / "train.log").is_file()
+    for arm in ("ssl", "scratch"):
+        for k in ("1", "2"):
+            cell = result["table"][arm][k]
+            dice = [r["mean_dice"] for r in runs if r["arm"] == arm and r["k"] == int(k)]
+            assert cell["dice"] == dice and cell["mean"] == pytest.approx(sum(dice) / 2)
+            assert cell["std"] == pytest.approx(abs(dice[0] - dice[1]) / 2**0.5)
+    assert result["ssl_minus_scratch"]["1"] == pytest.approx(result["table"]["ssl"]["1"]["mean"] - result["table"]["scratch"]["1"]["mean"])
+    assert set(result["pretraining"]["final_losses"]) >= {"loss", "loss_rot", "loss_contrast", "loss_recon"}
+    assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # one fixed held-out set for every run, never trained on
+    datalists = {s: json.loads((tmp_path / "data" / "labeled" / f"datalist_k1_seed{s}.json").read_text()) for s in (0, 1)}
+    assert all(d["validation"] == d["test"] for d in datalists.values())
+    assert datalists[0]["validation"] == datalists[1]["validation"]
+    assert not {i["image"] for i in datalists[0]["training"]} & {i["image"] for i in datalists[0]["validation"]}

@@ -35,7 +35,7 @@ import torch
 
 import components
 from components.checkpoint import PATCH_EMBED_WEIGHT
-from components.demo import bundle_command
+from components.runner import bundle_command
 from components.synthetic import CT_LABELS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -284,6 +284,25 @@ def test_metadata_ids_and_label_names(bundle):
         layer = json.loads((bundle / "configs" / name).read_text())
         assert layer["validate#sampler"]["even_divisible"] is False and layer["validate#sampler"]["shuffle"] is False
     assert (bundle / "LICENSE").read_text() == (REPO / "LICENSE").read_text()
+
+
+def test_ct_class_weights_reach_both_loss_terms():
+    """class_weights: null keeps DiceCELoss unweighted; a list weighs the CE and Dice terms per class."""
+    from monai.bundle import ConfigParser
+    from monai.losses import DiceCELoss
+
+    parser = ConfigParser()
+    parser.read_config(str(CT / "configs" / "train.json"))
+    parser["device"] = "$torch.device('cpu')"
+    assert parser.get_parsed_content("loss").cross_entropy.weight is None
+    parser["out_channels"], parser["class_weights"] = 3, [0.1, 1.0, 2.0]
+    loss = parser.get_parsed_content("loss", lazy=False)
+    expected = torch.tensor([0.1, 1.0, 2.0])
+    assert torch.equal(loss.cross_entropy.weight, expected) and torch.equal(loss.dice.class_weight, expected)
+    logits, label = torch.zeros(1, 3, 4, 4, 4), torch.zeros(1, 1, 4, 4, 4)
+    label[..., :2] = 2
+    unweighted = DiceCELoss(to_onehot_y=True, softmax=True)
+    assert float(loss(logits, label)) != pytest.approx(float(unweighted(logits, label)))
 
 
 @pytest.mark.parametrize("bundle", [CT, MRI], ids=["ct", "mri"])

@@ -24,7 +24,7 @@ import torch
 import components
 from components import package as pkg
 from components.__main__ import COMMANDS
-from components.demo import BUNDLES_DIR, bundle_command
+from components.runner import BUNDLES_DIR, bundle_command
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:parsing config_file:UserWarning"),  # MONAI's notice for every config parse

@@ -16,7 +16,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from components import write_dataset
-from components.demo import BUNDLES_DIR, bundle_command
+from components.runner import BUNDLES_DIR, bundle_command
 from tests.probes import read_lr
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,200 @@
+"""What SSL pretraining buys when labels are few: finetuning from SSL weights against from scratch.
+
+Pretrains the Swin ViT encoder once with the SSL bundle on an unlabeled synthetic CT set (larger and more varied
+than the labeled one: ``components.write_dataset(varied=True)``), then finetunes the CT bundle on the demo's
+five-organ task (``components.synthetic.DEMO_ORGANS``) with k labeled volumes, from the SSL weights and from
+random initialisation, n seeds each. Both arms of a (k, seed) pair get the same training volumes, the same seed
+(decoder initialisation, crops, order) and the same budget in iterations; only the encoder's starting weights
+differ. Every model is scored once, after its last iteration, on one fixed held-out set (no model selection).
+Every step is a real ``python -m monai.bundle run`` with command-line overrides (``components.runner``).
+
+    python benchmarks/low_data.py                     # k = 1, 2, 4, 8; 3 seeds; the device's budget
+    python benchmarks/low_data.py --ks 1,2 --seeds 2
+    python benchmarks/low_data.py --small             # CI: k = 1, 2; 2 seeds; a few iterations (learns nothing)
+
+Prints one JSON object: per arm and k the mean and standard deviation over seeds of the held-out mean Dice, the
+SSL - scratch difference, every run (Dice per organ, seconds, what the SSL weights loaded), the settings and the
+machine; writes ``low_data.png`` (Dice against k, both arms) and the runs' folders under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from machine import machine_info
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from components import synthetic  # noqa: E402
+from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides  # noqa: E402
+from components.runner import read_scalars, run_bundle  # noqa: E402
+
+ARMS = ("ssl", "scratch")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The experiment's size: label counts, seeds, the held-out set, the finetuning budget in iterations (the same
+    for every k and both arms) and the pretraining budget (``budget``: SSL epochs, batch, learning rates)."""
+
+    ks: tuple[int, ...] = (1, 2, 4, 8)
+    seeds: int = 3
+    num_eval: int = 4
+    finetune_iterations: int = 96
+    budget: DemoBudget = DemoBudget(num_unlabeled=32, ssl_epochs=6)
+
+
+PLANS = {
+    "cpu": Plan(),
+    "cuda": Plan(finetune_iterations=400, budget=DemoBudget(num_unlabeled=64, ssl_epochs=60, ssl_batch=4, finetune_crops=2)),
+    "small": Plan(ks=(1, 2), seeds=2, num_eval=1, finetune_iterations=2, budget=DemoBudget(num_unlabeled=6, ssl_epochs=1)),
+}
+
+_LOADED = re.compile(r"loaded (\d+)/(\d+) encoder tensors")
+
+
+def _write_datalists(root: Path, plan: Plan, seed: int) -> tuple[Path, dict[tuple[int, int], Path]]:
+    """Synthesises the labeled pool (max k training candidates + the held-out set) and the unlabeled set, and
+    writes one datalist per (k, seed): k training volumes drawn from the pool by the seed, the held-out set as
+    ``validation`` (scored once, at the end) and ``test``."""
+    pool_size = max(plan.ks) + plan.num_eval
+    pool = synthetic.write_dataset(root / "labeled", num=max(pool_size, 3), seed=seed, organs=synthetic.DEMO_ORGANS)
+    content = json.loads(pool.read_text())
+    cases = content["training"] + content["validation"] + content["test"]
+    held_out, candidates = cases[-plan.num_eval :], cases[: max(plan.ks)]
+    unlabeled = synthetic.write_dataset(root / "unlabeled", num=plan.budget.num_unlabeled, seed=seed, varied=True, labels=False)
+    datalists = {}
+    for k in plan.ks:
+        for s in range(plan.seeds):
+            picked = np.random.default_rng([seed, k, s]).choice(len(candidates), size=k, replace=False)
+            path = root / "labeled" / f"datalist_k{k}_seed{s}.json"
+            path.write_text(json.dumps({**content, "training": [candidates[i] for i in sorted(picked)],
+                                        "validation": held_out, "test": held_out}, indent=2))
+            datalists[(k, s)] = path
+    return unlabeled, datalists
+
+
+def _finetune(
+    plan: Plan, k: int, seed: int, arm: str, datalist: Path, run_dir: Path, device: str, ssl_model: Path, threads: int | None
+) -> dict:
+    """One finetuning run of ``plan.finetune_iterations`` iterations (batch 1: one volume per iteration), scored on
+    the held-out set after the last one."""
+    epochs = -(-plan.finetune_iterations // k)
+    budget = replace(plan.budget, finetune_epochs=epochs, val_interval=epochs)
+    overrides = finetune_overrides(budget, datalist, run_dir, device, 1000 + seed, ssl_model if arm == "ssl" else None)
+    seconds = run_bundle(CT_BUNDLE, overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
+    scalars = read_scalars(run_dir / "eval")
+    per_class = {name: scalars[f"val_dice_{name.replace(' ', '_')}"][-1][1] for name in synthetic.DEMO_ORGANS}
+    loaded = _LOADED.search((run_dir / "train.log").read_text()) if arm == "ssl" else None
+    return {
+        "k": k, "seed": seed, "arm": arm, "iterations": epochs * k, "seconds": round(seconds, 1),
+        "mean_dice": scalars["val_mean_dice"][-1][1], "per_class_dice": per_class,
+        "encoder_tensors_loaded": None if loaded is None else [int(loaded[1]), int(loaded[2])],
+    }
+
+
+def _plot(table: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for arm, label in (("ssl", "SSL init"), ("scratch", "random init")):
+        ks = sorted(table[arm], key=int)
+        ax.errorbar([int(k) for k in ks], [table[arm][k]["mean"] for k in ks], yerr=[table[arm][k]["std"] for k in ks],
+                    marker="o", capsize=4, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([int(k) for k in table["ssl"]], [str(k) for k in table["ssl"]])
+    ax.set_xlabel("labeled training volumes (k)")
+    ax.set_ylabel("held-out mean Dice (5 organs)")
+    ax.set_title("Finetuning with few labels: SSL vs random init (mean, sd over seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(plan: Plan, out: Path, device: str, seed: int, parallel: int = 1) -> dict:
+    machine = machine_info()
+    started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    unlabeled, datalists = _write_datalists(out / "data", plan, seed)
+    ssl_dir = out / "ssl_pretrain"
+    ssl_seconds = run_bundle(SSL_BUNDLE, overrides=ssl_overrides(plan.budget, unlabeled.parent, ssl_dir, device, seed),
+                             log=ssl_dir / "train.log", echo=False)
+    ssl_losses = {tag: values[-1][1] for tag, values in read_scalars(ssl_dir / "eval").items() if tag.startswith("loss")}
+    jobs = [(k, s, arm, datalist) for (k, s), datalist in datalists.items() for arm in ARMS]
+    threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 and device == "cpu" else None
+
+    def one(job: tuple) -> dict:
+        k, s, arm, datalist = job
+        result = _finetune(plan, k, s, arm, datalist, out / f"k{k}_seed{s}_{arm}", device, ssl_dir / "models" / "model.pt", threads)
+        print(f"k={k} seed={s} {arm}: mean Dice {result['mean_dice']:.4f} ({result['seconds']:.0f} s)", file=sys.stderr, flush=True)
+        return result
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        runs = list(pool.map(one, jobs))
+    table: dict = {arm: {} for arm in ARMS}
+    for arm in ARMS:
+        for k in plan.ks:
+            dice = [r["mean_dice"] for r in runs if r["arm"] == arm and r["k"] == k]
+            table[arm][str(k)] = {"mean": statistics.fmean(dice), "std": statistics.stdev(dice) if len(dice) > 1 else 0.0,
+                                  "dice": dice}
+    difference = {k: table["ssl"][k]["mean"] - table["scratch"][k]["mean"] for k in table["ssl"]}
+    _plot(table, out / "low_data.png")
+    return {
+        "benchmark": "low_data",
+        "device": device,
+        "machine": {**machine, "load_avg_1_5_15_at_end": machine_info()["load_avg_1_5_15"]},
+        "settings": {**{k: v for k, v in asdict(plan).items() if k != "budget"}, "budget": asdict(plan.budget),
+                     "organs": list(synthetic.DEMO_ORGANS), "seed": seed, "parallel_runs": parallel,
+                     "threads_per_run": threads or torch.get_num_threads()},
+        "pretraining": {"seconds": round(ssl_seconds, 1), "final_losses": ssl_losses},
+        "table": table,
+        "ssl_minus_scratch": difference,
+        "runs": runs,
+        "plot": str(out / "low_data.png"),
+        "total_seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--small", action="store_true", help="the CI size: k = 1, 2; 2 seeds; a few iterations")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: CUDA where present")
+    parser.add_argument("--ks", default=None, help="label counts, comma-separated (default: the plan's)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per k (default: the plan's)")
+    parser.add_argument("--iterations", type=int, default=None, help="finetuning iterations per run (default: the plan's)")
+    parser.add_argument("--ssl_epochs", type=int, default=None, help="pretraining epochs (default: the plan's)")
+    parser.add_argument("--seed", type=int, default=0, help="the data's seed")
+    parser.add_argument("--out", default="runs/low_data", help="folder for the runs and low_data.png")
+    parser.add_argument("--parallel", type=int, default=1, help="finetuning runs side by side (CPU: threads split)")
+    args = parser.parse_args()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    plan = PLANS["small" if args.small else device]
+    if args.ks:
+        plan = replace(plan, ks=tuple(int(k) for k in args.ks.split(",")))
+    if args.seeds:
+        plan = replace(plan, seeds=args.seeds)
+    if args.iterations:
+        plan = replace(plan, finetune_iterations=args.iterations)
+    if args.ssl_epochs:
+        plan = replace(plan, budget=replace(plan.budget, ssl_epochs=args.ssl_epochs))
+    print(json.dumps(run(plan, Path(args.out).resolve(), device, args.seed, args.parallel), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Runs the bundles of this collection as a user does: ``python -m monai.bundle run`` in a subprocess.
+
+The demo, the low-data benchmark and the command line share it, so every step they report on is a real bundle
+run with command-line overrides only (no configuration a user could not type).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["BUNDLES_DIR", "bundle_command", "run_bundle", "read_scalars"]
+
+BUNDLES_DIR = Path(__file__).resolve().parent.parent / "bundles"
+
+_PROGRESS_MARKS = ("Epoch: ", "Metrics -- ", "loaded ", "best value", "Saving")
+
+
+def _cli_value(value: object) -> str:
+    """An override as ``monai.bundle run`` (python-fire) parses it back: JSON for lists, Python for bool/None."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def bundle_command(bundle: str | Path, configs: Sequence[str] = ("train.json",), overrides: Mapping | None = None) -> list[str]:
+    """The ``python -m monai.bundle run`` command line for ``bundle`` (a name under ``bundles/`` or a path)."""
+    root = Path(bundle) if Path(bundle).is_dir() else BUNDLES_DIR / str(bundle)
+    if not (root / "configs").is_dir():
+        raise FileNotFoundError(f"no bundle at {str(root)!r} (expected a configs/ folder).")
+    files = [str(root / "configs" / c) for c in configs]
+    cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", json.dumps(files) if len(files) > 1 else files[0]]
+    cmd += ["--meta_file", str(root / "configs" / "metadata.json"), "--logging_file", str(root / "configs" / "logging.conf")]
+    for key, value in {"bundle_root": str(root), **(overrides or {})}.items():
+        cmd += [f"--{key}", _cli_value(value)]
+    return cmd
+
+
+def run_bundle(
+    bundle: str | Path,
+    configs: Sequence[str] = ("train.json",),
+    overrides: Mapping | None = None,
+    log: Path | None = None,
+    echo: bool = True,
+    threads: int | None = None,
+) -> float:
+    """Runs a bundle in a subprocess and returns the seconds it took. The full output goes to ``log``; with
+    ``echo``, its progress lines (epochs, metrics, loading, saving) are printed as they come; ``threads`` caps the
+    run's CPU threads (``OMP_NUM_THREADS``), for several runs side by side.
+
+    Raises:
+        RuntimeError: when the run fails, with its command line and the end of its output.
+    """
+    cmd = bundle_command(bundle, configs, overrides)
+    start = time.perf_counter()
+    lines: list[str] = []
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    sink = open(log, "w", buffering=1) if log else None  # line-buffered: the log can be followed while it runs
+    try:
+        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+            for line in proc.stdout:
+                lines.append(line)
+                if sink:
+                    sink.write(line)
+                if echo and any(mark in line for mark in _PROGRESS_MARKS):
+                    print("    " + line.split(" - ")[-1].strip(), flush=True)
+            code = proc.wait()
+    finally:
+        if sink:
+            sink.close()
+    if code != 0:
+        tail = "".join(lines[-30:])
+        raise RuntimeError(f"bundle run failed (exit {code}): {' '.join(cmd)}\n{tail}")
+    return time.perf_counter() - start
+
+
+def read_scalars(events_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar a bundle run logged to TensorBoard under ``events_dir``: tag -> [(step, value)] by step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, dict[int, float]] = {}
+    for events in sorted(events_dir.glob("events.out.tfevents.*")):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, {}).update({e.step: e.value for e in acc.Scalars(tag)})
+    return {tag: sorted(points.items()) for tag, points in out.items()}

@@ -1,0 +1,81 @@
+"""The demo command (``python -m components demo``) in its quick budget: every step a bundle run, the summary,
+the pictures. What the demo learns at its real budget is measured, not tested (README.md records it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from components.demo import BUDGETS, DemoBudget, run_demo
+from components.synthetic import DEMO_ORGANS
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def quick_demo(tmp_path_factory):
+    """``demo --budget quick --compare``: both arms, every step, the pictures (about 2 minutes on 2 cores)."""
+    out = tmp_path_factory.mktemp("demo")
+    result = subprocess.run(
+        [sys.executable, "-m", "components", "demo", "--out", str(out), "--budget", "quick", "--compare", "--seed", "3"],
+        capture_output=True, text=True, timeout=1200,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, result.stdout
+
+
+@pytest.mark.slow
+def test_every_training_evaluation_and_inference_step_is_a_bundle_run(quick_demo):
+    out, stdout = quick_demo
+    for n, title in enumerate(["synthesising", "SSL pretraining", "finetuning", "finetuning", "pictures"], start=1):
+        assert f"[{n}/5] {title}" in stdout
+    steps = json.loads((out / "summary.json").read_text())["steps"]
+    runs = [s for s in steps if "command" in s]
+    assert [s["step"] for s in runs] == [
+        "SSL pretraining",
+        "finetune, SSL init", "evaluate on held-out, SSL init", "segment held-out, SSL init",
+        "finetune, random init", "evaluate on held-out, random init", "segment held-out, random init",
+    ]
+    for run in runs:
+        assert run["command"][1:4] == ["-m", "monai.bundle", "run"], run["command"]
+        assert run["seconds"] > 0
+    evaluate = next(s["command"] for s in runs if s["step"] == "evaluate on held-out, SSL init")
+    assert evaluate[evaluate.index("--eval_list") + 1] == "test"  # scored on volumes no training step saw
+    for log in ("ssl_pretrain/train.log", "finetune_ssl/train.log", "finetune_ssl/evaluate.log", "finetune_scratch/inference.log"):
+        assert "input summary of monai.bundle.scripts.run" in (out / log).read_text()
+    # the SSL arm really starts from the pretrained encoder, the scratch arm says it has none
+    assert "loaded 126/126 encoder tensors" in (out / "finetune_ssl" / "train.log").read_text()
+    assert "encoder tensors" not in (out / "finetune_scratch" / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_summary_json_and_pictures(quick_demo):
+    out, stdout = quick_demo
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["device"] == "cpu" and summary["seed"] == 3
+    assert summary["settings"]["organs"] == list(DEMO_ORGANS) and summary["settings"]["budget"]["finetune_epochs"] == 1
+    assert set(summary["arms"]) == {"SSL init", "random init"}
+    for arm in summary["arms"].values():
+        assert list(arm["per_class_dice"]) == list(DEMO_ORGANS)
+        assert 0.0 <= arm["mean_dice"] <= 1.0 and arm["seconds"] > 0 and arm["num_images"] == 1
+        metrics = json.loads((out / arm["folder"] / "eval" / "metrics.json").read_text())
+        assert metrics["mean"] == arm["mean_dice"]
+    assert summary["total_seconds"] >= sum(s["seconds"] for s in summary["steps"]) - 1
+    expected = ["dice_curves.png", "segmentations.png", "ssl_losses.png", "ssl_views.png"]
+    assert summary["pictures"] == expected
+    for picture in expected:
+        assert (out / picture).read_bytes()[:8] == PNG
+    table = (out / "summary.txt").read_text()
+    assert "held-out Dice, SSL init" in table and "held-out Dice, random init" in table and table in stdout
+
+
+def test_budgets_and_arguments_are_checked(tmp_path):
+    assert BUDGETS["cpu"] == DemoBudget() and BUDGETS["quick"].finetune_epochs < BUDGETS["cpu"].finetune_epochs
+    with pytest.raises(ValueError, match="budget must be one of"):
+        run_demo(tmp_path, budget="huge")
+    with pytest.raises(ValueError, match="device must be"):
+        run_demo(tmp_path, device="tpu")
+    assert not any(tmp_path.iterdir())  # nothing written before the arguments are known to be good
