@@ -9,11 +9,15 @@ from ignite.engine import Engine, Events
 
 
 def record_lr(trainer: Engine, path: str) -> None:
-    """Appends ``{"iteration": i, "lr": lr}`` for every iteration, exactly (no log rounding)."""
+    """Appends ``{"iteration": i, "lr": lr, "volumes": [...]}`` for every iteration: the exact LR (no log rounding)
+    and the files of the batch."""
+    from components import batch_filenames
 
     def write(engine: Engine) -> None:
+        record = {"iteration": engine.state.iteration, "lr": engine.optimizer.param_groups[0]["lr"],
+                  "volumes": batch_filenames(engine.state.batch)}  # fmt: skip
         with open(path, "a") as f:
-            f.write(json.dumps({"iteration": engine.state.iteration, "lr": engine.optimizer.param_groups[0]["lr"]}) + "\n")
+            f.write(json.dumps(record) + "\n")
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED, write)
 
@@ -30,6 +34,11 @@ def stop_after_epoch(trainer: Engine, epoch: int) -> None:
 
 def read_lr(path: str | Path) -> dict[int, float]:
     return {r["iteration"]: r["lr"] for r in map(json.loads, Path(path).read_text().splitlines())}
+
+
+def read_volumes(path: str | Path) -> list[tuple[int, list[str]]]:
+    """(iteration, files of the batch) of every iteration recorded by :func:`record_lr`, in the order run."""
+    return [(r["iteration"], r["volumes"]) for r in map(json.loads, Path(path).read_text().splitlines())]
 
 
 # ------------------------------------------------------------------ fault injection (tests/test_faults.py)
@@ -53,7 +62,15 @@ def nan_loss_from(loss_function, call: int) -> _NaNFrom:
     return _NaNFrom(loss_function, call)
 
 
-def raise_on_rank(rank: int, message: str):
+def _mark_time(marker: str | None) -> None:
+    """Writes the wall-clock time of a failure, so a test can measure how long the other ranks outlive it."""
+    if marker:
+        import time
+
+        Path(marker).write_text(repr(time.time()))
+
+
+def raise_on_rank(rank: int, message: str, marker: str | None = None):
     """A deterministic (cached) transform that passes data through, except on ``rank``, where it raises."""
     from monai.transforms import Transform
 
@@ -62,18 +79,20 @@ def raise_on_rank(rank: int, message: str):
     class RaiseOnRank(Transform):
         def __call__(self, data):
             if components.get_rank() == int(rank):
+                _mark_time(marker)
                 raise RuntimeError(f"{message} (rank {components.get_rank()})")
             return data
 
     return RaiseOnRank()
 
 
-def raise_at_iteration(trainer: Engine, iteration: int, rank: int, message: str) -> None:
+def raise_at_iteration(trainer: Engine, iteration: int, rank: int, message: str, marker: str | None = None) -> None:
     """Raises ``RuntimeError(message)`` on ``rank`` only, after ``iteration``."""
     import components
 
     def fail(engine: Engine) -> None:
         if components.get_rank() == int(rank):
+            _mark_time(marker)
             raise RuntimeError(f"{message} (rank {components.get_rank()}, iteration {engine.state.iteration})")
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iteration), fail)
