@@ -1333,12 +1333,14 @@ class ResumeHandler:
                     name, report["best_metric"], report["best_metric_epoch"], report.get("best_metric_iteration"),
                 )  # fmt: skip
         if self.lr_scheduler is not None:
-            lrs = [group["lr"] for group in self.lr_scheduler.optimizer.param_groups]
-            settings = {k: getattr(self.lr_scheduler, k) for k in ("warmup_steps", "t_total") if hasattr(self.lr_scheduler, k)}
-            logger.info(
-                "ResumeHandler: LR schedule at step %d (%s) with this run's settings %s: lr %s",
-                self.lr_scheduler.last_epoch, report["lr_schedule"], settings, lrs,
-            )  # fmt: skip
+            optimizer = getattr(self.lr_scheduler, "optimizer", self.optimizer)
+            lrs = [group["lr"] for group in optimizer.param_groups] if optimizer is not None else None
+            step = getattr(self.lr_scheduler, "last_epoch", None)
+            if report["lr_schedule"] == "position":
+                settings = {k: getattr(self.lr_scheduler, k) for k in ("warmup_steps", "t_total") if hasattr(self.lr_scheduler, k)}
+                logger.info("ResumeHandler: LR schedule continues at step %s with this run's settings %s: lr %s", step, settings, lrs)
+            else:
+                logger.info("ResumeHandler: LR schedule restored whole from the checkpoint at step %s: lr %s", step, lrs)
         for key, change in report.get("optimizer_changed", {}).items():
             logger.info("ResumeHandler: optimizer %s from this run's config (checkpoint -> config)", f"{key}: {change}")
         in_epoch = iteration % epoch_len if epoch_len else 0
