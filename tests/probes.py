@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ignite.engine import Engine, Events
@@ -98,15 +99,31 @@ def raise_at_iteration(trainer: Engine, iteration: int, rank: int, message: str,
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iteration), fail)
 
 
-def kill_once_at_iteration(trainer: Engine, iteration: int, rank: int, marker: str) -> None:
-    """SIGKILLs this process on ``rank`` after ``iteration``, once: only while ``marker`` does not exist yet."""
-    import os
+def _wait_for_checkpoint(path: str, iteration: int, timeout_s: float = 60.0) -> None:
+    """Until the resumable checkpoint at ``path`` (written by rank 0, atomically) holds ``iteration``."""
+    import time
+
+    import torch
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and torch.load(path, weights_only=True)["trainer"]["iteration"] >= iteration:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} did not reach iteration {iteration} within {timeout_s} s")
+
+
+def kill_once_at_iteration(trainer: Engine, iteration: int, rank: int, marker: str, checkpoint: str | None = None) -> None:
+    """SIGKILLs this process on ``rank`` after ``iteration``, once: only while ``marker`` does not exist yet. With
+    ``checkpoint``, only once rank 0 has saved that iteration there (so the restart is mid-epoch for sure)."""
     import signal
 
     import components
 
     def kill(engine: Engine) -> None:
         if components.get_rank() == int(rank) and not os.path.exists(marker):
+            if checkpoint:
+                _wait_for_checkpoint(checkpoint, engine.state.iteration)
             Path(marker).write_text(str(engine.state.iteration))
             print(f"probe: SIGKILL rank {components.get_rank()} at iteration {engine.state.iteration}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
