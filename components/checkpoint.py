@@ -1157,7 +1157,8 @@ class ResumeHandler:
     ) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(f"ResumeHandler: network must be a torch.nn.Module, got {type(network).__name__}.")
-        for name, obj in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("scaler", scaler), ("sampler", sampler)):
+        restorable = {"optimizer": optimizer, "lr_scheduler": lr_scheduler, "scaler": scaler, "sampler": sampler}
+        for name, obj in restorable.items():
             if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
                 raise TypeError(f"ResumeHandler: {name} has no load_state_dict() ({type(obj).__name__}).")
         path = optional_path(path)
@@ -1337,8 +1338,12 @@ class ResumeHandler:
             lrs = [group["lr"] for group in optimizer.param_groups] if optimizer is not None else None
             step = getattr(self.lr_scheduler, "last_epoch", None)
             if report["lr_schedule"] == "position":
-                settings = {k: getattr(self.lr_scheduler, k) for k in ("warmup_steps", "t_total") if hasattr(self.lr_scheduler, k)}
-                logger.info("ResumeHandler: LR schedule continues at step %s with this run's settings %s: lr %s", step, settings, lrs)
+                names = [k for k in ("warmup_steps", "t_total") if hasattr(self.lr_scheduler, k)]
+                settings = {k: getattr(self.lr_scheduler, k) for k in names}
+                logger.info(
+                    "ResumeHandler: LR schedule continues at step %s with this run's settings %s: lr %s",
+                    step, settings, lrs,
+                )  # fmt: skip
             else:
                 logger.info("ResumeHandler: LR schedule restored whole from the checkpoint at step %s: lr %s", step, lrs)
         for key, change in report.get("optimizer_changed", {}).items():
@@ -1348,8 +1353,8 @@ class ResumeHandler:
             left = epoch_len - in_epoch  # type: ignore[operator]
             if self.sampler is not None:
                 logger.info(
-                    "ResumeHandler: the checkpoint is mid-epoch (iteration %d of epoch %d): the remaining %d iterations "
-                    "continue the epoch's order from sample %d",
+                    "ResumeHandler: the checkpoint is mid-epoch (iteration %d of epoch %d): the remaining %d "
+                    "iterations continue the epoch's order from sample %d",
                     in_epoch, epoch + 1, left, report["sampler_position"],
                 )  # fmt: skip
             else:
@@ -1450,9 +1455,10 @@ class PretrainedLoader:
         hint: appended to that message, e.g. where the default weights were looked for.
 
     Every start says where the weights came from: the file and the load report at INFO, or the random
-    initialisation at WARNING (``warn_from_scratch``). The load happens once per handler (the first STARTED, or an explicit call), so a second ``run()`` of the same
-    trainer does not overwrite trained weights. Errors propagate and stop the run. Independent of
-    :class:`ResumeHandler`: if both are attached, the one attached later wins for the weights.
+    initialisation at WARNING (``warn_from_scratch``). The load happens once per handler (the first STARTED, or an
+    explicit call), so a second ``run()`` of the same trainer does not overwrite trained weights. Errors propagate
+    and stop the run. Independent of :class:`ResumeHandler`: if both are attached, the one attached later wins for
+    the weights.
 
     Example::
 

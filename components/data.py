@@ -192,7 +192,8 @@ class EpochShuffleSampler(DistributedSampler):
             ValueError: the seed, shuffling or shard size differ (the order could not be continued), naming both.
         """
         own = self.state_dict()
-        changed = [f"{k} {state.get(k)!r} -> {own[k]!r}" for k in ("seed", "shuffle", "num_samples") if state.get(k) != own[k]]
+        keys = ("seed", "shuffle", "num_samples")
+        changed = [f"{k} {state.get(k)!r} -> {own[k]!r}" for k in keys if state.get(k) != own[k]]
         if changed:
             raise ValueError(
                 f"EpochShuffleSampler: the checkpoint's data order cannot be continued: {', '.join(changed)} "
@@ -200,7 +201,9 @@ class EpochShuffleSampler(DistributedSampler):
             )
         position = int(state.get("position", 0))
         if not 0 <= position < self.num_samples:
-            raise ValueError(f"EpochShuffleSampler: position {position} is outside the epoch of {self.num_samples} samples.")
+            raise ValueError(
+                f"EpochShuffleSampler: position {position} is outside the epoch of {self.num_samples} samples."
+            )
         self.set_epoch(int(state.get("epoch", self.epoch)))
         self.start = position
 

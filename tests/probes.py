@@ -113,7 +113,9 @@ def _wait_for_checkpoint(path: str, iteration: int, timeout_s: float = 60.0) -> 
     raise TimeoutError(f"{path} did not reach iteration {iteration} within {timeout_s} s")
 
 
-def kill_once_at_iteration(trainer: Engine, iteration: int, rank: int, marker: str, checkpoint: str | None = None) -> None:
+def kill_once_at_iteration(
+    trainer: Engine, iteration: int, rank: int, marker: str, checkpoint: str | None = None
+) -> None:
     """SIGKILLs this process on ``rank`` after ``iteration``, once: only while ``marker`` does not exist yet. With
     ``checkpoint``, only once rank 0 has saved that iteration there (so the restart is mid-epoch for sure)."""
     import signal

@@ -732,7 +732,8 @@ def test_resume_follows_the_configured_max_epochs(tmp_path, caplog, first, stop,
     assert sorted(tail) == list(range(9, 4 * resumed + 1))
     assert tail == {it: straight[it] for it in tail}  # every iteration, exactly
     assert tail[max(tail)] > 0 and max(tail.values()) < 0.1  # no LR of 0 at the old end, no climb back to the peak
-    assert "LR schedule continues at step 8 with this run's settings {'warmup_steps': 3, 't_total': %d}" % (4 * resumed) in caplog.text
+    settings = "{'warmup_steps': 3, 't_total': %d}" % (4 * resumed)
+    assert f"LR schedule continues at step 8 with this run's settings {settings}" in caplog.text
     assert "optimizer param_groups[0].weight_decay: 0.01 -> 0.05 from this run's config" in caplog.text
 
 
