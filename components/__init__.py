@@ -2,6 +2,7 @@
 
 from .augment import aug_rand, rot_rand, ssl_views
 from .checkpoint import (
+    BestModelSaver,
     CheckpointLoadError,
     LoadReport,
     PretrainedLoader,
@@ -12,7 +13,15 @@ from .checkpoint import (
     load_pretrained,
     save_atomic,
 )
-from .data import EpochShuffleSampler, build_dataset, check_shard_sizes, load_datalist, partition_for_rank
+from .data import (
+    EpochShuffleSampler,
+    ResumableSmartCacheHandler,
+    build_dataset,
+    check_shard_sizes,
+    load_datalist,
+    partition_for_rank,
+    rotate_smart_cache,
+)
 from .datacheck import DataCheckError, DataIssue, DataReport, check_before_caching, check_datalist, check_items
 from .distributed import (
     all_gather_with_grad,
@@ -38,7 +47,7 @@ from .faults import (
 from .losses import SSLLoss
 from .networks import SSLHead, check_roi_size
 from .package import extract_zip_safely, fetch, fetch_bundle, package_bundle, schema_path
-from .runtime import as_bool, tune_allocator
+from .runtime import as_bool, optional_path, tune_allocator
 from .segmentation import PerClassMetrics, brats_labels_from_regions, per_class_means
 from .synthetic import write_dataset
 from .transforms import CompactCropForegroundd, RandCompactSpatialCropSamplesd, compact_nbytes

@@ -48,6 +48,7 @@ import pickle
 import re
 import stat
 import tempfile
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,11 @@ from typing import Any, NamedTuple
 
 import torch
 from ignite.engine import Engine, Events
+from monai.handlers import CheckpointSaver
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from .runtime import optional_path
 
 __all__ = [
     "LAYOUTS",
@@ -74,7 +79,9 @@ __all__ = [
     "save_atomic",
     "ResumableCheckpointSaver",
     "ResumeHandler",
+    "BestModelSaver",
     "PretrainedLoader",
+    "restore_schedule",
 ]
 
 logger = logging.getLogger(__name__)
@@ -857,6 +864,50 @@ def _engine_scaler(engine: Engine | None) -> Any:
     return getattr(engine, "scaler", None) if engine is not None else None
 
 
+def _batch_size(engine: Engine) -> int | None:
+    """The batch size of the trainer's data loader (MONAI's ``data_loader`` or ignite's ``state.dataloader``)."""
+    loader = getattr(engine, "data_loader", None) or getattr(engine.state, "dataloader", None)
+    size = getattr(loader, "batch_size", None)
+    return None if size is None else int(size)
+
+
+def _differs(a: Any, b: Any) -> bool:
+    try:
+        return bool(a != b)
+    except (RuntimeError, TypeError, ValueError):  # tensors of several elements
+        return not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b))
+
+
+def restore_schedule(scheduler: Any, saved: Mapping[str, Any]) -> str:
+    """Continue ``scheduler``, configured by *this* run, at the step count of ``saved`` (its ``state_dict()``).
+
+    ``LRScheduler.load_state_dict`` would bring back the whole saved ``__dict__``: for MONAI's
+    ``WarmupCosineSchedule`` that is the old ``t_total`` and ``warmup_steps``, so a run resumed with a larger
+    ``max_epochs`` reaches LR 0 at the old end and climbs back up after it. For a ``LambdaLR`` (MONAI's schedules
+    among them), whose LR is ``base_lr * lambda(step)``, only the step counters are restored and the LR of that step
+    is recomputed from the current settings. Other schedulers are restored whole (logged at WARNING).
+
+    Returns:
+        ``"position"`` or ``"full"``: what was restored.
+    """
+    if isinstance(scheduler, LambdaLR) and "last_epoch" in saved:
+        last_epoch = int(saved["last_epoch"])
+        step_count = int(saved.get("_step_count", last_epoch + 1))
+        scheduler.last_epoch = last_epoch - 1
+        scheduler._step_count = step_count - 1
+        with warnings.catch_warnings():  # step() warns when it believes no optimizer step happened yet
+            warnings.simplefilter("ignore", UserWarning)
+            scheduler.step()  # last_epoch, _step_count and the optimizer's LRs now those of the saved step
+        return "position"
+    scheduler.load_state_dict(saved)
+    logger.warning(
+        "restore_schedule: %s is restored whole from the checkpoint, with its saved settings (only a LambdaLR "
+        "schedule, such as MONAI's WarmupCosineSchedule, follows this run's config on resume)",
+        type(scheduler).__name__,
+    )
+    return "full"
+
+
 def _check_interval(name: str, value: int | None) -> int | None:
     if value is None:
         return None
@@ -877,8 +928,9 @@ class ResumableCheckpointSaver:
         {"format": "components.checkpoint/resumable-v1",
          "model": state dict of the network without DDP / torch.compile wrappers,
          "optimizer": ..., "lr_scheduler": ..., "scaler": ...,      # when given (None entries are skipped)
-         "trainer": {"epoch", "iteration", "epoch_length", "max_epochs"},
-         "best_metric": ..., "best_metric_epoch": ...}              # when an evaluator is given
+         "trainer": {"epoch", "iteration", "epoch_length", "max_epochs", "batch_size"},
+         "sampler": {"seed", "shuffle", "num_samples", "epoch", "position"},  # when a sampler is given
+         "best_metric": ..., "best_metric_epoch": ..., "best_metric_iteration": ...}  # when an evaluator is given
 
     Only rank 0 writes (when ``torch.distributed`` is initialised). The ``"model"`` entry makes the file a valid
     source for :func:`load_pretrained` too.
@@ -894,7 +946,11 @@ class ResumableCheckpointSaver:
         optimizer, lr_scheduler: saved when not None.
         scaler: an AMP ``GradScaler`` (anything with ``state_dict``); None saves ``engine.scaler`` if the engine
             has one (MONAI's trainers create their scaler in ``run()``).
-        evaluator: an engine whose ``state.best_metric`` / ``state.best_metric_epoch`` (MONAI workflows) are saved.
+        evaluator: an engine whose ``state.best_metric`` / ``state.best_metric_epoch`` (MONAI workflows) are saved,
+            with the trainer iteration at which that best validation ran (``state.best_metric_iteration``, kept here).
+        sampler: the training loader's :class:`~components.EpochShuffleSampler` (anything with
+            ``state_dict(position)``): its order and the position inside the current epoch (samples already used:
+            iterations of the epoch x the loader's ``batch_size``) are saved, so a restart continues the epoch.
         filename: file name in ``ckpt_dir``.
         epoch_interval: save every this many epochs (None: not on epochs).
         iteration_interval: save every this many iterations (None: not on iterations).
@@ -922,6 +978,7 @@ class ResumableCheckpointSaver:
         epoch_interval: int | None = 1,
         iteration_interval: int | None = None,
         save_final: bool = True,
+        sampler: Any = None,
     ) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(
@@ -945,10 +1002,17 @@ class ResumableCheckpointSaver:
         self.scaler = scaler
         self.evaluator = evaluator
         self.save_final = save_final
+        if sampler is not None and not callable(getattr(sampler, "state_dict", None)):
+            raise TypeError(f"ResumableCheckpointSaver: sampler has no state_dict() ({type(sampler).__name__}).")
+        self.sampler = sampler
         self._last_saved: tuple | None = None
+        self._trainer: Engine | None = None
 
     def attach(self, engine: Engine) -> None:
+        self._trainer = engine
         engine.add_event_handler(Events.STARTED, self._remove_stale_temps)
+        if self.evaluator is not None:  # after the evaluator's own best-metric update (attached when it was built)
+            self.evaluator.add_event_handler(Events.EPOCH_COMPLETED, self._note_best_iteration)
         if self.epoch_interval is not None:
             engine.add_event_handler(Events.EPOCH_COMPLETED(every=self.epoch_interval), self.save)
         if self.iteration_interval is not None:
@@ -966,9 +1030,33 @@ class ResumableCheckpointSaver:
             except OSError:
                 pass
 
-    def _best(self) -> tuple[Any, Any]:
+    def _note_best_iteration(self, evaluator: Engine) -> None:
+        """The trainer iteration of a validation that just became the best (MONAI sets best_metric_epoch to it)."""
+        state = evaluator.state
+        if self._trainer is not None and getattr(state, "best_metric_epoch", None) == state.epoch:
+            state.best_metric_iteration = int(self._trainer.state.iteration)
+
+    def _best(self) -> tuple[Any, Any, Any]:
         state = self.evaluator.state  # type: ignore[union-attr]
-        return _plain(getattr(state, "best_metric", None)), _plain(getattr(state, "best_metric_epoch", None))
+        return (
+            _plain(getattr(state, "best_metric", None)),
+            _plain(getattr(state, "best_metric_epoch", None)),
+            _plain(getattr(state, "best_metric_iteration", None)),
+        )
+
+    def _position(self, engine: Engine) -> int:
+        """Samples of the current epoch already used: completed iterations of the epoch x the batch size."""
+        state = engine.state
+        in_epoch = state.iteration % state.epoch_length if state.epoch_length else 0
+        if in_epoch == 0:
+            return 0
+        batch_size = _batch_size(engine)
+        if batch_size is None:
+            raise RuntimeError(
+                "ResumableCheckpointSaver: a sampler was given but the trainer's data loader has no batch_size; "
+                "the position inside the epoch cannot be saved."
+            )
+        return in_epoch * batch_size
 
     def checkpoint_dict(self, engine: Engine) -> dict[str, Any]:
         """The dict that :meth:`save` writes for the current state of ``engine``."""
@@ -981,14 +1069,17 @@ class ResumableCheckpointSaver:
                 "iteration": int(state.iteration),
                 "epoch_length": None if state.epoch_length is None else int(state.epoch_length),
                 "max_epochs": None if state.max_epochs is None else int(state.max_epochs),
+                "batch_size": _batch_size(engine),
             },
         }
         scaler = self.scaler if self.scaler is not None else _engine_scaler(engine)
         for name, obj in (("optimizer", self.optimizer), ("lr_scheduler", self.lr_scheduler), ("scaler", scaler)):
             if obj is not None:
                 ckpt[name] = obj.state_dict()
+        if self.sampler is not None:
+            ckpt["sampler"] = self.sampler.state_dict(position=self._position(engine))
         if self.evaluator is not None:
-            ckpt["best_metric"], ckpt["best_metric_epoch"] = self._best()
+            ckpt["best_metric"], ckpt["best_metric_epoch"], ckpt["best_metric_iteration"] = self._best()
         return ckpt
 
     def save(self, engine: Engine) -> Path | None:
@@ -1013,31 +1104,43 @@ class ResumeHandler:
     """Restore a :class:`ResumableCheckpointSaver` file when the trainer starts, so ignite continues from it.
 
     At ``Events.STARTED`` (attach it to the trainer): loads the file with ``weights_only=True``, restores the
-    model (strict), optimizer, LR scheduler, scaler, the evaluator's ``best_metric`` / ``best_metric_epoch``, and
-    sets ``trainer.state.iteration`` and ``trainer.state.epoch`` (completed epochs, ``iteration // epoch_length``).
+    model (strict), the optimizer state, the LR schedule's position, the scaler, the evaluator's best metric
+    (``best_metric``, ``best_metric_epoch``, ``best_metric_iteration``), the sampler's position inside the epoch,
+    and sets ``trainer.state.iteration`` and ``trainer.state.epoch`` (completed epochs, ``iteration // epoch_length``).
+
+    What follows this run's config rather than the file: ``max_epochs`` (it may be larger or smaller than the saved
+    one), the LR schedule's settings (:func:`restore_schedule`: the step count comes from the file, ``t_total``,
+    warm-up and base LR from this run, so the LR at every iteration equals that of an uninterrupted run with this
+    run's ``max_epochs``) and the optimizer's hyperparameters (``lr``, ``weight_decay``, ...; its moments come from
+    the file; changes are logged). What cannot be honoured raises: another ``epoch_length`` or ``batch_size``, or,
+    with a sampler, another seed or shard size.
 
     ignite 0.5.5 semantics this relies on: ``Engine.run`` sets up its state (``epoch = iteration = 0``) *before*
     firing STARTED, and after STARTED loops ``while not _is_done(state): state.epoch += 1 ...``, taking the
     position inside the epoch from ``state.iteration % epoch_length`` when the data iterator is first set up;
-    so values set at STARTED are where the run continues. ``max_epochs`` of the current run is kept (it may be
-    larger than the saved one to train longer); if the checkpoint is already at or past it, ignite runs no
-    epoch and only COMPLETED fires (a warning is logged). A mid-epoch checkpoint (``iteration_interval``)
-    resumes with the right counters, but ignite restarts the data iterator, so the rest of that epoch sees the
-    loader's first batches.
+    so values set at STARTED are where the run continues. If the checkpoint is already at or past ``max_epochs``,
+    ignite runs no epoch and only COMPLETED fires (a warning is logged). A mid-epoch checkpoint
+    (``iteration_interval``) continues that epoch: with ``sampler`` given, the loader yields the epoch's remaining
+    batches in the uninterrupted order (:class:`~components.EpochShuffleSampler`); without it, the rest of that
+    epoch sees the loader's first batches (logged at WARNING).
 
     Args:
-        path: the checkpoint file; None makes the handler a no-op (so a config can pass ``@resume`` = null).
-        network, optimizer, lr_scheduler, scaler, evaluator: as for :class:`ResumableCheckpointSaver`. Every
-            object given must have its entry in the file. ``scaler=None`` restores ``engine.scaler`` when the
-            engine has one and the file has a ``scaler`` entry.
+        path: the checkpoint file; None, ``""``, ``"None"`` or ``"null"`` make the handler a no-op.
+        network, optimizer, lr_scheduler, scaler, evaluator, sampler: as for :class:`ResumableCheckpointSaver`.
+            Every object given must have its entry in the file (the sampler excepted: a file without one is
+            continued from the trainer's counters). ``scaler=None`` restores ``engine.scaler`` when the engine has
+            one and the file has a ``scaler`` entry.
         map_location: for ``torch.load`` (optimizer states are moved to their parameters' devices by torch).
         missing_ok: a ``path`` that does not exist is skipped (logged) instead of raising, for "resume if there
             is a checkpoint" setups.
 
+    After a resume, ``report`` holds what was restored (file, epoch, iteration, best metric and where it came
+    from, schedule, changed optimizer settings); it is also logged at INFO.
+
     Raises:
         FileNotFoundError / CheckpointLoadError at STARTED: missing file, unreadable file, an entry missing from
-        the file, a model that does not match it, or a different ``epoch_length``. Checked before anything is
-        modified.
+        the file, a model that does not match it, a different ``epoch_length`` / ``batch_size`` / data order.
+        Checked before anything is modified.
     """
 
     def __init__(
@@ -1050,21 +1153,26 @@ class ResumeHandler:
         evaluator: Engine | None = None,
         map_location: Any = "cpu",
         missing_ok: bool = False,
+        sampler: Any = None,
     ) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(f"ResumeHandler: network must be a torch.nn.Module, got {type(network).__name__}.")
-        for name, obj in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("scaler", scaler)):
+        restorable = {"optimizer": optimizer, "lr_scheduler": lr_scheduler, "scaler": scaler, "sampler": sampler}
+        for name, obj in restorable.items():
             if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
                 raise TypeError(f"ResumeHandler: {name} has no load_state_dict() ({type(obj).__name__}).")
-        self.path = None if path is None or str(path) == "" else Path(path)
+        path = optional_path(path)
+        self.path = None if path is None else Path(path)
         self.network = network
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.scaler = scaler
         self.evaluator = evaluator
+        self.sampler = sampler
         self.map_location = map_location
         self.missing_ok = missing_ok
         self.resumed = False
+        self.report: dict[str, Any] = {}
 
     def attach(self, engine: Engine) -> None:
         engine.add_event_handler(Events.STARTED, self)
@@ -1091,6 +1199,55 @@ class ResumeHandler:
                 "Resume needs the same architecture; use load_pretrained for weights of another model."
             )
         return state
+
+    def _check_loop(self, engine: Engine, trainer: Any) -> tuple[int, int | None]:
+        """(iteration, epoch_length) of the file, checked against this run's epoch length and batch size."""
+        if not isinstance(trainer, Mapping) or "iteration" not in trainer:
+            raise self._fail("entry 'trainer' has no 'iteration'.")
+        saved_len, cur_len = trainer.get("epoch_length"), engine.state.epoch_length
+        if cur_len is not None and saved_len is not None and int(saved_len) != int(cur_len):
+            raise self._fail(
+                f"it was written with epoch_length={saved_len} but this run has epoch_length={cur_len}; "
+                "resuming needs the same number of iterations per epoch (same data and batch size per rank)."
+            )
+        saved_bs, cur_bs = trainer.get("batch_size"), _batch_size(engine)
+        if saved_bs is not None and cur_bs is not None and int(saved_bs) != int(cur_bs):
+            raise self._fail(
+                f"it was written with batch_size={saved_bs} but this run has batch_size={cur_bs}; resuming needs "
+                "the same batch size (the position inside the epoch and the schedule count batches)."
+            )
+        epoch_len = cur_len if cur_len is not None else saved_len
+        return int(trainer["iteration"]), None if epoch_len is None else int(epoch_len)
+
+    def _restore_optimizer(self, saved: Any) -> dict[str, str]:
+        """Optimizer state from the file, hyperparameters from this run's config; returns those that changed."""
+        assert self.optimizer is not None
+        configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(saved)
+        changed: dict[str, str] = {}
+        for i, (group, own) in enumerate(zip(self.optimizer.param_groups, configured)):
+            for key, value in own.items():
+                if key not in ("lr", "initial_lr") and key in group and _differs(group[key], value):
+                    changed[f"param_groups[{i}].{key}"] = f"{group[key]!r} -> {value!r}"
+            group.update(own)
+        return changed
+
+    def _restore_sampler(self, ckpt: Mapping, engine: Engine, iteration: int, epoch_len: int | None) -> int:
+        """Position of the sampler inside the current epoch (samples), from the file or the trainer's counters."""
+        in_epoch = iteration % epoch_len if epoch_len else 0
+        state = ckpt.get("sampler")
+        if state is None:
+            batch_size = _batch_size(engine) or 1
+            state = {**self.sampler.state_dict(), "epoch": iteration // epoch_len + 1 if epoch_len else 0,
+                     "position": in_epoch * batch_size}  # fmt: skip
+            logger.info("ResumeHandler: %s has no sampler entry; position taken from the iteration count", self.path)
+        elif in_epoch == 0 and int(state.get("position", 0)):
+            raise self._fail(f"entry 'sampler' is at position {state.get('position')} but the trainer at an epoch end.")
+        try:
+            self.sampler.load_state_dict(state)
+        except ValueError as err:
+            raise self._fail(str(err)) from err
+        return int(state.get("position", 0))
 
     def __call__(self, engine: Engine) -> None:
         if self.path is None:
@@ -1126,20 +1283,8 @@ class ResumeHandler:
                 "ResumeHandler: %s has no scaler state (AMP off before?); the scaler starts fresh", self.path
             )
 
-        trainer = ckpt["trainer"]
-        if not isinstance(trainer, Mapping) or "iteration" not in trainer:
-            raise self._fail("entry 'trainer' has no 'iteration'.")
-        iteration = int(trainer["iteration"])
-        saved_len = trainer.get("epoch_length")
-        cur_len = engine.state.epoch_length
-        if cur_len is not None and saved_len is not None and int(saved_len) != int(cur_len):
-            raise self._fail(
-                f"it was written with epoch_length={saved_len} but this run has epoch_length={cur_len}; "
-                "resuming needs the same number of iterations per epoch (same data and batch size per rank)."
-            )
-        epoch_len = cur_len if cur_len is not None else saved_len
-        epoch = iteration // int(epoch_len) if epoch_len else int(trainer.get("epoch", 0))
-
+        iteration, epoch_len = self._check_loop(engine, ckpt["trainer"])
+        epoch = iteration // epoch_len if epoch_len else int(ckpt["trainer"].get("epoch", 0))
         module = _unwrap_model(self.network)
         model_state = self._check_model(module, ckpt["model"])
         if self.optimizer is not None:
@@ -1150,34 +1295,74 @@ class ResumeHandler:
                     "entry 'optimizer' has parameter groups of sizes "
                     f"{[len(g['params']) for g in groups]}, the optimizer {[len(g['params']) for g in own]}."
                 )
+        position = self._restore_sampler(ckpt, engine, iteration, epoch_len) if self.sampler is not None else None
 
         # everything checked: restore
         module.load_state_dict(model_state, strict=True)
+        report: dict[str, Any] = {"path": str(self.path), "epoch": epoch, "iteration": iteration}
         if self.optimizer is not None:
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            report["optimizer_changed"] = self._restore_optimizer(ckpt["optimizer"])
         if self.lr_scheduler is not None:
-            self.lr_scheduler.load_state_dict(ckpt["lr_scheduler"])
+            report["lr_schedule"] = restore_schedule(self.lr_scheduler, ckpt["lr_scheduler"])
         if scaler is not None and "scaler" in ckpt:
             scaler.load_state_dict(ckpt["scaler"])
         if self.evaluator is not None:
-            if ckpt["best_metric"] is not None:
-                self.evaluator.state.best_metric = ckpt["best_metric"]
-            if ckpt["best_metric_epoch"] is not None:
-                self.evaluator.state.best_metric_epoch = ckpt["best_metric_epoch"]
-        if engine.state.epoch_length is None and saved_len is not None:
-            engine.state.epoch_length = int(saved_len)
+            for key in ("best_metric", "best_metric_epoch", "best_metric_iteration"):
+                if ckpt.get(key) is not None:
+                    setattr(self.evaluator.state, key, ckpt[key])
+            report.update({k: ckpt.get(k) for k in ("best_metric", "best_metric_epoch", "best_metric_iteration")})
+        if engine.state.epoch_length is None and epoch_len is not None:
+            engine.state.epoch_length = epoch_len
         engine.state.iteration = iteration
         engine.state.epoch = epoch
         self.resumed = True
+        report["sampler_position"] = position
+        self.report = report
+        self._log(engine, report, epoch_len)
+
+    def _log(self, engine: Engine, report: dict[str, Any], epoch_len: int | None) -> None:
+        epoch, iteration = report["epoch"], report["iteration"]
         logger.info("resumed from %s at epoch %d, iteration %d", self.path, epoch, iteration)
-        if epoch_len and iteration % int(epoch_len):
-            logger.info(
-                "ResumeHandler: the checkpoint is mid-epoch (iteration %d of epoch %d); ignite restarts the data "
-                "iterator for the remaining %d iterations of that epoch",
-                iteration % int(epoch_len),
-                epoch + 1,
-                int(epoch_len) - iteration % int(epoch_len),
-            )
+        if self.evaluator is not None:
+            name = getattr(self.evaluator.state, "key_metric_name", None) or "key metric"
+            if report.get("best_metric_epoch") in (None, -1):
+                logger.info("ResumeHandler: no validation in the checkpoint yet: no best %s restored", name)
+            else:
+                logger.info(
+                    "ResumeHandler: restored best %s %s (epoch %s, iteration %s): the model saved then stays the best "
+                    "until a strictly better validation",
+                    name, report["best_metric"], report["best_metric_epoch"], report.get("best_metric_iteration"),
+                )  # fmt: skip
+        if self.lr_scheduler is not None:
+            optimizer = getattr(self.lr_scheduler, "optimizer", self.optimizer)
+            lrs = [group["lr"] for group in optimizer.param_groups] if optimizer is not None else None
+            step = getattr(self.lr_scheduler, "last_epoch", None)
+            if report["lr_schedule"] == "position":
+                names = [k for k in ("warmup_steps", "t_total") if hasattr(self.lr_scheduler, k)]
+                settings = {k: getattr(self.lr_scheduler, k) for k in names}
+                logger.info(
+                    "ResumeHandler: LR schedule continues at step %s with this run's settings %s: lr %s",
+                    step, settings, lrs,
+                )  # fmt: skip
+            else:
+                logger.info("ResumeHandler: LR schedule restored whole from the checkpoint at step %s: lr %s", step, lrs)
+        for key, change in report.get("optimizer_changed", {}).items():
+            logger.info("ResumeHandler: optimizer %s from this run's config (checkpoint -> config)", f"{key}: {change}")
+        in_epoch = iteration % epoch_len if epoch_len else 0
+        if in_epoch:
+            left = epoch_len - in_epoch  # type: ignore[operator]
+            if self.sampler is not None:
+                logger.info(
+                    "ResumeHandler: the checkpoint is mid-epoch (iteration %d of epoch %d): the remaining %d "
+                    "iterations continue the epoch's order from sample %d",
+                    in_epoch, epoch + 1, left, report["sampler_position"],
+                )  # fmt: skip
+            else:
+                logger.warning(
+                    "ResumeHandler: the checkpoint is mid-epoch (iteration %d of epoch %d) and no sampler was given: "
+                    "the remaining %d iterations of that epoch start again from the loader's first batches",
+                    in_epoch, epoch + 1, left,
+                )  # fmt: skip
         max_epochs = engine.state.max_epochs
         if max_epochs is not None and epoch >= max_epochs:
             logger.warning(
@@ -1189,17 +1374,91 @@ class ResumeHandler:
             )
 
 
+class BestModelSaver(CheckpointSaver):
+    """MONAI's ``CheckpointSaver`` of the best model by the key metric (``save_key_metric=True``, one file), whose
+    record of the best score survives a resume or a restart.
+
+    MONAI's saver (an ignite ``Checkpoint`` with a score) keeps the best score in memory only: after a restart the
+    first validation always overwrites ``model.pt``, even with a worse model. This one, when an evaluation starts
+    and it has saved nothing yet in this process, takes the best score from the evaluator's state, where
+    :class:`ResumeHandler` restored ``best_metric`` / ``best_metric_epoch`` / ``best_metric_iteration`` from the
+    resumable checkpoint, through MONAI's own ``load_state_dict``. ``model.pt`` is then replaced only by a strictly
+    better validation (``key_metric_greater_or_equal=False``), and ``checkpoint.pt``'s best metric keeps describing it.
+    If the evaluator has a best metric but the file is missing, the next validation writes it (logged at WARNING).
+
+    Args:
+        save_dir, save_dict: as for ``CheckpointSaver``.
+        key_metric_filename: the best model's file name in ``save_dir``.
+        key_metric_negative_sign: lower is better (the saved score is ``-metric``).
+        kwargs: other ``CheckpointSaver`` arguments (``save_key_metric`` is always True).
+
+    Attach it to the evaluator, like ``CheckpointSaver``.
+    """
+
+    def __init__(
+        self,
+        save_dir: str,
+        save_dict: dict,
+        key_metric_filename: str = "model.pt",
+        key_metric_negative_sign: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        kwargs["save_key_metric"] = True
+        super().__init__(
+            save_dir,
+            save_dict,
+            key_metric_filename=key_metric_filename,
+            key_metric_negative_sign=key_metric_negative_sign,
+            **kwargs,
+        )
+        self.path = Path(save_dir) / key_metric_filename
+        self.sign = -1.0 if key_metric_negative_sign else 1.0
+
+    def attach(self, engine: Engine) -> None:
+        super().attach(engine)
+        engine.add_event_handler(Events.STARTED, self.restore_best)
+
+    def restore_best(self, engine: Engine) -> None:
+        """Seed the saver's best score from ``engine.state`` once, before this process saved any model."""
+        if self._key_metric_checkpoint.state_dict()["_saved"]:
+            return
+        state = engine.state
+        epoch, best = getattr(state, "best_metric_epoch", None), getattr(state, "best_metric", None)
+        if epoch is None or best is None or int(epoch) < 1:
+            return  # no validation before this run
+        name = getattr(state, "key_metric_name", None) or "key metric"
+        where = f"epoch {epoch}, iteration {getattr(state, 'best_metric_iteration', None)}"
+        if not self.path.is_file():
+            logger.warning(
+                "BestModelSaver: the resumed best %s %s (%s) has no model file %s; the next validation writes it",
+                name, best, where, self.path,
+            )  # fmt: skip
+            return
+        self.load_state_dict({"_saved": [(self.sign * float(best), self.path.name)]})
+        logger.info(
+            "BestModelSaver: best model %s has %s %s (%s, restored from the resumed checkpoint); it is replaced only "
+            "by a strictly better validation",
+            self.path, name, best, where,
+        )  # fmt: skip
+
+
 class PretrainedLoader:
     """Ignite handler around :func:`load_pretrained`: load pretrained weights when the trainer starts.
 
     Args:
-        path: checkpoint file of any layout :func:`load_pretrained` knows; None makes the handler a no-op.
+        path: checkpoint file of any layout :func:`load_pretrained` knows; None, ``""``, ``"None"`` or ``"null"``
+            (``--pretrained_path null`` on a command line) mean none: the model keeps its random initialisation.
         network: the model to load into (wrappers are unwrapped).
         channel_policy, required, target: as for :func:`load_pretrained`.
+        warn_from_scratch: say at WARNING (else INFO) that the model trains from random initialisation when no path
+            is given: a finetuning run without its pretrained weights is a silent failure otherwise.
+        hint: appended to that message, e.g. where the default weights were looked for.
 
-    The load happens once per handler (the first STARTED, or an explicit call), so a second ``run()`` of the same
-    trainer does not overwrite trained weights. Errors propagate and stop the run. Independent of
-    :class:`ResumeHandler`: if both are attached, the one attached later wins for the weights.
+    Every start says where the weights came from: the file and the load report at INFO, or the random
+    initialisation at WARNING (``warn_from_scratch``). The load happens once per handler (the first STARTED, or an
+    explicit call), so a second ``run()`` of the same trainer does not overwrite trained weights. Errors propagate
+    and stop the run. Independent of :class:`ResumeHandler`: if both are attached, the one attached later wins for
+    the weights.
 
     Example::
 
@@ -1213,12 +1472,16 @@ class PretrainedLoader:
         channel_policy: str = "error",
         required: str = "encoder",
         target: str | None = None,
+        warn_from_scratch: bool = True,
+        hint: str | None = None,
     ) -> None:
         _check_choice("channel_policy", channel_policy, CHANNEL_POLICIES)
         _check_choice("required", required, REQUIRED_POLICIES)
         if target is not None:
             _check_choice("target", target, TARGETS)
-        self.path = None if path is None or str(path) == "" else path
+        self.path = optional_path(path)
+        self.warn_from_scratch = bool(warn_from_scratch)
+        self.hint = hint
         self.network = network
         self.channel_policy = channel_policy
         self.required = required
@@ -1229,8 +1492,15 @@ class PretrainedLoader:
         engine.add_event_handler(Events.STARTED, self)
 
     def __call__(self, engine: Engine | None = None) -> LoadReport | None:
+        name = type(_unwrap_model(self.network)).__name__
         if self.path is None:
-            logger.debug("PretrainedLoader: no pretrained weights given")
+            logger.log(
+                logging.WARNING if self.warn_from_scratch else logging.INFO,
+                "PretrainedLoader: no pretrained weights (pretrained_path is none): %s trains from random "
+                "initialisation%s",
+                name,
+                f"; {self.hint}" if self.hint else "",
+            )
             return None
         if self.report is not None:
             return self.report
@@ -1241,4 +1511,5 @@ class PretrainedLoader:
             channel_policy=self.channel_policy,
             required=self.required,
         )
+        logger.info("PretrainedLoader: %s starts from %s: %s", name, self.path, self.report.summary())
         return self.report

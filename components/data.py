@@ -13,7 +13,9 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ignite.engine import Engine
 from monai.data import CacheDataset, Dataset, SmartCacheDataset, load_decathlon_datalist, partition_dataset
+from monai.handlers import SmartCacheHandler
 from monai.transforms import Compose
 from torch.utils.data import DistributedSampler
 
@@ -21,7 +23,15 @@ from .datacheck import check_before_caching
 from .distributed import barrier, get_rank, get_world_size
 from .faults import SourceNamingCompose
 
-__all__ = ["load_datalist", "partition_for_rank", "check_shard_sizes", "build_dataset", "EpochShuffleSampler"]
+__all__ = [
+    "load_datalist",
+    "partition_for_rank",
+    "check_shard_sizes",
+    "build_dataset",
+    "EpochShuffleSampler",
+    "ResumableSmartCacheHandler",
+    "rotate_smart_cache",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +163,84 @@ class EpochShuffleSampler(DistributedSampler):
 
     It is a ``DistributedSampler`` fixed to a single replica only so that MONAI's workflows call its
     ``set_epoch`` at each epoch start: resuming at an epoch boundary then replays the same order.
+
+    A restart in the middle of an epoch continues that epoch: :meth:`load_state_dict` (called by
+    :class:`~components.ResumeHandler` with the ``sampler`` entry that :class:`~components.ResumableCheckpointSaver`
+    wrote) sets a start ``position``, and the next pass yields that epoch's order from there on, once: the remaining
+    batches in the same order as an uninterrupted run. ``len()`` stays the full epoch (ignite counts the
+    iterations of the epoch from the checkpoint's iteration).
     """
 
     def __init__(self, dataset: Dataset, shuffle: bool = True, seed: int = 0) -> None:
         super().__init__(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=seed, drop_last=False)
+        self.start = 0
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        start, self.start = self.start, 0  # only the first pass after a restart starts late
+        return iter(indices[start:])
+
+    def state_dict(self, position: int = 0) -> dict:
+        """What identifies this rank's order, and ``position``: the samples of the current epoch already used."""
+        return {"seed": int(self.seed), "shuffle": bool(self.shuffle), "num_samples": int(self.num_samples),
+                "epoch": int(self.epoch), "position": int(position)}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (see :meth:`state_dict`): the next pass starts at ``state["position"]``.
+
+        Raises:
+            ValueError: the seed, shuffling or shard size differ (the order could not be continued), naming both.
+        """
+        own = self.state_dict()
+        keys = ("seed", "shuffle", "num_samples")
+        changed = [f"{k} {state.get(k)!r} -> {own[k]!r}" for k in keys if state.get(k) != own[k]]
+        if changed:
+            raise ValueError(
+                f"EpochShuffleSampler: the checkpoint's data order cannot be continued: {', '.join(changed)} "
+                "(checkpoint -> this run). Resume with the same seed and data, or start a new run (another ckpt_dir)."
+            )
+        position = int(state.get("position", 0))
+        if not 0 <= position < self.num_samples:
+            raise ValueError(
+                f"EpochShuffleSampler: position {position} is outside the epoch of {self.num_samples} samples."
+            )
+        self.set_epoch(int(state.get("epoch", self.epoch)))
+        self.start = position
+
+
+def rotate_smart_cache(dataset: SmartCacheDataset, rotations: int) -> None:
+    """Puts a ``SmartCacheDataset`` that has not started where ``rotations`` calls of ``update_cache()`` leave it.
+
+    After ``r`` rotations MONAI's cache holds the (shuffled) items ``r * replace_num ... + cache_num`` (modulo the
+    dataset size) in that order. This loads only the items of that window that are not cached yet, instead of
+    replaying ``r`` rounds of replacements, so a run restarted at epoch ``r + 1`` sees the same cache as an
+    uninterrupted one. It sets the dataset's window fields of MONAI 1.6's ``SmartCacheDataset``.
+    """
+    if rotations < 0:
+        raise ValueError(f"rotations must be >= 0, got {rotations}.")
+    if dataset.is_started():
+        raise RuntimeError("rotate_smart_cache: the SmartCacheDataset has started; rotate it before start().")
+    total, num = dataset._total_num, dataset.cache_num
+    start = (rotations * dataset._replace_num) % total
+    if start == dataset._start_pos:
+        return
+    cached = {(dataset._start_pos + i) % total: item for i, item in enumerate(dataset._cache)}
+    window = [(start + i) % total for i in range(num)]
+    dataset._cache = [cached[pos] if pos in cached else dataset._load_cache_item(pos) for pos in window]
+    dataset._start_pos = start
+    dataset._compute_data_idx()
+    logger.info("smart cache: moved to its window after %d rotation(s) (items %d.. of %d)", rotations, start, total)
+
+
+class ResumableSmartCacheHandler(SmartCacheHandler):
+    """MONAI's ``SmartCacheHandler`` that, on a resumed run, first rotates the cache to where the epochs already
+    trained left it (:func:`rotate_smart_cache`), so a restart sees the same volumes as an uninterrupted run.
+
+    Attach it after :class:`~components.ResumeHandler`, which sets ``engine.state.epoch`` to the completed epochs at
+    ``STARTED`` (handlers of one event run in the order they were attached).
+    """
+
+    def started(self, engine: Engine) -> None:
+        if engine.state.epoch > 0 and not self.smartcacher.is_started():
+            rotate_smart_cache(self.smartcacher, int(engine.state.epoch))
+        super().started(engine)

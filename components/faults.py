@@ -29,6 +29,7 @@ from monai.handlers import from_engine
 from monai.transforms import Compose
 
 from .distributed import collective_device, get_rank, get_world_size, is_distributed
+from .runtime import optional_path
 
 __all__ = [
     "DataItemError",
@@ -267,7 +268,7 @@ def resolve_resume(
     """The checkpoint a training run resumes from, logged: ``resume`` when given; else, with ``auto_resume``,
     ``<ckpt_dir>/<filename>`` when it exists (a restarted or re-launched run continues where it stopped);
     else None (start from scratch)."""
-    if resume is not None and str(resume) not in ("", "None", "null"):
+    if optional_path(resume) is not None:
         logger.info("resume: from %s (given)", resume)
         return str(resume)
     candidate = Path(ckpt_dir) / filename

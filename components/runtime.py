@@ -8,7 +8,7 @@ import logging
 import os
 import platform
 
-__all__ = ["tune_allocator", "as_bool"]
+__all__ = ["tune_allocator", "as_bool", "optional_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +26,17 @@ def as_bool(value: bool | int | str, name: str = "value") -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
     raise ValueError(f"{name} must be true or false, got {value!r}.")
+
+
+_NONE = ("", "none", "null")
+
+
+def optional_path(value: str | os.PathLike | None) -> str | None:
+    """A config path that may be "none": ``None``, ``""``, ``"None"`` and ``"null"`` (what ``--pretrained_path null``
+    passes on a command line) are None; anything else is returned as a string."""
+    if value is None or str(value).strip().lower() in _NONE:
+        return None
+    return str(value)
 
 
 # glibc mallopt parameters (malloc.h)

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ignite.engine import Engine, Events
 
 
 def record_lr(trainer: Engine, path: str) -> None:
-    """Appends ``{"iteration": i, "lr": lr}`` for every iteration, exactly (no log rounding)."""
+    """Appends ``{"iteration": i, "lr": lr, "volumes": [...]}`` for every iteration: the exact LR (no log rounding)
+    and the files of the batch."""
+    from components import batch_filenames
 
     def write(engine: Engine) -> None:
+        record = {"iteration": engine.state.iteration, "lr": engine.optimizer.param_groups[0]["lr"],
+                  "volumes": batch_filenames(engine.state.batch)}  # fmt: skip
         with open(path, "a") as f:
-            f.write(json.dumps({"iteration": engine.state.iteration, "lr": engine.optimizer.param_groups[0]["lr"]}) + "\n")
+            f.write(json.dumps(record) + "\n")
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED, write)
 
@@ -30,6 +35,11 @@ def stop_after_epoch(trainer: Engine, epoch: int) -> None:
 
 def read_lr(path: str | Path) -> dict[int, float]:
     return {r["iteration"]: r["lr"] for r in map(json.loads, Path(path).read_text().splitlines())}
+
+
+def read_volumes(path: str | Path) -> list[tuple[int, list[str]]]:
+    """(iteration, files of the batch) of every iteration recorded by :func:`record_lr`, in the order run."""
+    return [(r["iteration"], r["volumes"]) for r in map(json.loads, Path(path).read_text().splitlines())]
 
 
 # ------------------------------------------------------------------ fault injection (tests/test_faults.py)
@@ -53,7 +63,15 @@ def nan_loss_from(loss_function, call: int) -> _NaNFrom:
     return _NaNFrom(loss_function, call)
 
 
-def raise_on_rank(rank: int, message: str):
+def _mark_time(marker: str | None) -> None:
+    """Writes the wall-clock time of a failure, so a test can measure how long the other ranks outlive it."""
+    if marker:
+        import time
+
+        Path(marker).write_text(repr(time.time()))
+
+
+def raise_on_rank(rank: int, message: str, marker: str | None = None):
     """A deterministic (cached) transform that passes data through, except on ``rank``, where it raises."""
     from monai.transforms import Transform
 
@@ -62,32 +80,52 @@ def raise_on_rank(rank: int, message: str):
     class RaiseOnRank(Transform):
         def __call__(self, data):
             if components.get_rank() == int(rank):
+                _mark_time(marker)
                 raise RuntimeError(f"{message} (rank {components.get_rank()})")
             return data
 
     return RaiseOnRank()
 
 
-def raise_at_iteration(trainer: Engine, iteration: int, rank: int, message: str) -> None:
+def raise_at_iteration(trainer: Engine, iteration: int, rank: int, message: str, marker: str | None = None) -> None:
     """Raises ``RuntimeError(message)`` on ``rank`` only, after ``iteration``."""
     import components
 
     def fail(engine: Engine) -> None:
         if components.get_rank() == int(rank):
+            _mark_time(marker)
             raise RuntimeError(f"{message} (rank {components.get_rank()}, iteration {engine.state.iteration})")
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iteration), fail)
 
 
-def kill_once_at_iteration(trainer: Engine, iteration: int, rank: int, marker: str) -> None:
-    """SIGKILLs this process on ``rank`` after ``iteration``, once: only while ``marker`` does not exist yet."""
-    import os
+def _wait_for_checkpoint(path: str, iteration: int, timeout_s: float = 60.0) -> None:
+    """Until the resumable checkpoint at ``path`` (written by rank 0, atomically) holds ``iteration``."""
+    import time
+
+    import torch
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and torch.load(path, weights_only=True)["trainer"]["iteration"] >= iteration:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{path} did not reach iteration {iteration} within {timeout_s} s")
+
+
+def kill_once_at_iteration(
+    trainer: Engine, iteration: int, rank: int, marker: str, checkpoint: str | None = None
+) -> None:
+    """SIGKILLs this process on ``rank`` after ``iteration``, once: only while ``marker`` does not exist yet. With
+    ``checkpoint``, only once rank 0 has saved that iteration there (so the restart is mid-epoch for sure)."""
     import signal
 
     import components
 
     def kill(engine: Engine) -> None:
         if components.get_rank() == int(rank) and not os.path.exists(marker):
+            if checkpoint:
+                _wait_for_checkpoint(checkpoint, engine.state.iteration)
             Path(marker).write_text(str(engine.state.iteration))
             print(f"probe: SIGKILL rank {components.get_rank()} at iteration {engine.state.iteration}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

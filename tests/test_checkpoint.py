@@ -597,7 +597,7 @@ def test_resume_equals_uninterrupted_training(tmp_path):
     saver.attach(trainer1)
     trainer1.run(data, max_epochs=1)
     ckpt = torch.load(saver.path, map_location="cpu", weights_only=True)  # plain objects only
-    assert ckpt["trainer"] == {"epoch": 1, "iteration": 4, "epoch_length": 4, "max_epochs": 1}
+    assert ckpt["trainer"] == {"epoch": 1, "iteration": 4, "epoch_length": 4, "max_epochs": 1, "batch_size": None}
     assert ckpt["best_metric"] == 0.25 and ckpt["best_metric_epoch"] == 1
     assert set(ckpt["model"]) == {"weight", "bias"}  # unwrapped from torch.compile
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
@@ -691,3 +691,178 @@ def test_resumable_checkpoint_is_a_pretrained_source(tmp_path):
     report = load_pretrained(target, saver.path)
     assert report.layout == "ssl_collection" and report.container == "model"
     assert torch.equal(target.swinViT.patch_embed.proj.weight, ssl.swinViT.patch_embed.proj.weight)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# resume follows this run's config; the best model survives restarts
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _scheduled(max_epochs: int, weight_decay: float = 0.01):
+    """Model, AdamW and the bundles' WarmupCosineSchedule (warm-up 3 iterations, t_total from max_epochs)."""
+    from monai.optimizers import WarmupCosineSchedule
+
+    torch.manual_seed(1)
+    model = nn.Linear(3, 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=weight_decay)
+    return model, opt, WarmupCosineSchedule(opt, warmup_steps=3, t_total=max_epochs * 4)
+
+
+def _lr_run(tmp_path, max_epochs: int, resume: bool = False, stop_after: int | None = None, **kw) -> dict[int, float]:
+    model, opt, sched = _scheduled(max_epochs, **kw)
+    log: list = []
+    trainer = _trainer(model, opt, sched, log)
+    ResumeHandler(tmp_path / "checkpoint.pt" if resume else None, model, opt, sched).attach(trainer)
+    ResumableCheckpointSaver(tmp_path, model, opt, sched).attach(trainer)
+    if stop_after:
+        trainer.add_event_handler(Events.EPOCH_COMPLETED(once=stop_after), lambda e: e.terminate())
+    trainer.run(_data(), max_epochs=max_epochs)
+    return dict(log)
+
+
+@pytest.mark.parametrize("first, stop, resumed", [(2, None, 4), (4, 2, 3)], ids=["longer", "shorter"])
+def test_resume_follows_the_configured_max_epochs(tmp_path, caplog, first, stop, resumed):
+    """2 epochs of a 2-epoch schedule resumed with max_epochs 4 (and 2 epochs of a 4-epoch schedule resumed with 3):
+    every LR after the resume is that of an uninterrupted run with the resumed max_epochs."""
+    straight = _lr_run(tmp_path / "straight", resumed)
+    head = _lr_run(tmp_path / "run", first, stop_after=stop)
+    assert sorted(head) == list(range(1, 9))
+    with caplog.at_level(logging.INFO, logger="components.checkpoint"):
+        tail = _lr_run(tmp_path / "run", resumed, resume=True, weight_decay=0.05)
+    assert sorted(tail) == list(range(9, 4 * resumed + 1))
+    assert tail == {it: straight[it] for it in tail}  # every iteration, exactly
+    assert tail[max(tail)] > 0 and max(tail.values()) < 0.1  # no LR of 0 at the old end, no climb back to the peak
+    settings = "{'warmup_steps': 3, 't_total': %d}" % (4 * resumed)
+    assert f"LR schedule continues at step 8 with this run's settings {settings}" in caplog.text
+    assert "optimizer param_groups[0].weight_decay: 0.01 -> 0.05 from this run's config" in caplog.text
+
+
+def test_restored_schedule_keeps_this_runs_settings():
+    from components.checkpoint import restore_schedule
+
+    _, _, old = _scheduled(2)
+    for _ in range(5):
+        old.optimizer.step()
+        old.step()
+    _, opt, new = _scheduled(10)
+    assert restore_schedule(new, old.state_dict()) == "position"
+    assert (new.last_epoch, new._step_count, new.t_total, new.warmup_steps) == (5, 6, 40, 3)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * new.lr_lambda(5))
+    step = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=1.0), step_size=2)
+    assert restore_schedule(step, step.state_dict()) == "full"  # no closed form of the step count: restored whole
+
+
+class _Weight(nn.Module):
+    """One weight; the validation metric (mean absolute error against 0 of the output for input 1) is |w|."""
+
+    def __init__(self, w: float) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([[w]]))
+
+    def forward(self, x):
+        return x * self.w
+
+
+def _validated_run(tmp_path, weight_after_step: float, epochs: int, saver_cls=None) -> tuple:
+    """A trainer whose step sets w, validated each epoch (MAE = |w|, lower is better) by a MONAI evaluator with the
+    bundles' best-model saver, the resumable saver and (when a checkpoint exists) the resume handler."""
+    from monai.engines import SupervisedEvaluator
+    from monai.handlers import MeanAbsoluteError, StatsHandler, ValidationHandler, from_engine
+
+    from components.checkpoint import BestModelSaver
+
+    net = _Weight(1.0)
+    data = [{"image": torch.ones(1, 1), "label": torch.zeros(1, 1)}]
+    evaluator = SupervisedEvaluator(
+        "cpu", data, net, key_val_metric={"val_mae": MeanAbsoluteError(output_transform=from_engine(["pred", "label"]))},
+        metric_cmp_fn=lambda current, best: current < best, decollate=False,
+    )  # fmt: skip
+    (saver_cls or BestModelSaver)(str(tmp_path), {"model": net}, key_metric_filename="model.pt",
+                                  key_metric_negative_sign=True).attach(evaluator)  # fmt: skip
+    StatsHandler(iteration_log=False, name="val_stats").attach(evaluator)  # logs the best metric, as in the bundles
+
+    def step(engine, batch):
+        with torch.no_grad():
+            net.w.fill_(weight_after_step)
+
+    trainer = Engine(step)
+    ckpt = tmp_path / "checkpoint.pt"
+    ResumeHandler(ckpt if ckpt.exists() else None, net, evaluator=evaluator).attach(trainer)
+    ValidationHandler(1, evaluator).attach(trainer)
+    ResumableCheckpointSaver(tmp_path, net, evaluator=evaluator).attach(trainer)
+    trainer.run([0], max_epochs=epochs)
+    return evaluator.state, torch.load(ckpt, weights_only=True)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_best_model_survives_a_resume_with_a_worse_validation(tmp_path, caplog):
+    state, ckpt = _validated_run(tmp_path, 0.5, epochs=1)
+    stats, logged = logging.getLogger("val_stats"), _Lines()
+    stats.addHandler(logged)
+    model = tmp_path / "model.pt"
+    assert (ckpt["best_metric"], ckpt["best_metric_epoch"], ckpt["best_metric_iteration"]) == (0.5, 1, 1)
+    before = model.read_bytes()
+    with caplog.at_level(logging.INFO):
+        state, ckpt = _validated_run(tmp_path, 0.8, epochs=2)  # resumed; its validation (0.8) is worse
+    assert model.read_bytes() == before  # byte-identical
+    assert (state.best_metric, state.best_metric_epoch, state.best_metric_iteration) == (0.5, 1, 1)
+    assert (ckpt["best_metric"], ckpt["best_metric_epoch"], ckpt["best_metric_iteration"]) == (0.5, 1, 1)
+    assert "restored best val_mae 0.5 (epoch 1, iteration 1)" in caplog.text
+    assert f"best model {model} has val_mae 0.5 (epoch 1, iteration 1, restored from the resumed checkpoint)" in caplog.text
+    stats.removeHandler(logged)
+    assert "Key metric: val_mae best value: 0.5 at epoch: 1" in logged.lines  # MONAI's StatsHandler: the stored best
+    state, ckpt = _validated_run(tmp_path, 0.25, epochs=3)  # a strictly better validation replaces it
+    assert model.read_bytes() != before
+    assert torch.load(model, weights_only=True)["w"].item() == 0.25
+    assert (ckpt["best_metric"], ckpt["best_metric_epoch"], ckpt["best_metric_iteration"]) == (0.25, 3, 3)
+
+
+def test_monai_checkpoint_saver_alone_overwrites_the_best_model_after_a_resume(tmp_path):
+    """Why BestModelSaver exists: with MONAI's saver the worse model of the resumed run replaces model.pt."""
+    from monai.handlers import CheckpointSaver
+
+    def saver(*args, **kwargs):
+        return CheckpointSaver(*args, save_key_metric=True, **kwargs)
+
+    _validated_run(tmp_path, 0.5, epochs=1, saver_cls=saver)
+    _validated_run(tmp_path, 0.8, epochs=2, saver_cls=saver)
+    assert torch.load(tmp_path / "model.pt", weights_only=True)["w"].item() == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("none", [None, "", "None", "null", " NULL "])
+def test_pretrained_loader_without_weights_warns_and_keeps_the_initialisation(none, caplog):
+    model = _make_target("swinunetr")
+    before = _state_copy(model)
+    loader = PretrainedLoader(none, model, hint="the default is ../ssl/models/model.pt")
+    assert loader.path is None
+    with caplog.at_level(logging.INFO, logger="components.checkpoint"):
+        assert loader() is None
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # random initialisation kept
+    (record,) = [r for r in caplog.records if "PretrainedLoader" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert record.getMessage() == (
+        "PretrainedLoader: no pretrained weights (pretrained_path is none): SwinUNETR trains from random "
+        "initialisation; the default is ../ssl/models/model.pt"
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="components.checkpoint"):
+        PretrainedLoader(none, model, warn_from_scratch=False)()  # pretraining from scratch is the normal case
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+
+
+def test_pretrained_loader_says_where_the_weights_came_from(tmp_path, caplog):
+    ck = tmp_path / "ssl.pt"
+    torch.save(_sslhead_state(4), ck)
+    model = _make_target("swinunetr")
+    with caplog.at_level(logging.INFO, logger="components.checkpoint"):
+        PretrainedLoader(ck, model)()
+    assert f"PretrainedLoader: SwinUNETR starts from {ck}: layout=ssl_collection target=swinunetr: loaded " in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

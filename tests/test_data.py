@@ -176,3 +176,80 @@ def test_epoch_shuffle_sampler_reshuffles_per_epoch_without_splitting():
     replay = EpochShuffleSampler(dataset, seed=5)
     replay.set_epoch(1)
     assert list(replay) == orders[1]  # resuming at epoch 1 replays the same order
+
+
+# ------------------------------------------------------------------------ a restart continues the epoch
+
+
+class _Killed(Exception):
+    """Stands for the process being killed before an iteration: the checkpoint of the one before is the last."""
+
+
+def _order_run(tmp_path, cache: str, max_epochs: int, kill_at: int | None = None, resume: bool = False) -> list[int]:
+    """A MONAI workflow over 7 in-memory volumes (batch 1) with the bundles' sampler, smart-cache handler, saver and
+    resume handler; returns the volume ids of every iteration it ran (up to ``kill_at`` exclusive)."""
+    from monai.engines import Workflow
+
+    from components import ResumableCheckpointSaver, ResumableSmartCacheHandler, ResumeHandler
+
+    data = [{"image": i} for i in range(7)]
+    dataset = build_dataset(data, _double, cache=cache, cache_num=4, replace_rate=0.5, batch_size=1, num_workers=1,
+                            progress=False, check=False)  # fmt: skip
+    sampler = EpochShuffleSampler(dataset, seed=3)
+    loader = DataLoader(dataset, batch_size=1, sampler=sampler, num_workers=0)
+    seen: list[int] = []
+
+    def step(engine, batch):
+        if engine.state.iteration == kill_at:
+            raise _Killed()
+        seen.append(int(batch["image"].flatten()[0]) // 2)
+
+    net = torch.nn.Linear(1, 1)
+    trainer = Workflow(device="cpu", max_epochs=max_epochs, data_loader=loader, iteration_update=step)
+    path = tmp_path / "checkpoint.pt"
+    ResumeHandler(path if resume else None, net, sampler=sampler).attach(trainer)
+    if cache == "smart":
+        ResumableSmartCacheHandler(dataset).attach(trainer)
+    ResumableCheckpointSaver(tmp_path, net, iteration_interval=1, sampler=sampler).attach(trainer)
+    try:
+        trainer.run()
+    except _Killed:
+        pass
+    finally:
+        if cache == "smart":
+            dataset.shutdown()
+    return seen
+
+
+@pytest.mark.parametrize("cache", ["full", "smart", "none"])
+def test_restart_mid_epoch_continues_the_epoch_in_order(tmp_path, cache):
+    """Killed at iteration k of epoch 2 (and of epoch 3), restarted each time: the volumes seen, iteration by
+    iteration, are those of the uninterrupted run; the smart cache is rotated to its epoch's window."""
+    straight = _order_run(tmp_path / "straight", cache, max_epochs=3)
+    per_epoch = 4 if cache == "smart" else 7
+    assert len(straight) == 3 * per_epoch
+    kills = [per_epoch + 2, 2 * per_epoch + 3]  # mid-epoch 2 and mid-epoch 3
+    run = tmp_path / "killed"
+    seen = _order_run(run, cache, max_epochs=3, kill_at=kills[0])
+    seen += _order_run(run, cache, max_epochs=3, kill_at=kills[1], resume=True)
+    seen += _order_run(run, cache, max_epochs=3, resume=True)
+    assert seen == straight
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert state["sampler"]["position"] == 0 and state["trainer"]["iteration"] == 3 * per_epoch
+
+
+def test_sampler_position_is_saved_and_another_order_is_refused(tmp_path):
+    from ignite.engine import Engine
+
+    from components import CheckpointLoadError, ResumeHandler
+
+    seen = _order_run(tmp_path, "none", max_epochs=1, kill_at=4)
+    assert len(seen) == 3
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert state["sampler"] == {"seed": 3, "shuffle": True, "num_samples": 7, "epoch": 1, "position": 3}
+    assert state["trainer"]["batch_size"] == 1
+    other = EpochShuffleSampler(list(range(7)), seed=4)  # another seed: another order of the epoch
+    trainer = Engine(lambda e, b: None)
+    ResumeHandler(tmp_path / "checkpoint.pt", torch.nn.Linear(1, 1), sampler=other).attach(trainer)
+    with pytest.raises(CheckpointLoadError, match=r"checkpoint.pt.*cannot be continued: seed 3 -> 4"):
+        trainer.run(list(range(7)), max_epochs=1)

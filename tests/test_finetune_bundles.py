@@ -322,6 +322,29 @@ def test_pretrained_path_defaults_to_the_ssl_bundle_model(bundle, tmp_path):
     assert Path(parser.get_parsed_content("pretrained_path", lazy=False)).resolve() == ssl_model.resolve()
 
 
+@pytest.mark.parametrize("value", ["null", None, ""], ids=["null", "None", "empty"])
+def test_pretrained_path_none_trains_from_scratch_with_a_warning(value, tmp_path, caplog):
+    """``--pretrained_path null`` / ``None`` / ``""``: the bundle's loader keeps the random initialisation and says
+    so at WARNING, naming where the default SSL model is looked for (the load itself is tested in test_checkpoint)."""
+    import logging
+
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(str(CT / "configs" / "train.json"))
+    parser.update({"bundle_root": str(tmp_path), "pretrained_path": value, "feature_size": 12, "device": "cpu"})
+    loader = parser.get_parsed_content("train#handlers#0", lazy=False)
+    assert isinstance(loader, components.PretrainedLoader) and loader.path is None
+    before = {k: v.clone() for k, v in loader.network.state_dict().items()}
+    with caplog.at_level(logging.INFO, logger="components.checkpoint"):
+        assert loader() is None
+    assert all(torch.equal(v, before[k]) for k, v in loader.network.state_dict().items())
+    (record,) = [r for r in caplog.records if r.name == "components.checkpoint"]
+    assert record.levelno == logging.WARNING and "SwinUNETR trains from random initialisation" in record.getMessage()
+    default = Path(tmp_path, "..", "swin_unetr_ssl_pretrain", "models", "model.pt")
+    assert f"defaults to the SSL bundle model {os.path.normpath(default)}" in record.getMessage()
+
+
 @pytest.mark.parametrize("bundle", [CT, MRI], ids=["ct", "mri"])
 def test_workflow_properties(bundle, ct_data, mri_data, tmp_path):
     from monai.bundle import ConfigWorkflow
