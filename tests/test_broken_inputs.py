@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from components.demo import BUNDLES_DIR
+from components.runner import BUNDLES_DIR
 from tests.test_check_data import _build_corpus
 from tests.test_finetune_bundles import CT, CT_TINY, MRI, MRI_TINY, TRAIN_TINY, _run
 from tests.test_pretrain_bundle import TINY as SSL_TINY
