@@ -51,7 +51,7 @@ class Plan:
     ks: tuple[int, ...] = (1, 2, 4, 8)
     seeds: int = 3
     num_eval: int = 4
-    finetune_iterations: int = 96
+    finetune_iterations: int = 64
     budget: DemoBudget = DemoBudget(num_unlabeled=32, ssl_epochs=6)
 
 
