@@ -63,6 +63,9 @@ _ROI = [64, 64, 32]
 _SPACING = [1.0, 1.0, 2.0]
 _SSL_ROI = [64, 32, 32]  # the smallest SSLHead input: the rotation views need the last two axes equal
 _LABEL_NAMES = ["background", *synthetic.DEMO_ORGANS]
+# every run starts fresh (a demo run again into the same folder must not resume the last one) and leaves the
+# allocator as glibc has it (the tuned one trades memory for speed in long runs)
+_FRESH_RUN = {"auto_resume": False, "tune_allocator": False}
 
 
 def ssl_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def ssl_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str
         "batch_size": budget.ssl_batch, "num_samples": 1, "num_workers": 0, "amp": device == "cuda",
         "use_checkpoint": False, "seed": seed, "log_interval": 1, "max_epochs": budget.ssl_epochs,
         "learning_rate": budget.ssl_learning_rate, "warmup_iterations": 2, "val_interval": budget.ssl_epochs,
-        "output_dir": str(run_dir / "eval"), "ckpt_dir": str(run_dir / "models"), "tune_allocator": False,
+        "output_dir": str(run_dir / "eval"), "ckpt_dir": str(run_dir / "models"), **_FRESH_RUN,
     }
 
 
@@ -87,7 +90,7 @@ def finetune_overrides(
         "amp": device == "cuda", "use_checkpoint": False, "seed": seed, "log_interval": 5,
         "max_epochs": budget.finetune_epochs, "val_interval": budget.val_interval, "warmup_epochs": 1,
         "learning_rate": budget.finetune_learning_rate, "pretrained_path": None if pretrained is None else str(pretrained),
-        "ckpt_dir": str(run_dir / "models"), "output_dir": str(run_dir / "eval"), "tune_allocator": False,
+        "ckpt_dir": str(run_dir / "models"), "output_dir": str(run_dir / "eval"), **_FRESH_RUN,
     }
 
 

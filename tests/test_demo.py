@@ -80,3 +80,17 @@ def test_budgets_and_arguments_are_checked(tmp_path):
     with pytest.raises(ValueError, match="device must be"):
         run_demo(tmp_path, device="tpu")
     assert not any(tmp_path.iterdir())  # nothing written before the arguments are known to be good
+
+
+def test_overrides_start_fresh_and_match_the_labels(tmp_path):
+    """Every demo run starts fresh (running the demo again into a folder must not auto-resume the last run), and
+    the finetuning head has one channel per label name."""
+    from components.demo import finetune_overrides, ssl_overrides
+
+    budget = BUDGETS["cpu"]
+    ssl = ssl_overrides(budget, tmp_path / "unlabeled", tmp_path / "ssl", "cpu", 0)
+    fine = finetune_overrides(budget, tmp_path / "labeled" / "dataset.json", tmp_path / "ft", "cpu", 1, None)
+    assert ssl["auto_resume"] is False and fine["auto_resume"] is False
+    assert fine["out_channels"] == len(fine["label_names"]) == len(DEMO_ORGANS) + 1
+    assert fine["pretrained_path"] is None and fine["dataset_dir"] == str(tmp_path / "labeled")
+    assert ssl["roi_size"][1] == ssl["roi_size"][2]  # the rotation views need the last two axes equal
