@@ -37,7 +37,7 @@ from machine import machine_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from components import synthetic  # noqa: E402
-from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides  # noqa: E402
+from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, pyplot, finetune_overrides, save_plot, ssl_overrides  # noqa: E402
 from components.runner import read_scalars, run_bundle  # noqa: E402
 
 ARMS = ("ssl", "scratch")
@@ -105,26 +105,15 @@ def _finetune(
 
 
 def _plot(table: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for arm, label in (("ssl", "SSL init"), ("scratch", "random init")):
         ks = sorted(table[arm], key=int)
         ax.errorbar([int(k) for k in ks], [table[arm][k]["mean"] for k in ks], yerr=[table[arm][k]["std"] for k in ks],
                     marker="o", capsize=4, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks([int(k) for k in table["ssl"]], [str(k) for k in table["ssl"]])
-    ax.set_xlabel("labeled training volumes (k)")
-    ax.set_ylabel("held-out mean Dice (5 organs)")
-    ax.set_title("Finetuning with few labels: SSL vs random init (mean, sd over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_plot(fig, ax, path, "labeled training volumes (k)", "held-out mean Dice (5 organs)",
+              "Finetuning with few labels: SSL vs random init (mean, sd over seeds)")
 
 
 def run(plan: Plan, out: Path, device: str, seed: int, parallel: int = 1) -> dict:

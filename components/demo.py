@@ -108,7 +108,8 @@ def _last_image(events_dir: Path, tag: str) -> Any:
     return image
 
 
-def _pyplot():
+def pyplot() -> Any:
+    """matplotlib's ``pyplot`` on the file-only Agg backend (no display needed), imported when first drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,28 +118,33 @@ def _pyplot():
     return plt
 
 
+def save_plot(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: str, **legend: Any) -> None:
+    """Labels, grid and legend of a one-axes line plot, then writes it to ``path`` and closes it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(**legend)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
 def plot_ssl_losses(scalars: Mapping[str, list[tuple[int, float]]], path: Path) -> None:
     """The pretraining loss and its parts (rotation, contrastive, reconstruction) per iteration."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for tag, name in (("loss", "total"), ("loss_rot", "rotation (CE)"), ("loss_contrast", "contrastive (NT-Xent)"),
                       ("loss_recon", "reconstruction (L1)")):
         if scalars.get(tag):
             ax.plot(*zip(*scalars[tag]), label=name)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("loss")
-    ax.set_title("SSL pretraining on unlabeled synthetic CT")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_plot(fig, ax, path, "iteration", "loss", "SSL pretraining on unlabeled synthetic CT")
 
 
 def plot_views(grid: Any, path: Path) -> None:
     """The SSL bundle's validation view grid (middle slices: clean crop, two corrupted rotated views and their
     reconstructions, one row per crop) with the columns named."""
-    plt = _pyplot()
+    plt = pyplot()
     titles = ["clean crop", "view 1 (rotated, cut out)", "view 2", "reconstruction 1", "reconstruction 2"]
     fig, ax = plt.subplots(figsize=(12, 3.2 * grid.shape[0] / (grid.shape[1] / 5)))
     ax.imshow(grid[..., 0] if grid.ndim == 3 else grid, cmap="gray", vmin=0, vmax=1)
@@ -155,7 +161,7 @@ def plot_dice_curves(curves: Mapping[str, Mapping[str, list[tuple[int, float]]]]
     """Validation Dice per epoch for each finetuning arm: the mean over organs (thick) and each organ (thin)."""
     from matplotlib.ticker import MaxNLocator
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for style, (arm, per_name) in zip(("-", "--"), curves.items()):
         for name, points in per_name.items():
@@ -165,14 +171,7 @@ def plot_dice_curves(curves: Mapping[str, Mapping[str, list[tuple[int, float]]]]
                         color="black" if mean else None, label=f"{arm}: {name}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, 1)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("validation Dice")
-    ax.set_title("Finetuning the CT bundle on synthetic CT")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_plot(fig, ax, path, "epoch", "validation Dice", "Finetuning the CT bundle on synthetic CT", fontsize=7, ncol=2)
 
 
 def plot_segmentations(image: Path, label: Path, predictions: Mapping[str, Path], names: list[str], path: Path) -> None:
@@ -183,7 +182,7 @@ def plot_segmentations(image: Path, label: Path, predictions: Mapping[str, Path]
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
-    plt = _pyplot()
+    plt = pyplot()
 
     def ras(p: Path) -> Any:
         return np.asarray(nib.as_closest_canonical(nib.load(str(p))).dataobj)
