@@ -113,7 +113,7 @@ def _plot(table: dict, path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks([int(k) for k in table["ssl"]], [str(k) for k in table["ssl"]])
     save_plot(fig, ax, path, "labeled training volumes (k)", "held-out mean Dice (5 organs)",
-              "Finetuning with few labels: SSL vs random init (mean, sd over seeds)")
+              "SSL init vs random init with few labels (mean, sd over seeds)")
 
 
 def run(plan: Plan, out: Path, device: str, seed: int, parallel: int = 1) -> dict:
