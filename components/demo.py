@@ -27,7 +27,9 @@ import torch
 from . import synthetic
 from .runner import bundle_command, read_scalars, run_bundle
 
-__all__ = ["DemoBudget", "BUDGETS", "SSL_BUNDLE", "CT_BUNDLE", "finetune_overrides", "ssl_overrides", "run_demo"]
+__all__ = [
+    "DemoBudget", "BUDGETS", "SSL_BUNDLE", "CT_BUNDLE", "finetune_overrides", "ssl_overrides", "run_demo", "pyplot", "save_plot",
+]
 
 SSL_BUNDLE = "swin_unetr_ssl_pretrain"
 CT_BUNDLE = "swin_unetr_btcv_finetune"
