@@ -495,11 +495,28 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
+def _window_of(bias_table_shape: tuple[int, ...]) -> int | None:
+    """The attention window edge ``w`` of a relative position bias table of ``(2w - 1) ** d`` rows (d = 3 or 2)."""
+    rows = bias_table_shape[0]
+    for dims in (3, 2):
+        edge = round(rows ** (1 / dims))
+        if edge**dims == rows and edge % 2 == 1:
+            return (edge + 1) // 2
+    return None
+
+
 def _hint(report: LoadReport, missing_required: list[str], src_embed: int | None, dst_embed: int | None) -> str:
     if src_embed is not None and dst_embed is not None and src_embed != dst_embed:
         return (
             f"the checkpoint's embedding size is {src_embed} but the model's is {dst_embed}: build the model with "
             f"feature_size={src_embed}"
+        )
+    tables = [shapes for k, shapes in report.shape_mismatched.items() if k.endswith("relative_position_bias_table")]
+    if tables:
+        src_window, dst_window = (_window_of(shape) for shape in tables[0])
+        return (
+            f"the checkpoint's attention window is {src_window} but the model's is {dst_window}: build the model "
+            f"with window_size={src_window}"
         )
     if any(k in report.shape_mismatched for k in missing_required):
         return "some tensors have other shapes: the checkpoint was made for a different configuration of the network"

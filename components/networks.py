@@ -20,7 +20,7 @@ from monai.networks.layers import Conv, Norm
 from monai.networks.nets.swin_unetr import SwinTransformer
 from torch import nn
 
-__all__ = ["SSLHead", "UPSAMPLE_MODES", "OUTPUT_MODES", "SPATIAL_REDUCTION", "check_roi_size"]
+__all__ = ["SSLHead", "DEFAULT_WINDOW", "UPSAMPLE_MODES", "OUTPUT_MODES", "SPATIAL_REDUCTION", "check_roi_size"]
 
 #: the reconstruction decoders :class:`SSLHead` can build (``upsample`` argument).
 UPSAMPLE_MODES: tuple[str, ...] = ("vae", "deconv", "large_kernel_deconv")
@@ -31,8 +31,10 @@ SPATIAL_REDUCTION: int = 32
 #: what :meth:`SSLHead.forward` returns (``output`` argument).
 OUTPUT_MODES: tuple[str, ...] = ("all", "reconstruction")
 
+#: attention window of the published SSL model (and of MONAI's ``SwinUNETR``).
+DEFAULT_WINDOW: int = 7
+
 # fixed encoder hyper-parameters of the published SSL model
-_WINDOW = 7
 _PATCH = 2
 _DEPTHS = (2, 2, 2, 2)
 _NUM_HEADS = (3, 6, 12, 24)
@@ -121,11 +123,11 @@ class SSLHead(nn.Module):
     contrastive coding and masked-volume (inpainting) reconstruction.
 
     The encoder is MONAI's :class:`~monai.networks.nets.swin_unetr.SwinTransformer` with the configuration of
-    ``SwinUNETR`` (window 7, patch 2, depths (2, 2, 2, 2), heads (3, 6, 12, 24)), so ``model.swinViT``'s
-    state dict loads into ``SwinUNETR(feature_size=feature_size).swinViT`` as is. Its last stage output
-    (normalised) of shape ``(B, 16 * feature_size, *[s // 32 for s in spatial])`` is flattened to tokens
-    ``(B, N, 16 * feature_size)``; token 0 feeds ``rotation_head``, token 1 ``contrastive_head``, and the
-    whole map the reconstruction decoder ``conv``.
+    ``SwinUNETR`` (window 7 by default, patch 2, depths (2, 2, 2, 2), heads (3, 6, 12, 24)), so
+    ``model.swinViT``'s state dict loads into ``SwinUNETR(feature_size=f, window_size=w).swinViT`` as is. Its
+    last stage output (normalised) of shape ``(B, 16 * feature_size, *[s // 32 for s in spatial])`` is
+    flattened to tokens ``(B, N, 16 * feature_size)``; token 0 feeds ``rotation_head``, token 1
+    ``contrastive_head``, and the whole map the reconstruction decoder ``conv``.
 
     Args:
         in_channels: number of input image channels.
@@ -135,6 +137,11 @@ class SSLHead(nn.Module):
             stage).
         spatial_dims: number of spatial dimensions, 2 or 3.
         dropout_path_rate: stochastic-depth rate of the encoder, in [0, 1].
+        window_size: edge of the cubic attention window (7, as published). The first stage holds
+            ``roi / 2`` tokens per axis, padded up to a multiple of the window: at a 64x64x32 ROI, 7 pads
+            32x32x16 tokens to 35x35x21 and attends over 343 tokens per window, 4 needs no padding and attends
+            over 64, about twice as fast on a CPU. Only weights of the same window size load into each other
+            (the relative position bias table has ``(2 * window_size - 1) ** spatial_dims`` rows).
         use_checkpoint: activation checkpointing in every Swin block (``torch.utils.checkpoint`` with
             ``use_reentrant=False`` in MONAI >= 1.3): less memory, about one more encoder forward of compute.
         upsample: the reconstruction decoder, one of
@@ -183,10 +190,12 @@ class SSLHead(nn.Module):
         use_checkpoint: bool = False,
         upsample: str = "vae",
         output: str = "all",
+        window_size: int = DEFAULT_WINDOW,
     ) -> None:
         super().__init__()
         in_channels = _as_int("in_channels", in_channels, 1)
         feature_size = _as_int("feature_size", feature_size, 12)
+        window_size = _as_int("window_size", window_size, 2)
         if feature_size % 12 != 0:
             raise ValueError(
                 f"SSLHead: feature_size must be a multiple of 12, got {feature_size} (the attention heads "
@@ -209,13 +218,14 @@ class SSLHead(nn.Module):
         self.feature_size = feature_size
         self.spatial_dims = int(spatial_dims)
         self.upsample = upsample
+        self.window_size = window_size
         dim = 16 * feature_size  # channels of the last stage output (after the final patch merging)
         self.hidden_dim = dim
 
         self.swinViT = SwinTransformer(
             in_chans=in_channels,
             embed_dim=feature_size,
-            window_size=(_WINDOW,) * self.spatial_dims,
+            window_size=(window_size,) * self.spatial_dims,
             patch_size=(_PATCH,) * self.spatial_dims,
             depths=_DEPTHS,
             num_heads=_NUM_HEADS,

@@ -866,3 +866,16 @@ def test_pretrained_loader_says_where_the_weights_came_from(tmp_path, caplog):
         PretrainedLoader(ck, model)()
     assert f"PretrainedLoader: SwinUNETR starts from {ck}: layout=ssl_collection target=swinunetr: loaded " in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_window_size_mismatch_names_the_window():
+    """An encoder pretrained with another attention window has other bias tables: the error says which window."""
+    source = SSLHead(feature_size=12, window_size=4).state_dict()
+    with pytest.raises(CheckpointLoadError, match=r"window is 4 but the model's is 7: build the model with window_size=4"):
+        load_pretrained(SwinUNETR(in_channels=1, out_channels=2, feature_size=12), source)
+    model = SwinUNETR(in_channels=1, out_channels=2, feature_size=12, window_size=4)
+    report = load_pretrained(model, source)
+    assert report.encoder_loaded == report.encoder_keys and not report.shape_mismatched
+    for key, value in source.items():
+        if key.startswith("swinViT."):
+            assert torch.equal(model.state_dict()[key], value), key

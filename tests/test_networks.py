@@ -52,6 +52,15 @@ def test_attribute_names_and_key_prefixes():
     assert net.contrastive_head.in_features == 16 * 12 and net.contrastive_head.out_features == 512
 
 
+def test_window_size_sets_the_encoder_window_and_loads_into_swinunetr():
+    net = SSLHead(feature_size=12, window_size=4)
+    tables = [v for k, v in net.state_dict().items() if k.endswith("relative_position_bias_table")]
+    assert len(tables) == 8 and all(t.shape[0] == (2 * 4 - 1) ** 3 for t in tables)
+    target = SwinUNETR(in_channels=1, out_channels=2, feature_size=12, window_size=4).swinViT
+    target.load_state_dict(net.swinViT.state_dict(), strict=True)
+    assert net(torch.randn(1, 1, 64, 32, 32))[2].shape == (1, 1, 64, 32, 32)
+
+
 def test_vae_decoder_keys_and_layers():
     net = SSLHead(in_channels=1, feature_size=48)
     conv_keys = [k for k in net.state_dict() if k.startswith("conv.")]
@@ -230,6 +239,7 @@ def test_check_roi_size():
         ({"feature_size": 40}, "multiple of 12, got 40"),
         ({"feature_size": 0}, "feature_size must be >= 12, got 0"),
         ({"dropout_path_rate": 1.5}, "dropout_path_rate must be in [0, 1], got 1.5"),
+        ({"window_size": 1}, "window_size must be >= 2, got 1"),
     ],
 )
 def test_bad_constructor_arguments(kwargs, fragment):
