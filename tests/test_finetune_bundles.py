@@ -305,6 +305,32 @@ def test_ct_class_weights_reach_both_loss_terms():
     assert float(loss(logits, label)) != pytest.approx(float(unweighted(logits, label)))
 
 
+def test_ct_flip_and_rotate90_probabilities_reach_the_transforms():
+    """flip_prob and rotate90_prob (0.1 as in the recipe) set every random flip and 90-degree rotation; at 0 the
+    training crops keep their left and right (a volume whose left half is labeled 1 stays so)."""
+    from monai.bundle import ConfigParser
+    from monai.transforms import RandFlipd, RandRotate90d
+
+    def spatial_randoms(parser: ConfigParser) -> list:
+        transforms = parser.get_parsed_content("train#preprocessing", lazy=False).transforms
+        return [t for t in transforms if isinstance(t, (RandFlipd, RandRotate90d))]
+
+    parser = ConfigParser()
+    parser.read_config(str(CT / "configs" / "train.json"))
+    assert [t.prob for t in spatial_randoms(parser)] == [0.1] * 4
+    parser["flip_prob"], parser["rotate90_prob"] = 0.0, 0.0
+    randoms = spatial_randoms(parser)
+    assert len(randoms) == 4 and [t.prob for t in randoms] == [0.0] * 4
+    label = torch.zeros(1, 8, 8, 8)
+    label[:, :4] = 1
+    for seed in range(20):
+        out = {"image": label.clone(), "label": label.clone()}
+        for t in randoms:
+            t.set_random_state(seed)
+            out = t(out)
+        assert torch.equal(out["label"], label)
+
+
 @pytest.mark.parametrize("bundle", [CT, MRI], ids=["ct", "mri"])
 def test_pretrained_path_defaults_to_the_ssl_bundle_model(bundle, tmp_path):
     from monai.bundle import ConfigParser
