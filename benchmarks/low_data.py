@@ -37,7 +37,9 @@ from machine import machine_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from components import synthetic  # noqa: E402
-from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, pyplot, finetune_overrides, save_plot, ssl_overrides  # noqa: E402
+from components.demo import (  # noqa: E402
+    CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, pyplot, save_plot, ssl_overrides, training_class_weights,
+)
 from components.runner import read_scalars, run_bundle  # noqa: E402
 
 ARMS = ("ssl", "scratch")
@@ -92,7 +94,8 @@ def _finetune(
     the held-out set after the last one."""
     epochs = -(-plan.finetune_iterations // k)
     budget = replace(plan.budget, finetune_epochs=epochs, val_interval=epochs)
-    overrides = finetune_overrides(budget, datalist, run_dir, device, 1000 + seed, ssl_model if arm == "ssl" else None)
+    overrides = finetune_overrides(budget, datalist, run_dir, device, 1000 + seed, ssl_model if arm == "ssl" else None,
+                                   training_class_weights(datalist))
     seconds = run_bundle(CT_BUNDLE, overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
     scalars = read_scalars(run_dir / "eval")
     per_class = {name: scalars[f"val_dice_{name.replace(' ', '_')}"][-1][1] for name in synthetic.DEMO_ORGANS}

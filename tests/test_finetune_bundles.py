@@ -242,6 +242,29 @@ def test_brats_labels_round_trip():
         components.brats_labels_from_regions(torch.zeros(2, 4, 4, 4))
 
 
+def test_balanced_class_weights_from_physical_volumes(tmp_path):
+    """sqrt(median / volume) per class, in mm^3: a file at twice the voxel volume counts twice; bad labels fail."""
+    from components.segmentation import balanced_class_weights
+
+    def save(array: np.ndarray, spacing: float, name: str) -> Path:
+        path = tmp_path / name
+        nib.save(nib.Nifti1Image(array.astype(np.uint8), np.diag([spacing, 1.0, 1.0, 1.0])), str(path))
+        return path
+
+    first = np.zeros((10, 10, 10))
+    first[:2, :2, :2], first[5:, 5:, 5:] = 1, 2  # 8 and 125 voxels of 1 mm^3
+    second = np.zeros((4, 4, 4))
+    second[0, 0, :2] = 1  # 2 voxels of 2 mm^3
+    paths = [save(first, 1.0, "a.nii.gz"), save(second, 2.0, "b.nii.gz")]
+    volumes = np.array([867 + 62 * 2, 8 + 2 * 2, 125], dtype=np.float64)
+    expected = np.sqrt(np.median(volumes) / volumes)
+    assert balanced_class_weights(paths, 3) == pytest.approx(expected.tolist(), abs=1e-4)
+    with pytest.raises(ValueError, match=r"classes \[3\] appear in none"):
+        balanced_class_weights(paths, 4)
+    with pytest.raises(ValueError, match=r"a.nii.gz: label values must be in 0 .. 1, found 0 .. 2"):
+        balanced_class_weights(paths, 2)
+
+
 def test_per_class_means_ignore_missing_classes():
     details = torch.tensor([[1.0, float("nan")], [0.5, 0.25]])
     assert components.per_class_means(details) == [0.75, 0.25]
