@@ -53,8 +53,8 @@ class Plan:
     ks: tuple[int, ...] = (1, 2, 4, 8)
     seeds: int = 3
     num_eval: int = 4
-    finetune_iterations: int = 64
-    budget: DemoBudget = DemoBudget(num_unlabeled=32, ssl_epochs=6)
+    finetune_iterations: int = 120
+    budget: DemoBudget = DemoBudget()
 
 
 PLANS = {
