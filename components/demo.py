@@ -2,7 +2,9 @@
 
 Every training, evaluation and inference step is a real ``python -m monai.bundle run`` of the shipped bundles
 with command-line overrides only (:mod:`components.runner`). The task is made small enough for a CPU: five
-large organs (:data:`~components.synthetic.DEMO_ORGANS`), 1x1x2 mm voxels, 64x64x32 crops, feature size 12.
+large organs (:data:`~components.synthetic.DEMO_ORGANS`), 1x1x2 mm voxels, 64x64x32 crops, feature size 12 and
+4^3 attention windows (the recipe's 7^3 would pad the first stage's tokens by half again). The finetuning loss is
+weighted by :func:`training_class_weights` and the crops are not mirrored (the kidneys differ only by side).
 The unlabeled pretraining set is larger and more varied than the labeled one (fields of view, contrast, noise,
 lesions). Mean Dice is measured on held-out volumes (the datalist's ``test`` list) that neither training nor
 model selection saw.
