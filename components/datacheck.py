@@ -72,6 +72,7 @@ ERROR, WARNING = "error", "warning"
 _NIBABEL_SUFFIXES = (".nii", ".nii.gz", ".img", ".hdr", ".img.gz", ".hdr.gz", ".mgh", ".mgz")
 _GZIP_SUFFIXES = (".gz", ".mgz")
 _NIFTI_HEADER_BYTES = 348
+_PADDED = "it will be padded"
 
 
 @dataclass(frozen=True)
@@ -726,7 +727,7 @@ class _Checker:
                 path,
                 where,
                 f"smaller than roi_size {tuple(opt.roi_size)} along {', '.join(short)}: shape {shape} after {after}; "
-                "it will be padded",
+                + _PADDED,
                 WARNING,
             )
 
@@ -960,8 +961,15 @@ def check_before_caching(
         duplicates=False,
         source=source,
     )
+    # one line for all the volumes that will be padded (every volume of a thin-slab dataset, e.g. synthetic CT),
+    # one line per other warning
+    padded = [issue for issue in report.warnings if _PADDED in issue.message]
     for issue in report.warnings:
-        logger.warning("rank %d: %s", rank, issue.format())
+        if _PADDED not in issue.message:
+            logger.warning("rank %d: %s", rank, issue.format())
+    if padded:
+        logger.warning("rank %d: %d of %d volumes are smaller than roi_size and will be padded, e.g. %s", rank,
+                       len(padded), len(unique), padded[0].format())  # fmt: skip
     where = f"{context} (rank {rank})" if is_distributed() else context
     failed_ranks = 1 if report.errors else 0
     if sync and is_distributed() and get_world_size() > 1:

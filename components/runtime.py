@@ -8,7 +8,7 @@ import logging
 import os
 import platform
 
-__all__ = ["tune_allocator", "as_bool", "optional_path"]
+__all__ = ["tune_allocator", "as_bool", "optional_path", "default_num_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +37,27 @@ def optional_path(value: str | os.PathLike | None) -> str | None:
     if value is None or str(value).strip().lower() in _NONE:
         return None
     return str(value)
+
+
+def default_num_workers(max_workers: int = 4) -> int:
+    """Data-loader worker processes per rank that this machine has room for: the CPUs this process may run on
+    (``os.sched_getaffinity``: a container's or Slurm's CPU set, not the host's count) shared by the ranks of this
+    node (``LOCAL_WORLD_SIZE``, set by torchrun), less one for the training process itself, at most
+    ``max_workers``. On 2 cores: 1 worker for one process, 0 (crops cut in the training process) for two ranks.
+
+    Example:
+        >>> default_num_workers()  # 16 CPUs, 4 ranks on the node: min(4, 16 // 4 - 1) = 3
+        3
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cpus = os.cpu_count() or 1
+    try:
+        ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    except ValueError:
+        ranks = 1
+    return max(0, min(int(max_workers), cpus // ranks - 1))
 
 
 # glibc mallopt parameters (malloc.h)

@@ -566,3 +566,18 @@ def test_argument_validation():
     report = check_items([])
     assert report.lines() == ["ERROR <items> [items]: the list is empty: nothing to train / validate on"]
     assert os.path.basename(__file__) == "test_check_data.py"
+
+
+def test_padding_warnings_of_a_shard_are_one_line(tmp_path, caplog):
+    """Quiet by default: every thin synthetic CT slab is smaller than a 64^3 ROI; the shard check says so in one
+    line (how many, and the first one), not one line per volume."""
+    path = write_dataset(tmp_path / "ct", kind="ct", num=5)
+    from components.data import load_datalist
+
+    items = load_datalist(path, "training")
+    with caplog.at_level("WARNING", logger="components.datacheck"):
+        report = check_before_caching(items, keys=("image", "label"), roi_size=(64, 64, 64))
+    assert len(report.warnings) == len(items) == 3
+    lines = [r.getMessage() for r in caplog.records if r.name == "components.datacheck"]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("rank 0: 3 of 3 volumes are smaller than roi_size and will be padded, e.g. WARNING ")
