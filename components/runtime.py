@@ -73,9 +73,12 @@ def tune_allocator(enabled: bool = True, trim_threshold: int = -1, top_pad: int 
     3D transformer step then spends more time in the kernel than in its own math. Disabling mmap allocations
     (``M_MMAP_MAX=0``) and trimming (``trim_threshold=-1``, mallopt's "never") makes freed blocks reusable: after
     the first iterations the heap stops growing and a step page-faults no more. The price is a heap about twice
-    the plain peak (fragmentation), measured in ``benchmarks/ssl_step.py``. PyTorch has no setting for this (its
-    caching allocator is CUDA-only). Returns True when applied; a no-op elsewhere (macOS, Windows, musl) and
-    when ``enabled`` is False, the opt-out a config id controls.
+    the plain peak (fragmentation: with every block on the heap, freed holes of one size do not fit the next
+    sizes), measured in ``benchmarks/ssl_step.py``; trimming the heap after every iteration does not bound it (the
+    fragmentation is within one iteration). So the bundles leave it off (``tune_allocator`` false): it is an opt-in
+    for CPU runs with memory to spare, where it makes a step 2-3x faster. PyTorch has no setting for this (its
+    caching allocator is CUDA-only). Returns True when applied; a no-op elsewhere (macOS, Windows, musl) and when
+    ``enabled`` is False.
 
     Args:
         enabled: False leaves the allocator as it is.
