@@ -674,8 +674,8 @@ class _Checker:
                         f"a single-channel {dims}D volume; pass channels={total_channels} "
                         f"(--channels {total_channels}) if the images are multi-channel"
                     )
-                else:
-                    hint = f"{expected} channel{'s' if expected > 1 else ''}"
+                else:  # the setting named: a bundle's in_channels reaches here as build_dataset's channels
+                    hint = f"{expected} channel{'s' if expected > 1 else ''} (a bundle's in_channels, check-data's --channels)"
                 what = (
                     f"{len(shape)}D with {total_channels} channels (shape {shape})"
                     if len(files) == 1

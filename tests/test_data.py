@@ -158,6 +158,20 @@ def test_datalist_without_validation_gets_a_fixed_split(tmp_path, caplog):
     assert load_split(path, "training") == load_datalist(path, "training")  # an explicit list is used as it is
 
 
+def test_in_channels_that_disagree_with_the_data_stop_before_caching(tmp_path):
+    """4-channel MRI given to a 1-channel network: the check before caching names the file, its channels and the
+    setting (in_channels), and nothing is cached."""
+    from components.synthetic import write_dataset
+
+    items = load_datalist(write_dataset(tmp_path, kind="mri", num=3), "training")
+    calls = []
+    with pytest.raises(DataCheckError) as err:
+        build_dataset(items, lambda x: calls.append(x) or x, channels=1, progress=False)
+    line = next(line for line in str(err.value).splitlines() if line.startswith("ERROR"))
+    assert "is 4D with 4 channels" in line and "expected 1 channel (a bundle's in_channels" in line
+    assert calls == []
+
+
 def _double(item: dict) -> dict:
     return {"image": torch.full((1, 2, 2, 2), float(item["image"]) * 2)}
 
