@@ -67,7 +67,8 @@ def measure(cmd: list[str], interval: float = 0.1, cwd: str | None = None) -> di
     peak_total = peak_pss = peak_process = 0
     while proc.poll() is None:
         total, proportional, largest = _tree_memory(root)
-        peak_total, peak_pss, peak_process = max(peak_total, total), max(peak_pss, proportional), max(peak_process, largest)
+        peak_total, peak_pss = max(peak_total, total), max(peak_pss, proportional)
+        peak_process = max(peak_process, largest)
         time.sleep(interval)
     reader.join(timeout=10)
     first = marks.get("first_iteration")

@@ -51,7 +51,7 @@ def load_datalist(datalist: str | Path, key: str = "training", base_dir: str | P
     (default: the datalist's folder). Errors name the file and the key, and an empty list is an error."""
     path = Path(datalist)
     if not path.is_file():
-        raise FileNotFoundError(f"datalist {str(path)!r} does not exist (set `datalist` or `dataset_dir`).")
+        raise _missing(path)
     try:
         content = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -70,15 +70,16 @@ class MissingDatalist(list):
     parsed and checked without its data (``ConfigWorkflow.check_properties()``, the Model Zoo's verification).
 
     :func:`build_dataset` and :func:`split_for_rank` pass it through as an empty dataset without reading or checking
-    anything; :func:`require_datalist`, the first step of a bundle's ``run``, stops a run on it with the error.
+    anything; :func:`require_datalist`, the first step of a bundle's ``run``, stops a run naming the file.
     """
 
     def __init__(self, path: str | Path, key: str) -> None:
         super().__init__()
         self.path, self.key = str(path), key
 
-    def error(self) -> FileNotFoundError:
-        return FileNotFoundError(f"datalist {self.path!r} does not exist (set `datalist` or `dataset_dir`).")
+
+def _missing(path: str | Path) -> FileNotFoundError:
+    return FileNotFoundError(f"datalist {str(path)!r} does not exist (set `datalist` or `dataset_dir`).")
 
 
 def _announce(path: str, what: str, message: str, *args) -> None:
@@ -93,7 +94,7 @@ def require_datalist(datalist: str | Path) -> None:
     """The first step of a bundle's ``run``: raises ``FileNotFoundError`` naming ``datalist`` when it is not a file
     (parsing the bundle without it, e.g. to check its properties, only warns: :class:`MissingDatalist`)."""
     if not Path(datalist).is_file():
-        raise MissingDatalist(datalist, "").error()
+        raise _missing(datalist)
 
 
 def load_split(
@@ -148,8 +149,11 @@ def load_split(
 def _synth_hint(world_size: int, batch_size: int = 1) -> str:
     """The smallest ``synth --num`` whose lists fit ``world_size`` ranks: a training batch and a validation volume
     for every rank."""
-    fits = (n for n in range(3, 100_000) if split_sizes(n)[0] >= world_size * batch_size and split_sizes(n)[1] >= world_size)
-    num = next(fits)
+    def fits(num: int) -> bool:
+        train, val, _ = split_sizes(num)
+        return train >= world_size * batch_size and val >= world_size
+
+    num = next(n for n in range(3, 100_000) if fits(n))
     return f"python -m components synth --num {num}"
 
 
@@ -259,15 +263,14 @@ def build_dataset(
     shard), "smart" (``SmartCacheDataset`` keeping ``cache_num`` volumes, ``replace_rate`` of them replaced
     each epoch: attach ``monai.handlers.SmartCacheHandler``) or "none" (plain ``Dataset``).
 
-    With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked (errors
-    name ``list_name`` of ``source``), and
-    with ``check`` every file of the shard is checked from its header (``check_before_caching``: missing,
-    truncated, wrong dimensions or ``channels``, image/label mismatch; smaller than ``roi_size`` after resampling to
-    ``pixdim`` is a warning; an entry's own problems, such as a missing key, name ``source``, e.g. the datalist),
-    all before caching, so a bad file stops the run at start-up with one report. The transform is run as a
-    :class:`~components.faults.SourceNamingCompose`, so a transform error while caching or in training names
-    the volume. Caching runs on ``num_workers`` threads with a progress bar (rank 0), and all ranks meet at a
-    barrier afterwards so none enters the first collective while another still caches.
+    With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked (errors name
+    ``list_name`` of ``source``), and with ``check`` every file of the shard is checked from its header
+    (``check_before_caching``: missing, truncated, wrong dimensions or ``channels``, image/label mismatch; smaller
+    than ``roi_size`` after resampling to ``pixdim`` is a warning; an entry's own problems, such as a missing key,
+    name ``source``, e.g. the datalist), all before caching, so a bad file stops the run at start-up with one
+    report. The transform is run as a :class:`~components.faults.SourceNamingCompose`, so a transform error while
+    caching or in training names the volume. Caching runs on ``num_workers`` threads with a progress bar (rank 0),
+    and all ranks meet at a barrier afterwards so none enters the first collective while another still caches.
     """
     if isinstance(data, MissingDatalist):  # parsing the bundle without data: nothing to read (see load_split)
         return Dataset(data, transform)

@@ -675,7 +675,8 @@ class _Checker:
                         f"(--channels {total_channels}) if the images are multi-channel"
                     )
                 else:  # the setting named: a bundle's in_channels reaches here as build_dataset's channels
-                    hint = f"{expected} channel{'s' if expected > 1 else ''} (a bundle's in_channels, check-data's --channels)"
+                    plural = "s" if expected > 1 else ""
+                    hint = f"{expected} channel{plural} (a bundle's in_channels, check-data's --channels)"
                 what = (
                     f"{len(shape)}D with {total_channels} channels (shape {shape})"
                     if len(files) == 1

@@ -21,16 +21,16 @@ __all__ = ["install_filters", "log_from_rank_zero"]
 # and the old explicit labels ((L, R), (P, A), (I, S)) give the same orientation: nothing changes, once per rank.
 _ORIENTATION = r"monai\.transforms\.spatial\.(dictionary|array) Orientationd?\.__init__:labels: Current default value"
 
-# ignite logs "Engine run resuming from iteration 0, epoch 0 until N epochs" for every fresh run of a MONAI engine
-# (MONAI sets the engine state at construction, so ignite takes the first run for a resume): it announces a resume
-# that did not happen. The line is the run's start line, so it is reworded rather than dropped; a real resume
-# (iteration > 0) keeps ignite's words.
-_FRESH_RUN = re.compile(r"Engine run resuming from iteration 0, epoch 0 until ")
+# ignite logs "Engine run resuming from iteration 0, epoch E until N epochs" for every fresh run of a MONAI engine
+# (MONAI sets the engine state at construction, so ignite takes the first run for a resume) and for every
+# validation (the evaluator's epoch is set to the trainer's): it announces a resume that did not happen. The line is
+# the run's start line, so it is reworded rather than dropped; a real resume (iteration > 0) keeps ignite's words.
+_FRESH_RUN = re.compile(r"Engine run resuming from iteration 0, epoch \d+ until ")
 _ENGINE_LOGGERS = "ignite.engine.engine."
 
 
 class _FreshRunLine(logging.Filter):
-    """Rewords ignite's "resuming from iteration 0, epoch 0" of a fresh run to "starting"."""
+    """Rewords ignite's "resuming from iteration 0" of a fresh run to "starting"."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith(_ENGINE_LOGGERS) and isinstance(record.msg, str) and _FRESH_RUN.match(record.msg):

@@ -39,7 +39,8 @@ def check_settings(
     """
     if out_channels is not None and label_names is not None and int(out_channels) != len(label_names):
         raise ValueError(
-            f"out_channels {out_channels} and label_names ({len(label_names)} names: {', '.join(map(str, label_names))}) "
+            f"out_channels {out_channels} and label_names ({len(label_names)} names: "
+            f"{', '.join(map(str, label_names))}) "
             f"disagree: output channel c is the class label_names[c]. Set --out_channels {len(label_names)}, or give "
             f"{out_channels} label_names."
         )
@@ -55,5 +56,6 @@ def check_settings(
         side = max(roi[1], roi[2])
         raise ValueError(
             f"roi_size {roi} and the SSL rotation views disagree: rot_rand rotates each crop by k * 90 degrees in its "
-            f"last two axes, which needs them equal, got {roi[1]} and {roi[2]}; e.g. --roi_size \"[{roi[0]},{side},{side}]\"."
+            f"last two axes, which needs them equal, got {roi[1]} and {roi[2]}; "
+            f"e.g. --roi_size \"[{roi[0]},{side},{side}]\"."
         )

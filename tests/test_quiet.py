@@ -57,7 +57,10 @@ def test_fresh_run_line_is_a_start_line_and_a_real_resume_keeps_its_words(root_h
     lines = [r.getMessage() for r in records if r.name.startswith("ignite.engine.engine")]
     assert "Engine run starting, until 2 epochs" in lines, lines
     assert not any("resuming from iteration 0" in line for line in lines)
-    engine.state.max_epochs = 3
+    engine.state.iteration, engine.state.epoch = 0, 1  # MONAI's evaluator at the second validation
+    engine.run([0], max_epochs=2)
+    assert not any("resuming from iteration 0" in r.getMessage() for r in records)
+    engine.state.iteration, engine.state.epoch = 2, 2
     engine.run([0], max_epochs=3)  # a real resume: iteration 2
     assert any(r.getMessage().startswith("Engine run resuming from iteration 2, epoch 2") for r in records)
 

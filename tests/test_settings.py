@@ -28,8 +28,8 @@ def test_out_channels_must_match_label_names():
 @pytest.mark.parametrize(
     "roi, rotation, match",
     [
-        ([64, 48, 48], False, r"roi_size \[64, 48, 48\] does not fit the network \(SwinUNETR\): every spatial size must "
-                              r"be divisible by 32"),
+        ([64, 48, 48], False, r"roi_size \[64, 48, 48\] does not fit the network \(SwinUNETR\): every spatial "
+                              r"size must be divisible by 32"),
         ([32, 32, 32], False, r"roi_size \[32, 32, 32\] does not fit the network \(SwinUNETR\): .* 1 token"),
         ([64, 32, 64], True, r"roi_size \[64, 32, 64\] and the SSL rotation views disagree: .* got 32 and 64; e.g. "
                              r"--roi_size \"\[64,64,64\]\""),
