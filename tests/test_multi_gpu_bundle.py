@@ -9,7 +9,7 @@ on two cores:
   3 validation volumes (odd: 2 + 1 per rank), ``log_per_rank`` and ``scale_lr_with_world_size`` on.
 - ``multi_node``: two torchrun launchers (``--nnodes=2 --nproc_per_node=1``, c10d rendezvous on one port),
   ``use_checkpoint=true`` and ``cache=smart`` (2 of each rank's 3 volumes cached, one replaced per epoch), 2 epochs.
-- ``too_small``: one training volume for two ranks.
+- ``too_small`` / ``too_small_validation``: one training / one validation volume for two ranks.
 
 A probe module written next to the data (``mgpu_probe.Recorder``, attached through an extra config layered
 after multi_gpu_train.json) records on every rank: the volumes of each batch, the rank's shard, the loss and
@@ -300,6 +300,17 @@ def too_small(data_dir, tmp_path_factory) -> Run:
     return Run(_launch_all([cmd], _env(None), tmp, timeout=180), tmp, tmp, overrides)
 
 
+@pytest.fixture(scope="module")
+def too_small_validation(data_dir, tmp_path_factory) -> Run:
+    tmp = tmp_path_factory.mktemp("mgpu_small_val")
+    datalist = _write_datalist(data_dir, "dl_small_val.json", [0, 1, 2, 3], [4])
+    overrides = {**TINY, "dataset_dir": data_dir, "datalist": datalist, "ckpt_dir": tmp / "models",
+                 "output_dir": tmp / "eval", "max_epochs": 1, "use_checkpoint": "false"}  # fmt: skip
+    cmd = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", "--tee=3", f"--log_dir={tmp / 'ranks'}",
+                    *_bundle_args(CONFIGS, overrides))  # fmt: skip
+    return Run(_launch_all([cmd], _env(None), tmp, timeout=180), tmp, tmp, overrides)
+
+
 # ------------------------------------------------------------------------------- 1. single node, full cache
 
 
@@ -465,6 +476,23 @@ def test_too_small_dataset_fails_fast_on_every_rank(too_small):
         text = "".join(f.read_text(errors="replace") for f in files)
         assert message in text, f"rank {r}:\n{text[-3000:]}"
         assert "Loading dataset" not in text  # nothing was cached
+
+
+@pytest.mark.slow
+def test_too_small_validation_list_fails_before_caching_on_every_rank(too_small_validation):
+    """The documented 2-rank command on `synth --num 6` data: one validation volume for two ranks stops every rank
+    before the training cache is built, in one line naming the list, its size, the world size and the fix (instead of
+    MONAI's "dataset length is less than the number of participating ranks" inside a DistributedSampler)."""
+    (launch,) = too_small_validation.launches
+    assert not launch.timed_out and launch.code != 0, launch.ok()
+    message = ("dl_small_val.json' has 1 volume(s), too few for 2 rank(s) (each rank evaluates at least one): add "
+               "volumes (synthetic data: `python -m components synth --num 10`) or run at most 1 rank(s).")
+    for r in (0, 1):
+        files = list((too_small_validation.tmp / "ranks").rglob(f"attempt_0/{r}/*.log"))
+        text = "".join(f.read_text(errors="replace") for f in files)
+        assert message in text, f"rank {r}:\n{text[-3000:]}"
+        assert "Loading dataset" not in text and "dataset of" not in text  # nothing was cached
+        assert "participating ranks" not in text
 
 
 # --------------------------------------------------------------- 5. without torchrun: spawned gloo processes
