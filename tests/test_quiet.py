@@ -77,3 +77,19 @@ def test_engine_progress_from_rank_zero_unless_log_per_rank(root_handler, monkey
     assert ("Epoch[1] Complete" in messages) is shown
     assert "a warning from any rank" in messages and "rank1_loss: 1.0" in messages
     handler.filters.clear()
+
+
+def test_runner_filters_monais_eval_notice_for_its_own_runs(monkeypatch, tmp_path):
+    """The runner (demo, benchmarks) runs this collection's own bundles: MONAI's "parsing config_file ... eval()"
+    notice, printed before any bundle code loads, is filtered in its subprocesses; other warnings still show."""
+    import sys
+
+    from components import runner
+
+    script = ("import warnings; warnings.warn('parsing config_file c.json: any value is passed to eval()', UserWarning); "
+              "warnings.warn('another notice', UserWarning)")  # fmt: skip
+    monkeypatch.setattr(runner, "bundle_command", lambda *args, **kwargs: [sys.executable, "-c", script])
+    log = tmp_path / "run.log"
+    runner.run_bundle("any", log=log, echo=False)
+    text = log.read_text()
+    assert "parsing config_file" not in text and "another notice" in text
