@@ -14,8 +14,8 @@ the samples are indistinguishable). Timings: one view (``rot_rand`` + ``aug_rand
 the two views of an SSL step (``ssl_views``) of a batch of 4 crops at 96^3, medians over repetitions. With
 ``--ssl-step-json`` (a saved ``benchmarks/ssl_step.py`` result) the two-view time is also given as a share of the
 paper-size forward + backward time of the same number of crops (target <= 2%). The process runs with
-``components.tune_allocator()`` as the bundle does (``--plain-allocator`` to compare): without it, the large
-temporaries of the vectorised augmentation are page-faulted afresh on every call.
+``components.tune_allocator()`` as the bundle does with ``--tune_allocator true`` (``--plain-allocator`` to
+compare): without it, the large temporaries of the vectorised augmentation are page-faulted afresh on every call.
 
     python benchmarks/augment.py
     python benchmarks/augment.py --reps 50 --ssl-step-json ssl_step.json
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
         args.size, args.reps, args.dist_reps = 32, 2, 4
     if args.threads:
         torch.set_num_threads(args.threads)
-    tuned = False if args.plain_allocator else tune_allocator(True)  # as the bundle's start-up does
+    tuned = False if args.plain_allocator else tune_allocator(True)  # as the bundle's start-up does with --tune_allocator true
     result: dict = {
         "benchmark": "augment",
         "machine": machine_info(),

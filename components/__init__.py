@@ -15,12 +15,16 @@ from .checkpoint import (
 )
 from .data import (
     EpochShuffleSampler,
+    MissingDatalist,
     ResumableSmartCacheHandler,
     build_dataset,
     check_shard_sizes,
     load_datalist,
+    load_split,
     partition_for_rank,
+    require_datalist,
     rotate_smart_cache,
+    split_for_rank,
 )
 from .datacheck import DataCheckError, DataIssue, DataReport, check_before_caching, check_datalist, check_items
 from .distributed import (
@@ -47,9 +51,13 @@ from .faults import (
 from .losses import SSLLoss
 from .networks import SSLHead, check_roi_size
 from .package import extract_zip_safely, fetch, fetch_bundle, package_bundle, schema_path
-from .runtime import as_bool, optional_path, tune_allocator
+from .quiet import install_filters, log_from_rank_zero
+from .runtime import as_bool, default_num_workers, optional_path, tune_allocator
+from .settings import check_settings
 from .segmentation import PerClassMetrics, brats_labels_from_regions, per_class_means
 from .synthetic import write_dataset
 from .transforms import CompactCropForegroundd, RandCompactSpatialCropSamplesd, compact_nbytes
 
 __version__ = "0.2.0"
+
+install_filters()

@@ -60,7 +60,7 @@ def check_data(
     channels: int | None = None,
     num_classes: int | None = None,
     pixdim=None,
-    lists=("training", "validation"),
+    lists=None,
 ) -> None:
     """Checks DATALIST (Decathlon dataset.json) and every volume it names before hours of caching; prints one
     line per problem ("ERROR <file> [<entry>]: <what>", then warnings) and a summary line. Exits 1 when there
@@ -73,7 +73,7 @@ def check_data(
     multi-value flags of one kind (--keys and --lists, or --roi and --pixdim). --base-dir DIR (default: the
     datalist's folder), --channels 4 for (H,W,D,4) images (default: from the datalist's modality when it says
     4D, else 1), --num-classes N (default: the datalist's labels), --pixdim 1.5,1.5,2 (resampling before the
-    ROI comparison), --lists training,validation."""
+    ROI comparison), --lists training,validation (default: training, and validation when the datalist has one)."""
     code = _datacheck.check_data_cli(
         datalist,
         more,

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 from ignite.engine import Engine
 from monai.data import CacheDataset, Dataset, SmartCacheDataset, load_decathlon_datalist, partition_dataset
 from monai.handlers import SmartCacheHandler
@@ -22,10 +23,15 @@ from torch.utils.data import DistributedSampler
 from .datacheck import check_before_caching
 from .distributed import barrier, get_rank, get_world_size
 from .faults import SourceNamingCompose
+from .synthetic import split_sizes
 
 __all__ = [
     "load_datalist",
+    "load_split",
+    "MissingDatalist",
+    "require_datalist",
     "partition_for_rank",
+    "split_for_rank",
     "check_shard_sizes",
     "build_dataset",
     "EpochShuffleSampler",
@@ -36,6 +42,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CACHE_MODES = ("full", "smart", "none")
+VALIDATION_FRACTION = 0.2  # of the training list, held out when a datalist has no validation list
+_ANNOUNCED: set[tuple[str, str]] = set()  # (datalist, what) already logged: each message once per process
 
 
 def load_datalist(datalist: str | Path, key: str = "training", base_dir: str | Path | None = None) -> list[dict]:
@@ -43,7 +51,7 @@ def load_datalist(datalist: str | Path, key: str = "training", base_dir: str | P
     (default: the datalist's folder). Errors name the file and the key, and an empty list is an error."""
     path = Path(datalist)
     if not path.is_file():
-        raise FileNotFoundError(f"datalist {str(path)!r} does not exist (set `datalist` or `dataset_dir`).")
+        raise _missing(path)
     try:
         content = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -57,20 +65,125 @@ def load_datalist(datalist: str | Path, key: str = "training", base_dir: str | P
     return items
 
 
+class MissingDatalist(list):
+    """The empty list :func:`load_split` stands in for a datalist file that does not exist, so that a bundle can be
+    parsed and checked without its data (``ConfigWorkflow.check_properties()``, the Model Zoo's verification).
+
+    :func:`build_dataset` and :func:`split_for_rank` pass it through as an empty dataset without reading or checking
+    anything; :func:`require_datalist`, the first step of a bundle's ``run``, stops a run naming the file.
+    """
+
+    def __init__(self, path: str | Path, key: str) -> None:
+        super().__init__()
+        self.path, self.key = str(path), key
+
+
+def _missing(path: str | Path) -> FileNotFoundError:
+    return FileNotFoundError(f"datalist {str(path)!r} does not exist (set `datalist` or `dataset_dir`).")
+
+
+def _announce(path: str, what: str, message: str, *args) -> None:
+    """Logs ``message`` at WARNING once per process for (``path``, ``what``): the train and validation ids of a
+    config read the same datalist and would say it twice."""
+    if (path, what) not in _ANNOUNCED:
+        _ANNOUNCED.add((path, what))
+        logger.warning(message, *args)
+
+
+def require_datalist(datalist: str | Path) -> None:
+    """The first step of a bundle's ``run``: raises ``FileNotFoundError`` naming ``datalist`` when it is not a file
+    (parsing the bundle without it, e.g. to check its properties, only warns: :class:`MissingDatalist`)."""
+    if not Path(datalist).is_file():
+        raise _missing(datalist)
+
+
+def load_split(
+    datalist: str | Path,
+    key: str = "training",
+    base_dir: str | Path | None = None,
+    val_fraction: float = VALIDATION_FRACTION,
+) -> list[dict]:
+    """The ``key`` list of a datalist as the bundles read it: :func:`load_datalist`, with two differences.
+
+    - A datalist file that does not exist gives an empty :class:`MissingDatalist` and a WARNING, so the bundle can
+      be parsed and checked without data; the run itself stops at :func:`require_datalist`.
+    - A datalist without a ``validation`` list (a plain Decathlon ``dataset.json``: ``training`` and ``test``) gives
+      a fixed split of its ``training`` list for ``key`` "training" / "validation": ``val_fraction`` of it (at
+      least one volume) is held out for validation, chosen by a permutation with a fixed seed (the same whatever the
+      run's seed, so a resumed run validates on the same volumes), and a WARNING says so.
+
+    Raises:
+        ValueError: a datalist without a validation list whose training list is too short to hold one out; and
+            everything :func:`load_datalist` raises.
+
+    Example:
+        >>> train = load_split("data/dataset.json", "training")  # all of it, or the part not held out
+    """
+    path = Path(datalist)
+    if not path.is_file():
+        _announce(str(path), "missing", "datalist %r does not exist: the %r list is empty (enough to check the "
+                  "bundle; a run stops at its start)", str(path), key)  # fmt: skip
+        return MissingDatalist(path, key)
+    if key not in ("training", "validation"):
+        return load_datalist(path, key, base_dir)
+    try:
+        has_validation = "validation" in json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError):
+        has_validation = True  # load_datalist reports the file's problem
+    if has_validation:
+        return load_datalist(path, key, base_dir)
+    items = load_datalist(path, "training", base_dir)
+    num_val = max(1, round(val_fraction * len(items)))
+    if len(items) - num_val < 1:
+        raise ValueError(
+            f"datalist {str(path)!r} has no 'validation' list and only {len(items)} 'training' volume(s), too few to "
+            "hold one out for validation: add a 'validation' list or more training volumes."
+        )
+    held_out = set(np.random.default_rng(0).permutation(len(items))[:num_val].tolist())
+    _announce(str(path), "split", "datalist %r has no 'validation' list: validating on %d of its %d 'training' "
+              "volumes (a fixed split), training on the other %d; add a 'validation' list to choose them.",
+              str(path), num_val, len(items), len(items) - num_val)  # fmt: skip
+    return [item for i, item in enumerate(items) if (i in held_out) == (key == "validation")]
+
+
+def _synth_hint(world_size: int, batch_size: int = 1) -> str:
+    """The smallest ``synth --num`` whose lists fit ``world_size`` ranks: a training batch and a validation volume
+    for every rank."""
+    def fits(num: int) -> bool:
+        train, val, _ = split_sizes(num)
+        return train >= world_size * batch_size and val >= world_size
+
+    num = next(n for n in range(3, 100_000) if fits(n))
+    return f"python -m components synth --num {num}"
+
+
+def _list_label(list_name: str, source: str | Path | None) -> str:
+    named = source is not None and str(source) != "<items>"
+    return f"the {list_name!r} list" + (f" of {str(source)!r}" if named else "")
+
+
 def check_shard_sizes(
-    num_items: int, world_size: int, batch_size: int, cache: str = "full", cache_num: int | None = None
+    num_items: int,
+    world_size: int,
+    batch_size: int,
+    cache: str = "full",
+    cache_num: int | None = None,
+    list_name: str = "training",
+    source: str | Path | None = None,
 ) -> None:
-    """Fails before any caching when some rank would get less than one full batch per epoch, with the numbers
-    and a fix. Shards are equal (``even_divisible``); a smart cache serves ``cache_num`` items per epoch."""
+    """Fails before any caching when some rank would get less than one full batch per epoch, in one line naming the
+    list, its size, the world size and the fixes. Shards are equal (``even_divisible``); a smart cache serves
+    ``cache_num`` items per epoch."""
     if cache not in CACHE_MODES:
         raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
     if num_items < world_size * batch_size:
         raise ValueError(
-            f"{num_items} training volumes are too few for {world_size} rank(s) x batch_size {batch_size}: "
-            f"each rank needs at least one full batch per epoch. Use at most {max(num_items // batch_size, 1)} "
-            f"processes, a batch_size of at most {max(num_items // world_size, 1)}, or add data."
+            f"{_list_label(list_name, source)} has {num_items} volume(s), too few for {world_size} rank(s) x "
+            f"batch_size {batch_size} (each rank needs one full batch per epoch): add volumes (synthetic data: "
+            f"`{_synth_hint(world_size, batch_size)}`), run at most {max(num_items // batch_size, 1)} rank(s), "
+            f"or use a batch_size of at most {max(num_items // world_size, 1)}."
         )
     shard = math.ceil(num_items / world_size)
     if cache == "smart":
@@ -97,6 +210,35 @@ def partition_for_rank(
     return partition_dataset(data, num_partitions=world_size, shuffle=True, seed=seed, even_divisible=True)[rank]
 
 
+def split_for_rank(
+    data: Sequence[dict],
+    list_name: str = "validation",
+    source: str | Path | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> list[dict]:
+    """This rank's part of an evaluation list: every ``world_size``-th item from ``rank`` on, without padding (as
+    ``monai.data.DistributedSampler(even_divisible=False, shuffle=False)``), so a gathered metric counts each volume
+    once (distributed-pitfalls.md g).
+
+    Raises:
+        ValueError: before any caching, in one line naming the list, its size, the world size and the fixes, when
+            some rank would get no item (MONAI's sampler fails there with "dataset length is less than the number of
+            participating ranks").
+    """
+    world_size = get_world_size() if world_size is None else world_size
+    rank = get_rank() if rank is None else rank
+    if isinstance(data, MissingDatalist):
+        return data
+    if len(data) < world_size:
+        raise ValueError(
+            f"{_list_label(list_name, source)} has {len(data)} volume(s), too few for {world_size} rank(s) (each rank "
+            f"evaluates at least one): add volumes (synthetic data: `{_synth_hint(world_size)}`) or run at most "
+            f"{max(len(data), 1)} rank(s)."
+        )
+    return partition_dataset(list(data), num_partitions=world_size, shuffle=False, even_divisible=False)[rank]
+
+
 def build_dataset(
     data: Sequence[dict],
     transform: Callable,
@@ -115,22 +257,25 @@ def build_dataset(
     channels: int | None = None,
     pixdim: Sequence[float] | float | None = None,
     source: str | Path = "<items>",
+    list_name: str = "training",
 ) -> Dataset:
     """Builds this rank's dataset from ``data``: ``cache`` = "full" (``CacheDataset`` of ``cache_rate`` of the
     shard), "smart" (``SmartCacheDataset`` keeping ``cache_num`` volumes, ``replace_rate`` of them replaced
     each epoch: attach ``monai.handlers.SmartCacheHandler``) or "none" (plain ``Dataset``).
 
-    With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked, and
-    with ``check`` every file of the shard is checked from its header (``check_before_caching``: missing,
-    truncated, wrong dimensions or ``channels``, image/label mismatch; smaller than ``roi_size`` after resampling to
-    ``pixdim`` is a warning; an entry's own problems, such as a missing key, name ``source``, e.g. the datalist),
-    all before caching, so a bad file stops the run at start-up with one report. The transform is run as a
-    :class:`~components.faults.SourceNamingCompose`, so a transform error while caching or in training names
-    the volume. Caching runs on ``num_workers`` threads with a progress bar (rank 0), and all ranks meet at a
-    barrier afterwards so none enters the first collective while another still caches.
+    With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked (errors name
+    ``list_name`` of ``source``), and with ``check`` every file of the shard is checked from its header
+    (``check_before_caching``: missing, truncated, wrong dimensions or ``channels``, image/label mismatch; smaller
+    than ``roi_size`` after resampling to ``pixdim`` is a warning; an entry's own problems, such as a missing key,
+    name ``source``, e.g. the datalist), all before caching, so a bad file stops the run at start-up with one
+    report. The transform is run as a :class:`~components.faults.SourceNamingCompose`, so a transform error while
+    caching or in training names the volume. Caching runs on ``num_workers`` threads with a progress bar (rank 0),
+    and all ranks meet at a barrier afterwards so none enters the first collective while another still caches.
     """
+    if isinstance(data, MissingDatalist):  # parsing the bundle without data: nothing to read (see load_split)
+        return Dataset(data, transform)
     world_size = get_world_size() if partition else 1
-    check_shard_sizes(len(data), world_size, batch_size, cache, cache_num)
+    check_shard_sizes(len(data), world_size, batch_size, cache, cache_num, list_name=list_name, source=source)
     shard = partition_for_rank(data, seed=seed) if partition else list(data)
     check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels, pixdim=pixdim,
                          source=str(source))

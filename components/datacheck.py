@@ -72,6 +72,7 @@ ERROR, WARNING = "error", "warning"
 _NIBABEL_SUFFIXES = (".nii", ".nii.gz", ".img", ".hdr", ".img.gz", ".hdr.gz", ".mgh", ".mgz")
 _GZIP_SUFFIXES = (".gz", ".mgz")
 _NIFTI_HEADER_BYTES = 348
+_PADDED = "it will be padded"
 
 
 @dataclass(frozen=True)
@@ -673,8 +674,9 @@ class _Checker:
                         f"a single-channel {dims}D volume; pass channels={total_channels} "
                         f"(--channels {total_channels}) if the images are multi-channel"
                     )
-                else:
-                    hint = f"{expected} channel{'s' if expected > 1 else ''}"
+                else:  # the setting named: a bundle's in_channels reaches here as build_dataset's channels
+                    plural = "s" if expected > 1 else ""
+                    hint = f"{expected} channel{plural} (a bundle's in_channels, check-data's --channels)"
                 what = (
                     f"{len(shape)}D with {total_channels} channels (shape {shape})"
                     if len(files) == 1
@@ -726,7 +728,7 @@ class _Checker:
                 path,
                 where,
                 f"smaller than roi_size {tuple(opt.roi_size)} along {', '.join(short)}: shape {shape} after {after}; "
-                "it will be padded",
+                + _PADDED,
                 WARNING,
             )
 
@@ -802,7 +804,7 @@ def check_datalist(
     channels: int | None = None,
     num_classes: int | None = None,
     label_values: Sequence[int] | None = None,
-    list_keys: Sequence[str] | str = ("training", "validation"),
+    list_keys: Sequence[str] | str | None = None,
     label_key: str = "label",
     pixdim: Sequence[float] | float | None = None,
     spatial_dims: int = 3,
@@ -818,7 +820,9 @@ def check_datalist(
         datalist: path of ``dataset.json`` or the already parsed dict.
         base_dir: folder relative paths are joined to; default the datalist's folder (as
             ``load_decathlon_datalist``), or the current directory for a dict.
-        list_keys: the lists to check; each must exist and be non-empty.
+        list_keys: the lists to check; each must exist and be non-empty. None (default): ``training``, and
+            ``validation`` when the datalist has one (a plain Decathlon datalist has ``training`` and ``test``
+            only; the bundles then hold out part of ``training``, see :func:`components.load_split`: a warning).
         channels: as in :func:`check_items`; when None and the datalist says ``"tensorImageSize": "4D"`` with
             n ``"modality"`` entries, n channels are expected (the MSD convention, e.g. BraTS: 4).
         num_classes / label_values: declared classes for the deep label check; when both are None the keys
@@ -828,7 +832,8 @@ def check_datalist(
     Returns:
         a :class:`DataReport` with every problem found.
     """
-    list_keys = _as_tuple(list_keys, "list_keys", str)
+    default_lists = list_keys is None
+    list_keys = ("training", "validation") if default_lists else _as_tuple(list_keys, "list_keys", str)
     if isinstance(datalist, Mapping):
         content, source = datalist, "<datalist>"
         root = os.fspath(base_dir) if base_dir is not None else os.getcwd()
@@ -881,6 +886,10 @@ def check_datalist(
     )
     checker = _Checker(opt, report, source)
     for list_key in list_keys:
+        if default_lists and list_key == "validation" and list_key not in content and "training" in content:
+            report.add(source, list_key, "datalist has no 'validation' list: the bundles validate on a fixed part "
+                       "of 'training' (--lists training,validation requires one)", WARNING)  # fmt: skip
+            continue
         if list_key not in content:
             has = ", ".join(repr(k) for k, v in content.items() if isinstance(v, list)) or "none"
             report.add(source, list_key, f"datalist has no {list_key!r} list (its lists: {has})")
@@ -953,8 +962,15 @@ def check_before_caching(
         duplicates=False,
         source=source,
     )
+    # one line for all the volumes that will be padded (every volume of a thin-slab dataset, e.g. synthetic CT),
+    # one line per other warning
+    padded = [issue for issue in report.warnings if _PADDED in issue.message]
     for issue in report.warnings:
-        logger.warning("rank %d: %s", rank, issue.format())
+        if _PADDED not in issue.message:
+            logger.warning("rank %d: %s", rank, issue.format())
+    if padded:
+        logger.warning("rank %d: %d of %d volumes are smaller than roi_size and will be padded, e.g. %s", rank,
+                       len(padded), len(unique), padded[0].format())  # fmt: skip
     where = f"{context} (rank {rank})" if is_distributed() else context
     failed_ranks = 1 if report.errors else 0
     if sync and is_distributed() and get_world_size() > 1:
@@ -1057,7 +1073,7 @@ def check_data_cli(
     channels: int | None = None,
     num_classes: int | None = None,
     pixdim: Any = None,
-    lists: Any = ("training", "validation"),
+    lists: Any = None,
 ) -> int:
     """Runs :func:`check_datalist` for the ``check-data`` command: prints one line per problem and a summary
     line, and returns the exit status (0: no errors, warnings allowed; 1: errors; 2: bad arguments)."""
@@ -1073,7 +1089,7 @@ def check_data_cli(
             deep=bool(deep),
             channels=channels,
             num_classes=num_classes,
-            list_keys=_words(flags["lists"], "lists"),
+            list_keys=None if flags["lists"] is None else _words(flags["lists"], "lists"),
             pixdim=_numbers(flags["pixdim"], "pixdim", float),
         )
     except (TypeError, ValueError) as err:

@@ -8,7 +8,7 @@ import logging
 import os
 import platform
 
-__all__ = ["tune_allocator", "as_bool", "optional_path"]
+__all__ = ["tune_allocator", "as_bool", "optional_path", "default_num_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,27 @@ def optional_path(value: str | os.PathLike | None) -> str | None:
     return str(value)
 
 
+def default_num_workers(max_workers: int = 4) -> int:
+    """Data-loader worker processes per rank that this machine has room for: the CPUs this process may run on
+    (``os.sched_getaffinity``: a container's or Slurm's CPU set, not the host's count) shared by the ranks of this
+    node (``LOCAL_WORLD_SIZE``, set by torchrun), less one for the training process itself, at most
+    ``max_workers``. On 2 cores: 1 worker for one process, 0 (crops cut in the training process) for two ranks.
+
+    Example:
+        >>> default_num_workers()  # 16 CPUs, 4 ranks on the node: min(4, 16 // 4 - 1) = 3
+        3
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cpus = os.cpu_count() or 1
+    try:
+        ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    except ValueError:
+        ranks = 1
+    return max(0, min(int(max_workers), cpus // ranks - 1))
+
+
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
 
@@ -52,9 +73,12 @@ def tune_allocator(enabled: bool = True, trim_threshold: int = -1, top_pad: int 
     3D transformer step then spends more time in the kernel than in its own math. Disabling mmap allocations
     (``M_MMAP_MAX=0``) and trimming (``trim_threshold=-1``, mallopt's "never") makes freed blocks reusable: after
     the first iterations the heap stops growing and a step page-faults no more. The price is a heap about twice
-    the plain peak (fragmentation), measured in ``benchmarks/ssl_step.py``. PyTorch has no setting for this (its
-    caching allocator is CUDA-only). Returns True when applied; a no-op elsewhere (macOS, Windows, musl) and
-    when ``enabled`` is False, the opt-out a config id controls.
+    the plain peak (fragmentation: with every block on the heap, freed holes of one size do not fit the next
+    sizes), measured in ``benchmarks/ssl_step.py``; trimming the heap after every iteration does not bound it (the
+    fragmentation is within one iteration). So the bundles leave it off (``tune_allocator`` false): it is an opt-in
+    for CPU runs with memory to spare, where it makes a step 2-3x faster. PyTorch has no setting for this (its
+    caching allocator is CUDA-only). Returns True when applied; a no-op elsewhere (macOS, Windows, musl) and when
+    ``enabled`` is False.
 
     Args:
         enabled: False leaves the allocator as it is.

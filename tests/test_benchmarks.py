@@ -133,3 +133,17 @@ def test_low_data_small(tmp_path):
     assert all(d["validation"] == d["test"] for d in datalists.values())
     assert datalists[0]["validation"] == datalists[1]["validation"]
     assert not {i["image"] for i in datalists[0]["training"]} & {i["image"] for i in datalists[0]["validation"]}
+
+
+def test_bundle_memory_counts_the_whole_process_tree():
+    """bundle_memory.py sees memory held by a child of the measured command (as loader workers and torchrun ranks
+    are): a parent holding 100 MiB with a child holding 300 MiB peaks at >= 400 MiB for the tree, >= 300 for one."""
+    child = "import time; x = bytearray(300 * 2**20); x[::4096] = b'x' * len(x[::4096]); time.sleep(1.5)"
+    parent = (
+        "import subprocess, sys; y = bytearray(100 * 2**20); y[::4096] = b'y' * len(y[::4096]); "
+        f"subprocess.run([sys.executable, '-c', {child!r}], check=True); print('Iter: 1/1')"
+    )
+    result = _run("bundle_memory.py", "--interval", "0.05", "--", sys.executable, "-c", parent)
+    assert result["exit_code"] == 0 and result["first_iteration_s"] is not None
+    assert result["peak_tree_pss_gb"] >= 0.39 and result["peak_tree_rss_gb"] >= 0.39
+    assert 0.29 <= result["peak_process_rss_gb"] < result["peak_tree_rss_gb"]

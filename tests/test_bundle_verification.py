@@ -161,3 +161,36 @@ def test_workflow_properties(bundle, config, workflow_type, synthetic_data, tmp_
     )
     workflow.initialize()
     assert workflow.check_properties() == []
+
+
+def _workflow_cases(bundle: Path) -> list[tuple[list[str], str]]:
+    cases = [(["train.json"], "train"), (["inference.json"], "infer")]
+    if (bundle / "configs" / "evaluate.json").is_file():
+        cases.append((["train.json", "evaluate.json"], "train"))
+    return cases
+
+
+@bundle_param
+def test_workflow_properties_without_data(bundle, tmp_path, caplog):
+    """The Model Zoo checks a bundle with no dataset at all: check_properties() == [] for every config with
+    ``dataset_dir`` an empty folder (the datalist is read when the workflow runs); running it then stops at once,
+    naming the datalist."""
+    for configs, workflow_type in _workflow_cases(bundle):
+        workflow = ConfigWorkflow(
+            config_file=[str(bundle / "configs" / c) for c in configs],
+            meta_file=str(bundle / "configs" / "metadata.json"),
+            logging_file=False,
+            workflow_type=workflow_type,
+            bundle_root=str(tmp_path),
+            dataset_dir=str(tmp_path / "no_data"),
+            device="cpu",
+            num_workers=0,
+            feature_size=FS,
+        )
+        workflow.initialize()
+        assert workflow.check_properties() == [], configs
+        with pytest.raises(RuntimeError) as err:  # MONAI wraps what an expression raises
+            workflow.run()
+        assert isinstance(err.value.__cause__, FileNotFoundError), configs
+        assert str(err.value.__cause__).endswith("no_data/dataset.json' does not exist (set `datalist` or `dataset_dir`).")
+    assert "does not exist: the 'training' list is empty" in caplog.text or "'test' list is empty" in caplog.text

@@ -210,6 +210,8 @@ def _build_corpus(root: Path) -> tuple[dict, list[Case]]:
         "{datalist}",
         "datalist has no 'validation' list (its lists: 'training')",
         datalist={"training": [clean]},
+        options={"list_keys": ("training", "validation")},  # asked for: by default only a warning
+        cli=["--lists", "training,validation"],
     )
     # smaller than the ROI: stored with the short axis first, which RAS reorientation puts on S
     permuted = np.array([[0, 1.5, 0, 0], [0, 0, 1.5, 0], [2.0, 0, 0, 0], [0, 0, 0, 1]])
@@ -369,6 +371,26 @@ def test_clean_synthetic_datasets_pass(tmp_path, monkeypatch, capsys):
     assert not check_datalist(mri, channels=1).ok
     code, lines = _cli(monkeypatch, capsys, mri, "--channels", "4", "--deep")
     assert code == 0 and lines == ["data check OK (headers and voxels): 2 entries, 4 files; 0 errors, 0 warnings"]
+
+
+def test_decathlon_datalist_without_validation_passes_by_default(tmp_path, monkeypatch, capsys):
+    """A plain Decathlon dataset.json (training + test) is not broken: by default check-data checks training (and
+    validation only when there is one), with a warning that the bundles hold part of training out; asking for
+    --lists training,validation still requires the list."""
+    path = write_dataset(tmp_path / "ct", kind="ct", num=4)
+    content = json.loads(path.read_text())
+    del content["validation"]
+    path.write_text(json.dumps(content))
+    report = check_datalist(path)
+    assert report.ok and report.checked == len(content["training"]), report.format()
+    assert [w.message for w in report.warnings] == [
+        "datalist has no 'validation' list: the bundles validate on a fixed part of 'training' "
+        "(--lists training,validation requires one)"
+    ]
+    code, lines = _cli(monkeypatch, capsys, path)
+    assert code == 0 and lines[-1].endswith("0 errors, 1 warning"), lines
+    code, lines = _cli(monkeypatch, capsys, path, "--lists", "training,validation")
+    assert code == 1 and "datalist has no 'validation' list (its lists: 'training', 'test')" in lines[0], lines
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning")  # MONAI 1.6 Orientation `labels` default notice
@@ -544,3 +566,18 @@ def test_argument_validation():
     report = check_items([])
     assert report.lines() == ["ERROR <items> [items]: the list is empty: nothing to train / validate on"]
     assert os.path.basename(__file__) == "test_check_data.py"
+
+
+def test_padding_warnings_of_a_shard_are_one_line(tmp_path, caplog):
+    """Quiet by default: every thin synthetic CT slab is smaller than a 64^3 ROI; the shard check says so in one
+    line (how many, and the first one), not one line per volume."""
+    path = write_dataset(tmp_path / "ct", kind="ct", num=5)
+    from components.data import load_datalist
+
+    items = load_datalist(path, "training")
+    with caplog.at_level("WARNING", logger="components.datacheck"):
+        report = check_before_caching(items, keys=("image", "label"), roi_size=(64, 64, 64))
+    assert len(report.warnings) == len(items) == 3
+    lines = [r.getMessage() for r in caplog.records if r.name == "components.datacheck"]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("rank 0: 3 of 3 volumes are smaller than roi_size and will be padded, e.g. WARNING ")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import nibabel as nib
 import numpy as np
@@ -11,7 +12,18 @@ import torch
 from monai.data import CacheDataset, DataLoader, Dataset, SmartCacheDataset
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandomizableTransform
 
-from components.data import EpochShuffleSampler, build_dataset, check_shard_sizes, load_datalist, partition_for_rank
+from components.data import (
+    EpochShuffleSampler,
+    MissingDatalist,
+    build_dataset,
+    check_shard_sizes,
+    load_datalist,
+    load_split,
+    partition_for_rank,
+    require_datalist,
+    split_for_rank,
+)
+from components.synthetic import split_sizes
 from components.datacheck import DataCheckError
 from components.faults import DataItemError
 
@@ -61,8 +73,8 @@ def test_partition_is_disjoint_equal_and_deterministic():
 @pytest.mark.parametrize(
     "num, world, batch, cache, cache_num, match",
     [
-        (3, 2, 2, "full", None, "3 training volumes are too few for 2 rank\\(s\\) x batch_size 2"),
-        (1, 2, 1, "none", None, "Use at most 1 processes"),
+        (3, 2, 2, "full", None, "the 'training' list has 3 volume\\(s\\), too few for 2 rank\\(s\\) x batch_size 2"),
+        (1, 2, 1, "none", None, "synth --num 10`\\), run at most 1 rank\\(s\\)"),
         (8, 2, 2, "smart", None, "cache_num >= 1"),
         (8, 2, 2, "smart", 1, "cache_num=1 is smaller than batch_size=2"),
         (8, 2, 2, "smart", 5, "cache_num=5 exceeds the 4 volumes of each rank's shard"),
@@ -78,6 +90,86 @@ def test_shard_size_errors_give_numbers_and_fix(num, world, batch, cache, cache_
 def test_shard_sizes_accept_valid_configurations():
     check_shard_sizes(4, 2, 2, "full")
     check_shard_sizes(8, 2, 2, "smart", cache_num=4)
+
+
+def test_too_small_lists_name_the_list_size_world_and_a_synth_that_fits():
+    """Item: the documented 2-rank command on `synth --num 6` data (1 validation volume). The validation split fails
+    before any caching in one line; the synth --num it suggests really writes enough volumes for the ranks."""
+    with pytest.raises(ValueError) as err:
+        split_for_rank(_items(1), "validation", "data/ct/dataset.json", rank=0, world_size=2)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("the 'validation' list of 'data/ct/dataset.json' has 1 volume(s), too few for 2 rank(s)")
+    assert "`python -m components synth --num 10`" in message and "run at most 1 rank(s)" in message
+    assert split_sizes(10)[1] >= 2 and split_sizes(9)[1] < 2  # the smallest --num that gives 2 validation volumes
+    with pytest.raises(ValueError) as err:
+        check_shard_sizes(5, 3, 2, list_name="training", source="d.json")
+    message = str(err.value)
+    assert message.startswith("the 'training' list of 'd.json' has 5 volume(s), too few for 3 rank(s) x batch_size 2")
+    num = int(re.search(r"synth --num (\d+)`", message).group(1))  # 6 training and 3 validation volumes
+    assert split_sizes(num)[0] >= 6 and split_sizes(num)[1] >= 3
+    assert split_sizes(num - 1)[0] < 6 or split_sizes(num - 1)[1] < 3
+
+
+def test_split_for_rank_interleaves_without_padding():
+    items = _items(5)
+    parts = [split_for_rank(items, rank=r, world_size=2) for r in range(2)]
+    assert parts == [[items[0], items[2], items[4]], [items[1], items[3]]]
+    assert split_for_rank(items, rank=0, world_size=1) == items
+
+
+def test_missing_datalist_parses_to_an_empty_list_and_the_run_stops(tmp_path, caplog):
+    """A bundle is checkable without data: a missing datalist is an empty list (one WARNING), datasets built from it
+    read nothing, and require_datalist (a run's first step) raises naming the file."""
+    missing = tmp_path / "data" / "dataset.json"
+    with caplog.at_level("WARNING", logger="components.data"):
+        train, val = load_split(missing, "training"), load_split(missing, "validation")
+    assert isinstance(train, MissingDatalist) and train == [] and val == []
+    assert sum("does not exist" in r.getMessage() for r in caplog.records) == 1
+    dataset = build_dataset(train, _double, batch_size=2, progress=False)
+    assert len(dataset) == 0
+    assert split_for_rank(val, rank=1, world_size=2) is val
+    with pytest.raises(FileNotFoundError, match="dataset.json' does not exist"):
+        require_datalist(missing)
+    missing.parent.mkdir()
+    missing.write_text("{}")
+    require_datalist(missing)
+
+
+def test_datalist_without_validation_gets_a_fixed_split(tmp_path, caplog):
+    """A plain Decathlon datalist (training + test): a fixed fifth of training is held out for validation, the
+    rest trains; the two parts are disjoint, cover the list and do not depend on the call order."""
+    path = tmp_path / "dataset.json"
+    path.write_text(json.dumps({"training": _items(10), "test": _items(2)}))
+    with caplog.at_level("WARNING", logger="components.data"):
+        val = load_split(path, "validation")
+        train = load_split(path, "training")
+    assert len(val) == 2 and len(train) == 8
+    names = sorted(d["image"] for d in val + train)
+    assert names == sorted(str(tmp_path / d["image"]) for d in _items(10))
+    assert load_split(path, "validation") == val  # deterministic
+    messages = [r.getMessage() for r in caplog.records if "no 'validation' list" in r.getMessage()]
+    assert len(messages) == 1 and "validating on 2 of its 10 'training' volumes" in messages[0]
+    assert load_split(path, "test") == load_datalist(path, "test")
+    path.write_text(json.dumps({"training": _items(1)}))
+    with pytest.raises(ValueError, match="no 'validation' list and only 1 'training' volume"):
+        load_split(path, "validation")
+    path.write_text(json.dumps({"training": _items(3), "validation": _items(1)}))
+    assert load_split(path, "training") == load_datalist(path, "training")  # an explicit list is used as it is
+
+
+def test_in_channels_that_disagree_with_the_data_stop_before_caching(tmp_path):
+    """4-channel MRI given to a 1-channel network: the check before caching names the file, its channels and the
+    setting (in_channels), and nothing is cached."""
+    from components.synthetic import write_dataset
+
+    items = load_datalist(write_dataset(tmp_path, kind="mri", num=3), "training")
+    calls = []
+    with pytest.raises(DataCheckError) as err:
+        build_dataset(items, lambda x: calls.append(x) or x, channels=1, progress=False)
+    line = next(line for line in str(err.value).splitlines() if line.startswith("ERROR"))
+    assert "is 4D with 4 channels" in line and "expected 1 channel (a bundle's in_channels" in line
+    assert calls == []
 
 
 def _double(item: dict) -> dict:

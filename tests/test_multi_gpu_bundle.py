@@ -9,7 +9,7 @@ on two cores:
   3 validation volumes (odd: 2 + 1 per rank), ``log_per_rank`` and ``scale_lr_with_world_size`` on.
 - ``multi_node``: two torchrun launchers (``--nnodes=2 --nproc_per_node=1``, c10d rendezvous on one port),
   ``use_checkpoint=true`` and ``cache=smart`` (2 of each rank's 3 volumes cached, one replaced per epoch), 2 epochs.
-- ``too_small``: one training volume for two ranks.
+- ``too_small`` / ``too_small_validation``: one training / one validation volume for two ranks.
 
 A probe module written next to the data (``mgpu_probe.Recorder``, attached through an extra config layered
 after multi_gpu_train.json) records on every rank: the volumes of each batch, the rank's shard, the loss and
@@ -300,6 +300,17 @@ def too_small(data_dir, tmp_path_factory) -> Run:
     return Run(_launch_all([cmd], _env(None), tmp, timeout=180), tmp, tmp, overrides)
 
 
+@pytest.fixture(scope="module")
+def too_small_validation(data_dir, tmp_path_factory) -> Run:
+    tmp = tmp_path_factory.mktemp("mgpu_small_val")
+    datalist = _write_datalist(data_dir, "dl_small_val.json", [0, 1, 2, 3], [4])
+    overrides = {**TINY, "dataset_dir": data_dir, "datalist": datalist, "ckpt_dir": tmp / "models",
+                 "output_dir": tmp / "eval", "max_epochs": 1, "use_checkpoint": "false"}  # fmt: skip
+    cmd = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", "--tee=3", f"--log_dir={tmp / 'ranks'}",
+                    *_bundle_args(CONFIGS, overrides))  # fmt: skip
+    return Run(_launch_all([cmd], _env(None), tmp, timeout=180), tmp, tmp, overrides)
+
+
 # ------------------------------------------------------------------------------- 1. single node, full cache
 
 
@@ -388,6 +399,7 @@ def test_single_node_logs_global_mean_and_per_rank_losses(single_node):
             line = re.search(rf"Iter: {it + 1}/2 -- rank{r}_loss: ([0-9.]+)", out)
             assert line and float(line.group(1)) == pytest.approx(local[r], abs=1e-4)
     assert [t["initial_lr"] for t in train] == [pytest.approx(0.0004 * 2)] * 2
+    assert len(re.findall(r"SSLTrainer - INFO - Epoch\[1\] Complete", out)) == 2  # log_per_rank: every rank's
 
 
 # ---------------------------------------------------- 2 + 3. two launchers, c10d, smart cache, checkpointing
@@ -405,6 +417,18 @@ def test_multi_node_launchers_complete(multi_node):
     assert sorted(p.name for p in (multi_node.tmp / "models").iterdir()) == ["checkpoint.pt", "model.pt"]
     p0, p1 = (torch.load(multi_node.probe / f"params_rank{r}.pt", weights_only=True) for r in (0, 1))
     assert all(torch.equal(p0[k], p1[k]) for k in p0)
+
+
+@pytest.mark.slow
+def test_multi_node_progress_comes_from_rank_zero_only(multi_node):
+    """Quiet by default (log_per_rank false): the trainer's start line and epoch lines appear once (rank 0), not once
+    per rank (the single-node run, with log_per_rank, has both ranks'); ignite's "resuming from iteration 0" of a
+    fresh run is reworded to a start line; no per-rank Orientationd FutureWarning."""
+    multi_node.assert_ok()
+    out = multi_node.output
+    assert len(re.findall(r"SSLTrainer - INFO - Engine run starting, until 2 epochs", out)) == 1, out[-4000:]
+    assert len(re.findall(r"SSLTrainer - INFO - Epoch\[1\] Complete", out)) == 1
+    assert "resuming from iteration 0" not in out and "Orientationd" not in out
 
 
 @pytest.mark.slow
@@ -446,12 +470,29 @@ def test_too_small_dataset_fails_fast_on_every_rank(too_small):
     (launch,) = too_small.launches
     assert not launch.timed_out and launch.code != 0, launch.ok()
     assert launch.seconds < 120, launch.ok()
-    message = "1 training volumes are too few for 2 rank(s) x batch_size 1"
+    message = "dl_small.json' has 1 volume(s), too few for 2 rank(s) x batch_size 1"
     for r in (0, 1):
         files = list((too_small.tmp / "ranks").rglob(f"attempt_0/{r}/*.log"))
         text = "".join(f.read_text(errors="replace") for f in files)
         assert message in text, f"rank {r}:\n{text[-3000:]}"
         assert "Loading dataset" not in text  # nothing was cached
+
+
+@pytest.mark.slow
+def test_too_small_validation_list_fails_before_caching_on_every_rank(too_small_validation):
+    """The documented 2-rank command on `synth --num 6` data: one validation volume for two ranks stops every rank
+    before the training cache is built, in one line naming the list, its size, the world size and the fix (instead of
+    MONAI's "dataset length is less than the number of participating ranks" inside a DistributedSampler)."""
+    (launch,) = too_small_validation.launches
+    assert not launch.timed_out and launch.code != 0, launch.ok()
+    message = ("dl_small_val.json' has 1 volume(s), too few for 2 rank(s) (each rank evaluates at least one): add "
+               "volumes (synthetic data: `python -m components synth --num 10`) or run at most 1 rank(s).")
+    for r in (0, 1):
+        files = list((too_small_validation.tmp / "ranks").rglob(f"attempt_0/{r}/*.log"))
+        text = "".join(f.read_text(errors="replace") for f in files)
+        assert message in text, f"rank {r}:\n{text[-3000:]}"
+        assert "Loading dataset" not in text and "dataset of" not in text  # nothing was cached
+        assert "participating ranks" not in text
 
 
 # --------------------------------------------------------------- 5. without torchrun: spawned gloo processes
@@ -518,13 +559,18 @@ def _partition_scenario() -> dict:
     full = components.build_dataset(items, lambda x: x, cache="full", num_workers=1, check=False, progress=False)
     smart = components.build_dataset(items, lambda x: x, cache="smart", cache_num=3, num_workers=1, check=False,
                                      progress=False)  # fmt: skip
-    try:
-        components.build_dataset(items[:1], lambda x: x, cache="full", num_workers=1, check=False, progress=False)
-        error = None
-    except ValueError as err:
-        error = str(err)
+    errors = []
+    for build in (
+        lambda: components.build_dataset(items[:1], lambda x: x, cache="full", num_workers=1, check=False, progress=False),
+        lambda: components.split_for_rank(items[:1], "validation", "data/ct/dataset.json"),  # the real world size
+    ):
+        try:
+            build()
+            errors.append(None)
+        except ValueError as err:
+            errors.append(str(err))
     return {"full": [d["id"] for d in full.data], "full_len": len(full), "smart_len": len(smart),
-            "smart_data": [d["id"] for d in smart.data], "error": error}  # fmt: skip
+            "smart_data": [d["id"] for d in smart.data], "error": errors[0], "validation_error": errors[1]}  # fmt: skip
 
 
 def _spawn(tmp: Path, world: int = 2, timeout: float = 120) -> list[dict]:
@@ -563,4 +609,8 @@ def test_build_dataset_caches_only_this_ranks_shard(spawned):
     assert len(set(shards[0]) & set(shards[1])) == 1  # even_divisible: 8 slots for 7 items
     for r, shard in zip(spawned, shards):
         assert r["partition"]["smart_len"] == 3 and sorted(r["partition"]["smart_data"]) == sorted(shard)
-        assert "1 training volumes are too few for 2 rank(s) x batch_size 1" in r["partition"]["error"]
+        assert "the 'training' list has 1 volume(s), too few for 2 rank(s) x batch_size 1" in r["partition"]["error"]
+        assert r["partition"]["validation_error"].startswith(
+            "the 'validation' list of 'data/ct/dataset.json' has 1 volume(s), too few for 2 rank(s) (each rank evaluates "
+            "at least one): add volumes (synthetic data: `python -m components synth --num 10`) or run at most 1 rank(s)."
+        )

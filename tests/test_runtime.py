@@ -78,3 +78,19 @@ def test_as_bool_reads_what_a_shell_user_types(value, expected):
 def test_as_bool_names_the_flag_on_bad_values(value):
     with pytest.raises(ValueError, match=r"amp must be true or false, got"):
         as_bool(value, "amp")
+
+
+@pytest.mark.parametrize(
+    "cpus, local_world, cap, expected",
+    [(2, None, 4, 1), (2, "2", 4, 0), (1, None, 4, 0), (16, "4", 4, 3), (64, "8", 4, 4), (64, "1", 2, 2), (8, "x", 4, 4)],
+)
+def test_default_num_workers_follows_the_cpus_of_each_rank(monkeypatch, cpus, local_world, cap, expected):
+    """The issue's 2-core machine: one worker for one process (not 4 on 2 cores), none for two ranks."""
+    from components import default_num_workers
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    if local_world is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
+    assert default_num_workers(cap) == expected
