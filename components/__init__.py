@@ -34,7 +34,7 @@ from .distributed import (
     init_distributed,
     wrap_ddp,
 )
-from .engine import SSLEvaluator, SSLTrainer, SSLViewsImageHandler
+from .engine import PretrainingEvaluator, PretrainingTrainer, Recipe
 from .faults import (
     DataItemError,
     NonFiniteLossError,
@@ -46,6 +46,12 @@ from .faults import (
 )
 from .losses import SSLLoss
 from .networks import SSLHead, check_roi_size
+from .recipes import (
+    InpaintingContrastRecipe,
+    SSLEvaluator,
+    SSLTrainer,
+    SSLViewsImageHandler,
+)
 from .package import extract_zip_safely, fetch, fetch_bundle, package_bundle, schema_path
 from .runtime import as_bool, optional_path, tune_allocator
 from .segmentation import PerClassMetrics, brats_labels_from_regions, per_class_means
