@@ -48,9 +48,17 @@ from .losses import SSLLoss
 from .networks import SSLHead, check_roi_size
 from .recipes import (
     InpaintingContrastRecipe,
+    MultiCrop,
+    SelfDistillationLoss,
+    SelfDistillationNetwork,
+    SelfDistillationRecipe,
     SSLEvaluator,
     SSLTrainer,
     SSLViewsImageHandler,
+    StopOnCollapse,
+    SwinViTEmbedding,
+    TeacherCollapseError,
+    weight_decay_groups,
 )
 from .package import extract_zip_safely, fetch, fetch_bundle, package_bundle, schema_path
 from .runtime import as_bool, optional_path, tune_allocator
