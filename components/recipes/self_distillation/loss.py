@@ -44,9 +44,9 @@ def koleo_loss(z: torch.Tensor, candidates: torch.Tensor | None = None, offset: 
     if candidates.shape[0] < 2:
         raise ValueError("koleo_loss needs at least 2 candidates (a neighbour for every anchor).")
     rows = torch.arange(z.shape[0], device=z.device)
-    similarity = z @ candidates.T  # (B, N)
+    similarity = (z @ candidates.T).detach()  # (B, N); only the choice of neighbour, no gradient
     similarity[rows, rows + offset] = -2.0  # never its own neighbour (cosine similarity >= -1 otherwise)
-    nearest = similarity.detach().argmax(dim=1)
+    nearest = similarity.argmax(dim=1)
     distance = (z - candidates[nearest]).norm(dim=1)
     return -torch.log(distance + eps).mean()
 
