@@ -74,7 +74,6 @@ def trained(tmp_path_factory, data):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("dino_ddp")
-    root.mkdir(exist_ok=True)
     cmd = bundle_command(BUNDLE, overrides=_overrides(root, data, batch_size=1, dist_timeout_s=150))
     files = [str(BUNDLE / "configs" / "train.json"), str(BUNDLE / "configs" / "multi_gpu_train.json"), str(_save_teacher_run(root))]
     cmd[cmd.index("--config_file") + 1] = json.dumps(files)
