@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from ...networks import SPATIAL_REDUCTION, swin_vit
+from ...networks import DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
 
 __all__ = ["SwinViTEmbedding", "ProjectionHead", "SelfDistillationNetwork", "weight_decay_groups"]
 
@@ -29,6 +29,8 @@ class SwinViTEmbedding(nn.Module):
         spatial_dims: 2 or 3.
         dropout_path_rate: stochastic depth of the encoder.
         use_checkpoint: activation checkpointing in the Swin blocks.
+        window_size: edge of the cubic attention window (7, as published); weights load only into an encoder of the
+            same window size.
 
     Shapes:
         input ``(B, in_channels, *spatial)``, every spatial size a multiple of 32; output ``(B, 16 * feature_size)``.
@@ -46,6 +48,7 @@ class SwinViTEmbedding(nn.Module):
         spatial_dims: int = 3,
         dropout_path_rate: float = 0.0,
         use_checkpoint: bool = False,
+        window_size: int = DEFAULT_WINDOW,
     ) -> None:
         super().__init__()
         if int(feature_size) < 12 or int(feature_size) % 12:
@@ -53,7 +56,9 @@ class SwinViTEmbedding(nn.Module):
         self.in_channels = int(in_channels)
         self.spatial_dims = int(spatial_dims)
         self.embed_dim = 16 * int(feature_size)
-        self.swinViT = swin_vit(self.in_channels, int(feature_size), self.spatial_dims, dropout_path_rate, use_checkpoint)
+        self.swinViT = swin_vit(
+            self.in_channels, int(feature_size), self.spatial_dims, dropout_path_rate, use_checkpoint, int(window_size)
+        )
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, *spatial)`` -> ``(B, 16 * feature_size)``; raises ValueError on a shape the encoder cannot take."""
@@ -147,8 +152,9 @@ class SelfDistillationNetwork(SwinViTEmbedding):
         spatial_dims: int = 3,
         dropout_path_rate: float = 0.0,
         use_checkpoint: bool = False,
+        window_size: int = DEFAULT_WINDOW,
     ) -> None:
-        super().__init__(in_channels, feature_size, spatial_dims, dropout_path_rate, use_checkpoint)
+        super().__init__(in_channels, feature_size, spatial_dims, dropout_path_rate, use_checkpoint, window_size)
         self.head = ProjectionHead(self.embed_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, norm_last_layer)
 
     def forward(self, crops: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
