@@ -1,9 +1,10 @@
-"""What SSL pretraining buys when labels are few: finetuning from SSL weights against from scratch.
+"""What SSL pretraining buys when labels are few: finetuning from pretrained weights against from scratch.
 
-Pretrains the Swin ViT encoder once with the SSL bundle on an unlabeled synthetic CT set (larger and more varied
+Pretrains the Swin ViT encoder once per recipe (``--recipes``: ``ssl``, the rotation/contrastive/inpainting bundle,
+and optionally ``dino``, the self-distillation bundle) on an unlabeled synthetic CT set (larger and more varied
 than the labeled one: ``components.write_dataset(varied=True)``), then finetunes the CT bundle on the demo's
-five-organ task (``components.synthetic.DEMO_ORGANS``) with k labeled volumes, from the SSL weights and from
-random initialisation, n seeds each. Both arms of a (k, seed) pair get the same training volumes, the same seed
+five-organ task (``components.synthetic.DEMO_ORGANS``) with k labeled volumes, from each recipe's weights and from
+random initialisation, n seeds each. All arms of a (k, seed) pair get the same training volumes, the same seed
 (decoder initialisation, crops, order) and the same budget in iterations; only the encoder's starting weights
 differ. Every model is scored once, after its last iteration, on one fixed held-out set (no model selection).
 Every step is a real ``python -m monai.bundle run`` with command-line overrides (``components.runner``).
@@ -11,9 +12,10 @@ Every step is a real ``python -m monai.bundle run`` with command-line overrides 
     python benchmarks/low_data.py                     # k = 1, 2, 4, 8; 3 seeds; the device's budget
     python benchmarks/low_data.py --ks 1,2 --seeds 2
     python benchmarks/low_data.py --small             # CI: k = 1, 2; 2 seeds; a few iterations (learns nothing)
+    python benchmarks/low_data.py --recipes ssl dino  # a third arm: the self-distillation bundle's teacher encoder
 
-Prints one JSON object: per arm and k the mean and standard deviation over seeds of the held-out mean Dice, the
-SSL - scratch difference, every run (Dice per organ, seconds, what the SSL weights loaded), the settings and the
+Prints one JSON object: per arm and k the mean and standard deviation over seeds of the held-out mean Dice, each
+recipe's difference to scratch (``<recipe>_minus_scratch``), every run (Dice per organ, seconds, what the SSL weights loaded), the settings and the
 machine; writes ``low_data.png`` (Dice against k, both arms) and the runs' folders under ``--out``.
 """
 
@@ -42,7 +44,9 @@ from components.demo import (  # noqa: E402
 )
 from components.runner import read_scalars, run_bundle  # noqa: E402
 
-ARMS = ("ssl", "scratch")
+DINO_BUNDLE = "swin_unetr_dino_pretrain"
+RECIPES = ("ssl", "dino")
+LABELS = {"ssl": "SSL init", "dino": "DINO init", "scratch": "random init"}
 
 
 @dataclass(frozen=True)
@@ -87,19 +91,36 @@ def _write_datalists(root: Path, plan: Plan, seed: int) -> tuple[Path, dict[tupl
     return unlabeled, datalists
 
 
+def dino_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict:
+    """Command-line overrides of the self-distillation bundle for a run of the SSL arm's size: the SSL arm's data,
+    device, volumes per iteration, epochs, feature size, attention window and folders; 32^3 global and local crops
+    from 64^3 regions and a small head."""
+    ssl = ssl_overrides(budget, data_dir, run_dir, device, seed)
+    shared = ("dataset_dir", "device", "feature_size", "window_size", "batch_size", "num_workers", "amp", "use_checkpoint",
+              "seed", "log_interval", "max_epochs", "output_dir", "ckpt_dir", "auto_resume", "tune_allocator")  # fmt: skip
+    return {
+        **{key: ssl[key] for key in shared}, "roi_size": [32, 32, 32], "context_size": [64, 64, 64],
+        "local_size": [32, 32, 32], "num_local_crops": 2, "prototypes": 1024, "head_hidden_dim": 256,
+        "head_bottleneck_dim": 64, "warmup_epochs": 1, "teacher_temperature_warmup_epochs": 1,
+    }  # fmt: skip
+
+
+PRETRAINING = {"ssl": (SSL_BUNDLE, ssl_overrides), "dino": (DINO_BUNDLE, dino_overrides)}
+
+
 def _finetune(
-    plan: Plan, k: int, seed: int, arm: str, datalist: Path, run_dir: Path, device: str, ssl_model: Path, threads: int | None
+    plan: Plan, k: int, seed: int, arm: str, datalist: Path, run_dir: Path, device: str, model: Path | None,
+    threads: int | None,
 ) -> dict:
     """One finetuning run of ``plan.finetune_iterations`` iterations (batch 1: one volume per iteration), scored on
-    the held-out set after the last one."""
+    the held-out set after the last one; ``model`` is the arm's pretrained encoder (None: from scratch)."""
     epochs = -(-plan.finetune_iterations // k)
     budget = replace(plan.budget, finetune_epochs=epochs, val_interval=epochs)
-    overrides = finetune_overrides(budget, datalist, run_dir, device, 1000 + seed, ssl_model if arm == "ssl" else None,
-                                   training_class_weights(datalist))
+    overrides = finetune_overrides(budget, datalist, run_dir, device, 1000 + seed, model, training_class_weights(datalist))
     seconds = run_bundle(CT_BUNDLE, overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
     scalars = read_scalars(run_dir / "eval")
     per_class = {name: scalars[f"val_dice_{name.replace(' ', '_')}"][-1][1] for name in synthetic.DEMO_ORGANS}
-    loaded = _LOADED.search((run_dir / "train.log").read_text()) if arm == "ssl" else None
+    loaded = _LOADED.search((run_dir / "train.log").read_text()) if model is not None else None
     return {
         "k": k, "seed": seed, "arm": arm, "iterations": epochs * k, "seconds": round(seconds, 1),
         "mean_dice": scalars["val_mean_dice"][-1][1], "per_class_dice": per_class,
@@ -109,43 +130,52 @@ def _finetune(
 
 def _plot(table: dict, path: Path) -> None:
     fig, ax = pyplot().subplots(figsize=(6, 4))
-    for arm, label in (("ssl", "SSL init"), ("scratch", "random init")):
-        ks = sorted(table[arm], key=int)
+    for arm in table:
+        ks, label = sorted(table[arm], key=int), LABELS[arm]
         ax.errorbar([int(k) for k in ks], [table[arm][k]["mean"] for k in ks], yerr=[table[arm][k]["std"] for k in ks],
                     marker="o", capsize=4, label=label)
     ax.set_xscale("log", base=2)
-    ax.set_xticks([int(k) for k in table["ssl"]], [str(k) for k in table["ssl"]])
+    ticks = sorted(next(iter(table.values())), key=int)
+    ax.set_xticks([int(k) for k in ticks], ticks)
     save_plot(fig, ax, path, "labeled training volumes (k)", "held-out mean Dice (5 organs)",
-              "SSL init vs random init with few labels (mean, sd over seeds)")
+              "pretrained vs random init with few labels (mean, sd over seeds)")
 
 
-def run(plan: Plan, out: Path, device: str, seed: int, parallel: int = 1) -> dict:
+def run(plan: Plan, out: Path, device: str, seed: int, parallel: int = 1, recipes: tuple[str, ...] = ("ssl",)) -> dict:
+    unknown = [r for r in recipes if r not in PRETRAINING]
+    if unknown or not recipes:
+        raise ValueError(f"recipes must be a non-empty subset of {sorted(PRETRAINING)}, got {list(recipes)}.")
     machine = machine_info()
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     unlabeled, datalists = _write_datalists(out / "data", plan, seed)
-    ssl_dir = out / "ssl_pretrain"
-    ssl_seconds = run_bundle(SSL_BUNDLE, overrides=ssl_overrides(plan.budget, unlabeled.parent, ssl_dir, device, seed),
-                             log=ssl_dir / "train.log", echo=False)
-    ssl_losses = {tag: values[-1][1] for tag, values in read_scalars(ssl_dir / "eval").items() if tag.startswith("loss")}
-    jobs = [(k, s, arm, datalist) for (k, s), datalist in datalists.items() for arm in ARMS]
+    pretraining, models = {}, {}
+    for recipe in recipes:
+        bundle, overrides = PRETRAINING[recipe]
+        run_dir = out / f"{recipe}_pretrain"
+        seconds = run_bundle(bundle, overrides=overrides(plan.budget, unlabeled.parent, run_dir, device, seed),
+                             log=run_dir / "train.log", echo=False)  # fmt: skip
+        losses = {tag: values[-1][1] for tag, values in read_scalars(run_dir / "eval").items() if tag.startswith("loss")}
+        pretraining[recipe] = {"seconds": round(seconds, 1), "final_losses": losses}
+        models[recipe] = run_dir / "models" / "model.pt"
+    arms = (*recipes, "scratch")
+    jobs = [(k, s, arm, datalist) for (k, s), datalist in datalists.items() for arm in arms]
     threads = max(1, (os.cpu_count() or 1) // parallel) if parallel > 1 and device == "cpu" else None
 
     def one(job: tuple) -> dict:
         k, s, arm, datalist = job
-        result = _finetune(plan, k, s, arm, datalist, out / f"k{k}_seed{s}_{arm}", device, ssl_dir / "models" / "model.pt", threads)
+        result = _finetune(plan, k, s, arm, datalist, out / f"k{k}_seed{s}_{arm}", device, models.get(arm), threads)
         print(f"k={k} seed={s} {arm}: mean Dice {result['mean_dice']:.4f} ({result['seconds']:.0f} s)", file=sys.stderr, flush=True)
         return result
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         runs = list(pool.map(one, jobs))
-    table: dict = {arm: {} for arm in ARMS}
-    for arm in ARMS:
+    table: dict = {arm: {} for arm in arms}
+    for arm in arms:
         for k in plan.ks:
             dice = [r["mean_dice"] for r in runs if r["arm"] == arm and r["k"] == k]
             table[arm][str(k)] = {"mean": statistics.fmean(dice), "std": statistics.stdev(dice) if len(dice) > 1 else 0.0,
                                   "dice": dice}
-    difference = {k: table["ssl"][k]["mean"] - table["scratch"][k]["mean"] for k in table["ssl"]}
     _plot(table, out / "low_data.png")
     return {
         "benchmark": "low_data",
@@ -154,9 +184,9 @@ def run(plan: Plan, out: Path, device: str, seed: int, parallel: int = 1) -> dic
         "settings": {**{k: v for k, v in asdict(plan).items() if k != "budget"}, "budget": asdict(plan.budget),
                      "organs": list(synthetic.DEMO_ORGANS), "seed": seed, "parallel_runs": parallel,
                      "threads_per_run": threads or torch.get_num_threads()},
-        "pretraining": {"seconds": round(ssl_seconds, 1), "final_losses": ssl_losses},
+        "pretraining": pretraining,
         "table": table,
-        "ssl_minus_scratch": difference,
+        **{f"{r}_minus_scratch": {k: table[r][k]["mean"] - table["scratch"][k]["mean"] for k in table[r]} for r in recipes},
         "runs": runs,
         "plot": str(out / "low_data.png"),
         "total_seconds": round(time.perf_counter() - started, 1),
@@ -174,6 +204,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the data's seed")
     parser.add_argument("--out", default="runs/low_data", help="folder for the runs and low_data.png")
     parser.add_argument("--parallel", type=int, default=1, help="finetuning runs side by side (CPU: threads split)")
+    parser.add_argument("--recipes", nargs="+", choices=RECIPES, default=["ssl"], help="pretraining arms (default: ssl)")
     args = parser.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     plan = PLANS["small" if args.small else device]
@@ -185,7 +216,7 @@ def main() -> None:
         plan = replace(plan, finetune_iterations=args.iterations)
     if args.ssl_epochs:
         plan = replace(plan, budget=replace(plan.budget, ssl_epochs=args.ssl_epochs))
-    print(json.dumps(run(plan, Path(args.out).resolve(), device, args.seed, args.parallel), indent=2))
+    print(json.dumps(run(plan, Path(args.out).resolve(), device, args.seed, args.parallel, tuple(args.recipes)), indent=2))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from .distributed import (
     init_distributed,
     wrap_ddp,
 )
-from .engine import SSLEvaluator, SSLTrainer, SSLViewsImageHandler
+from .engine import PretrainingEvaluator, PretrainingTrainer, Recipe
 from .faults import (
     DataItemError,
     NonFiniteLossError,
@@ -50,6 +50,20 @@ from .faults import (
 )
 from .losses import SSLLoss
 from .networks import SSLHead, check_roi_size
+from .recipes import (
+    InpaintingContrastRecipe,
+    MultiCrop,
+    SelfDistillationLoss,
+    SelfDistillationNetwork,
+    SelfDistillationRecipe,
+    SSLEvaluator,
+    SSLTrainer,
+    SSLViewsImageHandler,
+    StopOnCollapse,
+    SwinViTEmbedding,
+    TeacherCollapseError,
+    weight_decay_groups,
+)
 from .package import extract_zip_safely, fetch, fetch_bundle, package_bundle, schema_path
 from .quiet import install_filters, log_from_rank_zero
 from .runtime import as_bool, default_num_workers, optional_path, tune_allocator

@@ -947,6 +947,7 @@ class ResumableCheckpointSaver:
          "optimizer": ..., "lr_scheduler": ..., "scaler": ...,      # when given (None entries are skipped)
          "trainer": {"epoch", "iteration", "epoch_length", "max_epochs", "batch_size"},
          "sampler": {"seed", "shuffle", "num_samples", "epoch", "position"},  # when a sampler is given
+         "recipe": state dict of a stateful recipe (e.g. a teacher and its centre),  # when a recipe is given
          "best_metric": ..., "best_metric_epoch": ..., "best_metric_iteration": ...}  # when an evaluator is given
 
     Only rank 0 writes (when ``torch.distributed`` is initialised). The ``"model"`` entry makes the file a valid
@@ -968,6 +969,8 @@ class ResumableCheckpointSaver:
         sampler: the training loader's :class:`~components.EpochShuffleSampler` (anything with
             ``state_dict(position)``): its order and the position inside the current epoch (samples already used:
             iterations of the epoch x the loader's ``batch_size``) are saved, so a restart continues the epoch.
+        recipe: a pretraining recipe with state of its own (an ``nn.Module``, e.g.
+            :class:`~components.SelfDistillationRecipe`: the teacher and the loss's centre).
         filename: file name in ``ckpt_dir``.
         epoch_interval: save every this many epochs (None: not on epochs).
         iteration_interval: save every this many iterations (None: not on iterations).
@@ -996,11 +999,14 @@ class ResumableCheckpointSaver:
         iteration_interval: int | None = None,
         save_final: bool = True,
         sampler: Any = None,
+        recipe: nn.Module | None = None,
     ) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(
                 f"ResumableCheckpointSaver: network must be a torch.nn.Module, got {type(network).__name__}."
             )
+        if recipe is not None and not isinstance(recipe, nn.Module):
+            raise TypeError(f"ResumableCheckpointSaver: recipe must be a torch.nn.Module, got {type(recipe).__name__}.")
         for name, obj in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("scaler", scaler)):
             if obj is not None and not callable(getattr(obj, "state_dict", None)):
                 raise TypeError(f"ResumableCheckpointSaver: {name} has no state_dict() ({type(obj).__name__}).")
@@ -1022,6 +1028,7 @@ class ResumableCheckpointSaver:
         if sampler is not None and not callable(getattr(sampler, "state_dict", None)):
             raise TypeError(f"ResumableCheckpointSaver: sampler has no state_dict() ({type(sampler).__name__}).")
         self.sampler = sampler
+        self.recipe = recipe
         self._last_saved: tuple | None = None
         self._trainer: Engine | None = None
 
@@ -1095,6 +1102,8 @@ class ResumableCheckpointSaver:
                 ckpt[name] = obj.state_dict()
         if self.sampler is not None:
             ckpt["sampler"] = self.sampler.state_dict(position=self._position(engine))
+        if self.recipe is not None:
+            ckpt["recipe"] = self.recipe.state_dict()
         if self.evaluator is not None:
             ckpt["best_metric"], ckpt["best_metric_epoch"], ckpt["best_metric_iteration"] = self._best()
         return ckpt
@@ -1121,7 +1130,8 @@ class ResumeHandler:
     """Restore a :class:`ResumableCheckpointSaver` file when the trainer starts, so ignite continues from it.
 
     At ``Events.STARTED`` (attach it to the trainer): loads the file with ``weights_only=True``, restores the
-    model (strict), the optimizer state, the LR schedule's position, the scaler, the evaluator's best metric
+    model (strict), a stateful recipe's state (strict), the optimizer state, the LR schedule's position, the scaler,
+    the evaluator's best metric
     (``best_metric``, ``best_metric_epoch``, ``best_metric_iteration``), the sampler's position inside the epoch,
     and sets ``trainer.state.iteration`` and ``trainer.state.epoch`` (completed epochs, ``iteration // epoch_length``).
 
@@ -1143,7 +1153,7 @@ class ResumeHandler:
 
     Args:
         path: the checkpoint file; None, ``""``, ``"None"`` or ``"null"`` make the handler a no-op.
-        network, optimizer, lr_scheduler, scaler, evaluator, sampler: as for :class:`ResumableCheckpointSaver`.
+        network, optimizer, lr_scheduler, scaler, evaluator, sampler, recipe: as for :class:`ResumableCheckpointSaver`.
             Every object given must have its entry in the file (the sampler excepted: a file without one is
             continued from the trainer's counters). ``scaler=None`` restores ``engine.scaler`` when the engine has
             one and the file has a ``scaler`` entry.
@@ -1171,9 +1181,12 @@ class ResumeHandler:
         map_location: Any = "cpu",
         missing_ok: bool = False,
         sampler: Any = None,
+        recipe: nn.Module | None = None,
     ) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(f"ResumeHandler: network must be a torch.nn.Module, got {type(network).__name__}.")
+        if recipe is not None and not isinstance(recipe, nn.Module):
+            raise TypeError(f"ResumeHandler: recipe must be a torch.nn.Module, got {type(recipe).__name__}.")
         restorable = {"optimizer": optimizer, "lr_scheduler": lr_scheduler, "scaler": scaler, "sampler": sampler}
         for name, obj in restorable.items():
             if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
@@ -1186,6 +1199,7 @@ class ResumeHandler:
         self.scaler = scaler
         self.evaluator = evaluator
         self.sampler = sampler
+        self.recipe = recipe
         self.map_location = map_location
         self.missing_ok = missing_ok
         self.resumed = False
@@ -1197,9 +1211,9 @@ class ResumeHandler:
     def _fail(self, msg: str) -> CheckpointLoadError:
         return CheckpointLoadError(f"resume checkpoint '{self.path}': {msg}")
 
-    def _check_model(self, module: nn.Module, state: Mapping) -> dict[str, torch.Tensor]:
+    def _check_model(self, module: nn.Module, state: Mapping, entry: str = "model") -> dict[str, torch.Tensor]:
         if not isinstance(state, Mapping):
-            raise self._fail(f"entry 'model' is not a state dict ({type(state).__name__}).")
+            raise self._fail(f"entry {entry!r} is not a state dict ({type(state).__name__}).")
         state = {_strip_wrappers(k)[0]: v for k, v in state.items()}
         own = module.state_dict()
         missing = [k for k in own if k not in state]
@@ -1211,7 +1225,7 @@ class ResumeHandler:
         ]
         if missing or extra or shapes:
             raise self._fail(
-                f"entry 'model' does not match the network ({type(module).__name__}): {len(missing)} missing "
+                f"entry {entry!r} does not match the {'network' if entry == 'model' else entry} ({type(module).__name__}): {len(missing)} missing "
                 f"{missing[:5]}, {len(extra)} unexpected {extra[:5]}, {len(shapes)} with another shape {shapes[:3]}. "
                 "Resume needs the same architecture; use load_pretrained for weights of another model."
             )
@@ -1284,6 +1298,7 @@ class ResumeHandler:
         scaler = self.scaler if self.scaler is not None else (engine_scaler if "scaler" in ckpt else None)
         needed = ["model", "trainer"]
         needed += [n for n, o in (("optimizer", self.optimizer), ("lr_scheduler", self.lr_scheduler)) if o is not None]
+        needed += ["recipe"] if self.recipe is not None else []
         if self.scaler is not None:
             needed.append("scaler")
         if self.evaluator is not None:
@@ -1304,6 +1319,7 @@ class ResumeHandler:
         epoch = iteration // epoch_len if epoch_len else int(ckpt["trainer"].get("epoch", 0))
         module = _unwrap_model(self.network)
         model_state = self._check_model(module, ckpt["model"])
+        recipe_state = self._check_model(self.recipe, ckpt["recipe"], "recipe") if self.recipe is not None else None
         if self.optimizer is not None:
             groups = ckpt["optimizer"].get("param_groups", []) if isinstance(ckpt["optimizer"], Mapping) else []
             own = self.optimizer.state_dict()["param_groups"]
@@ -1316,6 +1332,8 @@ class ResumeHandler:
 
         # everything checked: restore
         module.load_state_dict(model_state, strict=True)
+        if recipe_state is not None:
+            self.recipe.load_state_dict(recipe_state, strict=True)
         report: dict[str, Any] = {"path": str(self.path), "epoch": epoch, "iteration": iteration}
         if self.optimizer is not None:
             report["optimizer_changed"] = self._restore_optimizer(ckpt["optimizer"])

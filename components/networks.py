@@ -20,7 +20,7 @@ from monai.networks.layers import Conv, Norm
 from monai.networks.nets.swin_unetr import SwinTransformer
 from torch import nn
 
-__all__ = ["SSLHead", "DEFAULT_WINDOW", "UPSAMPLE_MODES", "OUTPUT_MODES", "SPATIAL_REDUCTION", "check_roi_size"]
+__all__ = ["SSLHead", "swin_vit", "DEFAULT_WINDOW", "UPSAMPLE_MODES", "OUTPUT_MODES", "SPATIAL_REDUCTION", "check_roi_size"]
 
 #: the reconstruction decoders :class:`SSLHead` can build (``upsample`` argument).
 UPSAMPLE_MODES: tuple[str, ...] = ("vae", "deconv", "large_kernel_deconv")
@@ -106,6 +106,40 @@ def check_roi_size(roi_size: Sequence[int], spatial_dims: int | None = None) -> 
             f"Use a larger ROI, e.g. {works}, which gives {math.prod(s // k for s in works)} tokens."
         )
     return n_tokens
+
+
+def swin_vit(
+    in_channels: int,
+    feature_size: int,
+    spatial_dims: int = 3,
+    dropout_path_rate: float = 0.0,
+    use_checkpoint: bool = False,
+    window_size: int = DEFAULT_WINDOW,
+) -> SwinTransformer:
+    """MONAI's Swin ViT encoder in the configuration of ``SwinUNETR`` (window 7 by default, patch 2, depths
+    (2, 2, 2, 2), heads (3, 6, 12, 24)): held as attribute ``swinViT``, its state dict loads into
+    ``SwinUNETR(feature_size=f, window_size=w).swinViT``.
+
+    Its last stage output (``swinViT(x, normalize=True)[4]``) has shape ``(B, 16 * feature_size, *[s // 32])``.
+    """
+    return SwinTransformer(
+        in_chans=in_channels,
+        embed_dim=feature_size,
+        window_size=(window_size,) * spatial_dims,
+        patch_size=(_PATCH,) * spatial_dims,
+        depths=_DEPTHS,
+        num_heads=_NUM_HEADS,
+        mlp_ratio=4.0,
+        qkv_bias=True,
+        drop_rate=0.0,
+        attn_drop_rate=0.0,
+        drop_path_rate=float(dropout_path_rate),
+        norm_layer=nn.LayerNorm,
+        use_checkpoint=bool(use_checkpoint),
+        spatial_dims=spatial_dims,
+        downsample="merging",
+        use_v2=False,
+    )
 
 
 def _as_int(name: str, value, minimum: int) -> int:
@@ -222,24 +256,7 @@ class SSLHead(nn.Module):
         dim = 16 * feature_size  # channels of the last stage output (after the final patch merging)
         self.hidden_dim = dim
 
-        self.swinViT = SwinTransformer(
-            in_chans=in_channels,
-            embed_dim=feature_size,
-            window_size=(window_size,) * self.spatial_dims,
-            patch_size=(_PATCH,) * self.spatial_dims,
-            depths=_DEPTHS,
-            num_heads=_NUM_HEADS,
-            mlp_ratio=4.0,
-            qkv_bias=True,
-            drop_rate=0.0,
-            attn_drop_rate=0.0,
-            drop_path_rate=float(dropout_path_rate),
-            norm_layer=nn.LayerNorm,
-            use_checkpoint=bool(use_checkpoint),
-            spatial_dims=self.spatial_dims,
-            downsample="merging",
-            use_v2=False,
-        )
+        self.swinViT = swin_vit(in_channels, feature_size, self.spatial_dims, dropout_path_rate, use_checkpoint, window_size)
         self.rotation_head = nn.Linear(dim, _NUM_ROTATIONS)
         self.contrastive_head = nn.Linear(dim, _CONTRASTIVE_DIM)
         self.conv = self._build_decoder(upsample, dim, feature_size, in_channels, self.spatial_dims)

@@ -52,7 +52,7 @@ def _tracked_files(bundle: Path) -> list[str]:
 
 def test_every_bundle_is_checked():
     assert BUNDLES, "no bundle folders under bundles/"
-    assert "swin_unetr_ssl_pretrain" in [b.name for b in BUNDLES]
+    assert {"swin_unetr_ssl_pretrain", "swin_unetr_dino_pretrain"} <= {b.name for b in BUNDLES}
 
 
 @bundle_param
@@ -104,7 +104,10 @@ def test_metadata_schema_and_required_packages(bundle):
 @bundle_param
 def test_net_in_out(bundle):
     """``python -m monai.bundle verify_net_in_out --net_id network_def ... --config_file configs/inference.json``
-    with the smallest shape the metadata allows (n=1) and feature size 12."""
+    with the smallest shape the metadata allows (n=1) and feature size 12. An embedding output has 16 values per
+    unit of feature size (the Swin ViT's last stage), so its metadata channel count is scaled with it."""
+    pred = _meta(bundle)["network_data_format"]["outputs"]["pred"]
+    scaled = {"_meta_#network_data_format#outputs#pred#num_channels": 16 * FS} if pred["type"] == "embedding" else {}
     verify_net_in_out(
         net_id="network_def",
         meta_file=str(bundle / "configs" / "metadata.json"),
@@ -114,6 +117,7 @@ def test_net_in_out(bundle):
         p=1,
         any=1,
         feature_size=FS,
+        **scaled,
     )
 
 

@@ -35,6 +35,7 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[1]
 SSL = "swin_unetr_ssl_pretrain"
+DINO = "swin_unetr_dino_pretrain"
 BTCV = "swin_unetr_btcv_finetune"
 FS = 12  # feature size of the tiny models
 
@@ -70,10 +71,10 @@ def _run(cmd: list[str], timeout: int = 600, **kwargs) -> str:
     return out
 
 
-def _fake_trained_state() -> dict[str, torch.Tensor]:
-    """SSLHead(feature_size=12) weights that no fresh initialisation reproduces (as if trained)."""
+def _fake_trained_state(net: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """``net``'s (default SSLHead(feature_size=12)) weights that no fresh initialisation reproduces (as if trained)."""
     gen = torch.Generator().manual_seed(1234)
-    net = components.SSLHead(feature_size=FS)
+    net = net or components.SSLHead(feature_size=FS)
     with torch.no_grad():
         for p in net.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.05)
@@ -226,6 +227,28 @@ def test_monai_download_url_then_load(ssl_copy, packaged, fake_state, tmp_path):
         assert isinstance(net, components.SSLHead)
         _assert_same(net, fake_state)
     assert net.output == "reconstruction"  # inference.json's network_def
+
+
+def test_dino_bundle_packages_and_loads_its_teacher_encoder_for_inference(tmp_path):
+    """The self-distillation bundle's release: its models/model.pt (the teacher encoder, swinViT.* keys) comes back
+    through `monai.bundle download --url` and monai.bundle.load(workflow_type="inference") into its embedding net."""
+    root = _copy_bundle(DINO, tmp_path / "src")
+    state = _fake_trained_state(components.SwinViTEmbedding(feature_size=FS))
+    assert all(k.startswith("swinViT.") for k in state)
+    (root / "models").mkdir()
+    torch.save(state, root / "models" / "model.pt")
+    packaged = pkg.package_bundle(root, tmp_path / "dist")
+    assert packaged.name == f"{DINO}_v{_version(root)}.zip"
+    d = tmp_path / "D"
+    _run([sys.executable, "-m", "monai.bundle", "download", "--name", DINO, "--url", packaged.as_uri(), "--bundle_dir", str(d)])
+    import monai.bundle
+
+    net = monai.bundle.load(
+        name=DINO, bundle_dir=d, source="github", repo="owner/repo/v0", workflow_type="inference",
+        device="cpu", progress=False, net_override={"feature_size": FS},
+    )
+    assert isinstance(net, components.SwinViTEmbedding)
+    _assert_same(net, state)
 
 
 def test_github_source_is_offline_when_zip_present(packaged, fake_state, tmp_path, monkeypatch):

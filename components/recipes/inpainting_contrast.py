@@ -1,0 +1,120 @@
+"""The Swin UNETR self-supervised recipe (recipe.md s1): rotation prediction, contrastive coding and inpainting.
+
+The recipe's pieces live in :mod:`components.networks` (``SSLHead``), :mod:`components.augment` (``ssl_views``)
+and :mod:`components.losses` (``SSLLoss``); this module gives them to the recipe-agnostic engines
+(:class:`~components.engine.PretrainingTrainer`), and holds the recipe's ready-made trainer and evaluator and its
+TensorBoard view of the reconstructions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from ignite.engine import Engine, Events
+from monai.utils import CommonKeys as Keys
+from torch.utils.tensorboard import SummaryWriter
+
+from ..augment import ssl_views
+from ..distributed import get_rank
+from ..engine import PretrainingEvaluator, PretrainingTrainer
+
+__all__ = ["InpaintingContrastRecipe", "SSLTrainer", "SSLEvaluator", "SSLViewsImageHandler"]
+
+
+class _Views(NamedTuple):
+    """The clean crops ``image`` (B, ...) and :class:`~components.augment.SSLViews` of them (2B rows each)."""
+
+    image: torch.Tensor
+    inputs: torch.Tensor
+    rot_labels: torch.Tensor
+    targets: torch.Tensor
+
+
+class InpaintingContrastRecipe:
+    """Views, forward and loss of the rotation + contrastive + inpainting recipe, for the pretraining engines.
+
+    One step: two rotated views of every crop, each corrupted by ``aug_rand``; one forward of the concatenated
+    views (exact: the model has no BatchNorm); ``loss_function(rot_logits, rot_labels, emb_1, emb_2, recon,
+    clean_views)`` in float32, e.g. :class:`~components.SSLLoss`, whose parts (``rot``, ``contrast``, ``recon``)
+    are logged as ``loss_rot``, ``loss_contrast``, ``loss_recon``.
+
+    Args:
+        loss_function: the six-argument loss returning ``(total, parts)``.
+
+    Outputs (for handlers and the evaluator's metric): ``image`` (clean crops), ``views`` (the augmented network
+    inputs), ``pred`` (reconstructions of both views) and ``label`` (the clean rotated views).
+    """
+
+    def __init__(self, loss_function: Callable) -> None:
+        self.loss_function = loss_function
+
+    def views(self, image: torch.Tensor, generator: torch.Generator) -> _Views:
+        return _Views(image, *ssl_views(image, generator=generator))
+
+    def forward(self, network: torch.nn.Module, views: _Views) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return network(views.inputs)
+
+    def loss(self, outputs: tuple, views: _Views) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        rot_logits, embeddings, recon = outputs
+        emb_1, emb_2 = embeddings.float().chunk(2)
+        return self.loss_function(rot_logits.float(), views.rot_labels, emb_1, emb_2, recon.float(), views.targets)
+
+    def outputs(self, outputs: tuple, views: _Views) -> dict[str, Any]:
+        return {Keys.IMAGE: views.image, "views": views.inputs, Keys.PRED: outputs[2].detach().float(), Keys.LABEL: views.targets}
+
+
+class SSLTrainer(PretrainingTrainer):
+    """:class:`~components.engine.PretrainingTrainer` with :class:`InpaintingContrastRecipe` built from
+    ``loss_function`` (e.g. :class:`~components.SSLLoss`); other arguments as that trainer."""
+
+    def __init__(self, *args: Any, loss_function: Callable, **kwargs: Any) -> None:
+        super().__init__(*args, recipe=InpaintingContrastRecipe(loss_function), **kwargs)
+
+
+class SSLEvaluator(PretrainingEvaluator):
+    """:class:`~components.engine.PretrainingEvaluator` of the recipe's views: its ``pred`` / ``label`` (the
+    reconstructions and the clean rotated views) give the reconstruction L1, the key metric (lower is better)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, recipe=InpaintingContrastRecipe(loss_function=None), **kwargs)
+
+
+class SSLViewsImageHandler:
+    """Writes middle slices of the first validation batch to TensorBoard after each evaluation.
+
+    One row per crop (up to ``max_crops``): the clean crop, its two augmented views and the two
+    reconstructions, so a user sees what the model learns. Attach to the evaluator; the step is its epoch,
+    which MONAI's ``ValidationHandler`` sets to the trainer's. Only rank 0 writes.
+    """
+
+    def __init__(self, log_dir: str, max_crops: int = 2, tag: str = "ssl_views") -> None:
+        self.log_dir = log_dir
+        self.max_crops = max_crops
+        self.tag = tag
+        self._writer: SummaryWriter | None = None
+        self._grid: torch.Tensor | None = None
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.ITERATION_COMPLETED(once=1), self._capture)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self._write)
+
+    def _capture(self, engine: Engine) -> None:
+        out = engine.state.output
+        crops = out[Keys.IMAGE].shape[0]
+        n = min(self.max_crops, crops)
+        views, recon = out["views"], out[Keys.PRED]
+        columns = [out[Keys.IMAGE][:n], views[:n], views[crops : crops + n], recon[:n], recon[crops : crops + n]]
+        middle = [c[:, 0, :, :, c.shape[-1] // 2].float().clamp(0, 1).cpu() for c in columns]  # (n, H, W) each
+        rows = [torch.cat([col[i] for col in middle], dim=1) for i in range(n)]  # (H, 5W) per crop
+        self._grid = torch.cat(rows, dim=0).unsqueeze(0)  # (1, nH, 5W)
+
+    def _write(self, engine: Engine) -> None:
+        if self._grid is None or get_rank() != 0:
+            return
+        if self._writer is None:
+            self._writer = SummaryWriter(log_dir=self.log_dir)
+        self._writer.add_image(self.tag, self._grid, global_step=engine.state.epoch)
+        self._writer.flush()
+        self._grid = None

@@ -1,0 +1,182 @@
+"""The self-distillation loss: DINO's centred cross-entropy over view pairs, with an optional KoLeo term.
+
+DINO (Caron et al., 2021): the teacher's outputs of the global crops, centred and sharpened
+(``softmax((t - c) / tau_t)``), are the targets of the student's outputs of every *other* crop
+(``log_softmax(s / tau_s)``); the centre ``c`` is an EMA of the teacher's batch mean. KoLeo (Sablayrolles et al.,
+2019; used by DINOv2, Oquab et al., 2023) spreads the student's normalised embeddings within a batch:
+``-mean_i log(min_{j != i} ||z_i - z_j||)``.
+
+Distributed: the centre is updated with the mean over *all ranks'* teacher outputs (an all-reduce weighted by the
+rows of each rank), so every rank holds the same centre, equal to that of one process on the global batch. The
+KoLeo neighbours are searched among all ranks' embeddings (an autograd-aware all-gather), and each rank's terms are
+scaled by its share of the global batch, so that after DDP averages the gradients they equal the single-process
+gradient on the global batch (as :class:`~components.SSLLoss` does for its contrastive term).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...distributed import all_gather_with_grad, all_reduce_mean, get_rank, get_world_size, is_distributed
+
+__all__ = ["SelfDistillationLoss", "koleo_loss"]
+
+
+def koleo_loss(z: torch.Tensor, candidates: torch.Tensor | None = None, offset: int = 0, eps: float = 1e-8) -> torch.Tensor:
+    """KoLeo entropy estimator of the anchors ``z`` (normalised here), mean over the anchors.
+
+    Args:
+        z: anchors ``(B, D)``.
+        candidates: neighbours to search ``(N, D)`` (normalised here), holding the anchors at rows
+            ``offset .. offset + B - 1`` (e.g. all ranks' embeddings); None: the anchors themselves.
+        offset: row of the first anchor in ``candidates``.
+        eps: added to the distances before the log.
+
+    Returns:
+        scalar ``-mean_i log(||z_i - z_nn(i)|| + eps)``, nn(i) the nearest other candidate (cosine similarity).
+    """
+    z = F.normalize(z.float(), dim=-1)
+    candidates = z if candidates is None else F.normalize(candidates.float(), dim=-1)
+    if candidates.shape[0] < 2:
+        raise ValueError("koleo_loss needs at least 2 candidates (a neighbour for every anchor).")
+    rows = torch.arange(z.shape[0], device=z.device)
+    similarity = (z @ candidates.T).detach()  # (B, N); only the choice of neighbour, no gradient
+    similarity[rows, rows + offset] = -2.0  # never its own neighbour (cosine similarity >= -1 otherwise)
+    nearest = similarity.argmax(dim=1)
+    distance = (z - candidates[nearest]).norm(dim=1)
+    return -torch.log(distance + eps).mean()
+
+
+class SelfDistillationLoss(nn.Module):
+    """DINO loss with output centring and an optional KoLeo regulariser.
+
+    Args:
+        out_dim: number of prototypes K (size of the centre).
+        student_temperature: tau_s (0.1 in DINO).
+        center_momentum: the centre's EMA momentum (0.9 in DINO).
+        koleo_weight: weight of the KoLeo term on the student's embeddings of the global crops (0: off; DINOv2 0.1).
+        gather_distributed: KoLeo neighbours over all ranks; None (default): when a process group is initialised.
+
+    ``forward(student_logits, teacher_logits, teacher_temperature, num_global, student_embeddings=None)``:
+
+    - student_logits ``(V * B, K)``: the student's outputs of all V crops, crop-major (the ``num_global`` global
+      crops first, rows ``v * B + i`` = crop v of volume i);
+    - teacher_logits ``(G * B, K)``: the teacher's outputs of the G = ``num_global`` global crops, same order;
+    - student_embeddings ``(V * B, D)``: needed when ``koleo_weight > 0`` (its first G * B rows are used);
+    - returns ``(total, parts)``: ``parts["dino"]`` the mean over the G * (V - 1) pairs (teacher crop g, student
+      crop v != g) of the per-volume cross-entropy, and ``parts["koleo"]`` when ``koleo_weight > 0``.
+
+    After the loss, the centre is updated (no gradient) and ``stats`` holds the teacher's mean output entropy
+    normalised by log K (``teacher_entropy``: ~0 when one prototype takes everything, ~1 when the output is uniform,
+    both signs of collapse) and the mean student-teacher KL over the pairs (``kl``, nats), detached.
+
+    Example::
+
+        >>> loss = SelfDistillationLoss(out_dim=64)
+        >>> total, parts = loss(torch.randn(8, 64), torch.randn(4, 64), teacher_temperature=0.04, num_global=2)
+        >>> sorted(parts), loss.center.shape
+        (['dino'], torch.Size([1, 64]))
+    """
+
+    def __init__(
+        self,
+        out_dim: int,
+        student_temperature: float = 0.1,
+        center_momentum: float = 0.9,
+        koleo_weight: float = 0.0,
+        gather_distributed: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if int(out_dim) < 2:
+            raise ValueError(f"out_dim must be >= 2 prototypes, got {out_dim}.")
+        if not float(student_temperature) > 0:
+            raise ValueError(f"student_temperature must be > 0, got {student_temperature}.")
+        if not 0.0 <= float(center_momentum) <= 1.0:
+            raise ValueError(f"center_momentum must lie in [0, 1], got {center_momentum}.")
+        if not float(koleo_weight) >= 0:
+            raise ValueError(f"koleo_weight must be >= 0, got {koleo_weight}.")
+        self.out_dim = int(out_dim)
+        self.student_temperature = float(student_temperature)
+        self.center_momentum = float(center_momentum)
+        self.koleo_weight = float(koleo_weight)
+        self.gather_distributed = gather_distributed
+        self.register_buffer("center", torch.zeros(1, self.out_dim))
+        self.stats: dict[str, torch.Tensor] = {}
+
+    def extra_repr(self) -> str:
+        return (
+            f"out_dim={self.out_dim}, student_temperature={self.student_temperature}, "
+            f"center_momentum={self.center_momentum}, koleo_weight={self.koleo_weight}"
+        )
+
+    def forward(
+        self,
+        student_logits: torch.Tensor,
+        teacher_logits: torch.Tensor,
+        teacher_temperature: float,
+        num_global: int = 2,
+        student_embeddings: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        g = int(num_global)
+        if teacher_logits.ndim != 2 or teacher_logits.shape[1] != self.out_dim or teacher_logits.shape[0] % g:
+            raise ValueError(
+                f"teacher_logits must be (num_global * B, {self.out_dim}) with num_global={g}, got "
+                f"{tuple(teacher_logits.shape)}."
+            )
+        b = teacher_logits.shape[0] // g
+        if student_logits.ndim != 2 or student_logits.shape[1] != self.out_dim or student_logits.shape[0] % b:
+            raise ValueError(
+                f"student_logits must be (V * {b}, {self.out_dim}) (V crops of the {b} volumes), got "
+                f"{tuple(student_logits.shape)}."
+            )
+        if self.koleo_weight > 0 and student_embeddings is None:
+            raise ValueError("koleo_weight > 0 needs student_embeddings.")
+        with torch.autocast(device_type=student_logits.device.type, enabled=False):
+            teacher = teacher_logits.detach().float()
+            targets = F.softmax((teacher - self.center) / teacher_temperature, dim=-1).chunk(g)
+            log_targets = F.log_softmax((teacher - self.center) / teacher_temperature, dim=-1)
+            log_probs = F.log_softmax(student_logits.float() / self.student_temperature, dim=-1).chunk(
+                student_logits.shape[0] // b
+            )
+            pairs = [(-q * log_probs[v]).sum(dim=-1).mean() for t, q in enumerate(targets) for v in range(len(log_probs)) if v != t]
+            dino = torch.stack(pairs).mean()
+            entropy = -(log_targets.exp() * log_targets).sum(dim=-1).mean()
+            self.stats = {"teacher_entropy": entropy / math.log(self.out_dim), "kl": dino.detach() - entropy}
+            share = self._batch_share(b, student_logits.device)
+            parts = {"dino": dino * share}
+            total = parts["dino"]
+            if self.koleo_weight > 0:
+                parts["koleo"] = self._koleo(student_embeddings[: g * b].float().chunk(g)) * share
+                total = total + self.koleo_weight * parts["koleo"]
+        self.update_center(teacher)
+        return total, parts
+
+    def _batch_share(self, rows: int, device: torch.device) -> float:
+        """This rank's rows over the mean rows per rank: 1 with equal batches, 1 on one process."""
+        if not is_distributed() or get_world_size() == 1:
+            return 1.0
+        return rows / float(all_reduce_mean(torch.tensor(float(rows), device=device)))
+
+    def _gathering(self) -> bool:
+        wanted = is_distributed() if self.gather_distributed is None else self.gather_distributed
+        return bool(wanted) and get_world_size() > 1
+
+    def _koleo(self, crops: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        terms = []
+        for z in crops:
+            if self._gathering():
+                counts = all_gather_with_grad(torch.tensor([z.shape[0]], device=z.device)).tolist()
+                terms.append(koleo_loss(z, all_gather_with_grad(z), offset=sum(counts[: get_rank()])))
+            else:
+                terms.append(koleo_loss(z))
+        return torch.stack(terms).mean()
+
+    @torch.no_grad()
+    def update_center(self, teacher_logits: torch.Tensor) -> None:
+        """``c <- m c + (1 - m) mean(teacher_logits)``, the mean over every rank's rows (one weighted all-reduce)."""
+        batch_mean = all_reduce_mean(teacher_logits.mean(dim=0, keepdim=True), weight=teacher_logits.shape[0])
+        self.center.mul_(self.center_momentum).add_(batch_mean.to(self.center), alpha=1.0 - self.center_momentum)

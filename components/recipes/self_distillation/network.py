@@ -1,0 +1,183 @@
+"""Student / teacher networks of self-distillation: a Swin ViT encoder with a DINO projection head.
+
+The encoder is :func:`components.networks.swin_vit` held as attribute ``swinViT`` (the layout every loader of this
+collection reads); a volume's embedding is the mean of its last-stage tokens. The head follows DINO (Caron et al.,
+2021): an MLP to a bottleneck, L2 normalisation, and a weight-normalised linear layer onto the prototypes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from ...networks import DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
+
+__all__ = ["SwinViTEmbedding", "ProjectionHead", "SelfDistillationNetwork", "weight_decay_groups"]
+
+
+class SwinViTEmbedding(nn.Module):
+    """One embedding per volume from the Swin ViT encoder: the mean of the normalised last-stage tokens.
+
+    Args:
+        in_channels: image channels.
+        feature_size: the encoder's ``embed_dim``, a multiple of 12 (as ``SwinUNETR`` needs to reuse the weights);
+            the embedding has ``16 * feature_size`` values.
+        spatial_dims: 2 or 3.
+        dropout_path_rate: stochastic depth of the encoder.
+        use_checkpoint: activation checkpointing in the Swin blocks.
+        window_size: edge of the cubic attention window (7, as published); weights load only into an encoder of the
+            same window size.
+
+    Shapes:
+        input ``(B, in_channels, *spatial)``, every spatial size a multiple of 32; output ``(B, 16 * feature_size)``.
+
+    Example::
+
+        >>> SwinViTEmbedding(feature_size=12)(torch.rand(2, 1, 32, 32, 32)).shape
+        torch.Size([2, 192])
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        feature_size: int = 48,
+        spatial_dims: int = 3,
+        dropout_path_rate: float = 0.0,
+        use_checkpoint: bool = False,
+        window_size: int = DEFAULT_WINDOW,
+    ) -> None:
+        super().__init__()
+        if int(feature_size) < 12 or int(feature_size) % 12:
+            raise ValueError(f"feature_size must be a positive multiple of 12 (e.g. 12, 24, 48), got {feature_size}.")
+        self.in_channels = int(in_channels)
+        self.spatial_dims = int(spatial_dims)
+        self.embed_dim = 16 * int(feature_size)
+        self.swinViT = swin_vit(
+            self.in_channels, int(feature_size), self.spatial_dims, dropout_path_rate, use_checkpoint, int(window_size)
+        )
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, C, *spatial)`` -> ``(B, 16 * feature_size)``; raises ValueError on a shape the encoder cannot take."""
+        if x.ndim != self.spatial_dims + 2 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"expected an input (B, {self.in_channels}, {', '.join(['S'] * self.spatial_dims)}), "
+                f"got shape {tuple(x.shape)}."
+            )
+        bad = [s for s in x.shape[2:] if s % SPATIAL_REDUCTION]
+        if bad:
+            raise ValueError(
+                f"every spatial size must be a multiple of {SPATIAL_REDUCTION} (the encoder's reduction), got "
+                f"{tuple(x.shape[2:])}; pad or crop, e.g. with monai.transforms.DivisiblePad(k={SPATIAL_REDUCTION})."
+            )
+        features = self.swinViT(x.contiguous(), normalize=True)[4]  # (B, 16f, *[s // 32])
+        return features.flatten(start_dim=2).mean(dim=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embed(x)
+
+
+class ProjectionHead(nn.Module):
+    """DINO's projection head: MLP -> L2-normalised bottleneck -> weight-normalised prototype layer (no bias).
+
+    Args:
+        in_dim: embedding size.
+        out_dim: number of prototypes K (the softmax size).
+        hidden_dim, bottleneck_dim: MLP widths.
+        num_layers: linear layers of the MLP (>= 1), GELU between them.
+        norm_last_layer: fix the prototype layer's weight-norm magnitude ``g`` at 1 (not trained), which DINO found
+            to stabilise training.
+
+    Shapes: ``(N, in_dim)`` -> ``(N, out_dim)`` logits.
+    """
+
+    def __init__(
+        self,
+        in_dim: int,
+        out_dim: int = 8192,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        num_layers: int = 3,
+        norm_last_layer: bool = True,
+    ) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1, got {num_layers}.")
+        widths = [in_dim] + [hidden_dim] * (num_layers - 1) + [bottleneck_dim]
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+            layers += [nn.Linear(a, b)] + ([nn.GELU()] if i < num_layers - 1 else [])
+        self.mlp = nn.Sequential(*layers)
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):
+                nn.init.trunc_normal_(layer.weight, std=0.02)
+                nn.init.zeros_(layer.bias)
+        self.last_layer = weight_norm(nn.Linear(bottleneck_dim, out_dim, bias=False))
+        magnitude = self.last_layer.parametrizations.weight.original0
+        magnitude.data.fill_(1.0)
+        magnitude.requires_grad_(not norm_last_layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last_layer(F.normalize(self.mlp(x), dim=-1))
+
+
+class SelfDistillationNetwork(SwinViTEmbedding):
+    """A student (or teacher) of self-distillation: :class:`SwinViTEmbedding` plus a :class:`ProjectionHead`
+    (attribute ``head``).
+
+    ``forward`` takes one batch or a sequence of batches of different spatial sizes (DINO's multi-crop: the global
+    and the local crops); each is encoded on its own, the embeddings are concatenated in order and the head runs
+    once on all. Giving all crops to one call keeps one DDP forward per step.
+
+    Args:
+        out_dim, hidden_dim, bottleneck_dim, num_layers, norm_last_layer: of the :class:`ProjectionHead`.
+        other args: as :class:`SwinViTEmbedding`.
+
+    Returns:
+        ``(embeddings (N, 16 * feature_size), logits (N, out_dim))`` with N the total number of crops.
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 1,
+        feature_size: int = 48,
+        out_dim: int = 8192,
+        hidden_dim: int = 2048,
+        bottleneck_dim: int = 256,
+        num_layers: int = 3,
+        norm_last_layer: bool = True,
+        spatial_dims: int = 3,
+        dropout_path_rate: float = 0.0,
+        use_checkpoint: bool = False,
+        window_size: int = DEFAULT_WINDOW,
+    ) -> None:
+        super().__init__(in_channels, feature_size, spatial_dims, dropout_path_rate, use_checkpoint, window_size)
+        self.head = ProjectionHead(self.embed_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, norm_last_layer)
+
+    def forward(self, crops: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        batches = [crops] if isinstance(crops, torch.Tensor) else list(crops)
+        embeddings = torch.cat([self.embed(b) for b in batches if b.shape[0] > 0])
+        return embeddings, self.head(embeddings)
+
+
+def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
+    """Optimizer parameter groups as DINO uses them: weights decayed, biases and norm parameters (ndim <= 1) not.
+
+    The first group is marked ``"scheduled_weight_decay": True`` for the recipe's weight-decay schedule; frozen
+    parameters (``requires_grad=False``) are left out.
+
+    Example::
+
+        torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=5e-4)
+    """
+    decayed, plain = [], []
+    for param in module.parameters():
+        if param.requires_grad:
+            (plain if param.ndim <= 1 else decayed).append(param)
+    return [
+        {"params": decayed, "weight_decay": float(weight_decay), "scheduled_weight_decay": True},
+        {"params": plain, "weight_decay": 0.0},
+    ]

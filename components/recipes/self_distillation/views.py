@@ -1,0 +1,167 @@
+"""Multi-crop views of 3D volumes for self-distillation, drawn batch-wide on the device from one generator.
+
+DINO (Caron et al., 2021) trains on 2 global crops and several smaller local crops of each image, each with its own
+augmentation. For CT/MRI the colour and solarisation augmentations of natural images become intensity ones (scale,
+shift, contrast/gamma, Gaussian noise), and the spatial ones are random crops resized to a fixed size and flips.
+
+Why not MONAI transforms: MONAI's random transforms draw from numpy per call and run per sample in the data loader;
+here every view of a batch is drawn from the trainer's ``torch.Generator`` on the device (reseeded per
+(seed, epoch, rank), as the SSL recipe's views), so a run replays exactly and the loader stays the plain crop
+pipeline of the SSL bundle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ...networks import SPATIAL_REDUCTION
+
+__all__ = ["MultiCropViews", "MultiCrop"]
+
+
+class MultiCropViews(NamedTuple):
+    """The views of a batch of B volumes.
+
+    global_crops: ``(G * B, C, *global_size)``, crop-major: rows ``g * B + i`` are global crop g of volume i.
+    local_crops: ``(L * B, C, *local_size)``, the same order (empty with ``L = 0``).
+    """
+
+    global_crops: torch.Tensor
+    local_crops: torch.Tensor
+
+
+def _size(name: str, value: Sequence[int] | int, dims: int) -> tuple[int, ...]:
+    size = (int(value),) * dims if isinstance(value, int) else tuple(int(v) for v in value)
+    if len(size) != dims or any(s < SPATIAL_REDUCTION or s % SPATIAL_REDUCTION for s in size):
+        raise ValueError(
+            f"{name} must be {dims} positive multiples of {SPATIAL_REDUCTION} (the encoder's reduction), got {value!r}."
+        )
+    return size
+
+
+def _range(name: str, value: Sequence[float], low: float, high: float) -> tuple[float, float]:
+    a, b = (float(v) for v in value)
+    if not low <= a <= b <= high:
+        raise ValueError(f"{name} must be (min, max) with {low} <= min <= max <= {high}, got {value!r}.")
+    return a, b
+
+
+class MultiCrop:
+    """Draws :class:`MultiCropViews` of a batch of volumes.
+
+    Each crop: a random box whose volume is a fraction ``s ~ U(scale)`` of the input volume (side ``s ** (1/d)``
+    of each axis, at a uniform position), resized (trilinear) to its output size; then, per crop independently,
+    a flip of each spatial axis with ``flip_prob``, an intensity scale ``1 + U(-a, a)`` and shift ``U(-b, b)``,
+    with ``contrast_prob`` a gamma ``U(contrast)`` applied to the crop's min-max range (MONAI's
+    ``RandAdjustContrast``), and with ``noise_prob`` Gaussian noise of standard deviation ``U(0, noise_std)``.
+
+    Args:
+        global_size: spatial size of the global crops, multiples of 32 (e.g. the ROI, 96^3).
+        local_size: spatial size of the local crops, multiples of 32 (e.g. 32^3 or 64^3).
+        num_global: global crops per volume (2 in DINO).
+        num_local: local crops per volume (0 turns multi-crop off).
+        global_scale, local_scale: (min, max) volume fractions of the input covered by a crop.
+        flip_prob, intensity_scale, intensity_shift, contrast, contrast_prob, noise_std, noise_prob: as above.
+
+    Call with ``(x, generator)``: ``x`` of shape ``(B, C, *spatial)`` floating, ``generator`` on ``x``'s device.
+
+    Example::
+
+        >>> views = MultiCrop((64, 64, 64), (32, 32, 32), num_local=4)(torch.rand(2, 1, 96, 96, 96), torch.Generator())
+        >>> views.global_crops.shape, views.local_crops.shape
+        (torch.Size([4, 1, 64, 64, 64]), torch.Size([8, 1, 32, 32, 32]))
+    """
+
+    def __init__(
+        self,
+        global_size: Sequence[int],
+        local_size: Sequence[int],
+        num_global: int = 2,
+        num_local: int = 4,
+        global_scale: Sequence[float] = (0.4, 1.0),
+        local_scale: Sequence[float] = (0.05, 0.4),
+        flip_prob: float = 0.5,
+        intensity_scale: float = 0.1,
+        intensity_shift: float = 0.1,
+        contrast: Sequence[float] = (0.7, 1.5),
+        contrast_prob: float = 0.5,
+        noise_std: float = 0.05,
+        noise_prob: float = 0.3,
+    ) -> None:
+        dims = len(global_size)
+        self.global_size = _size("global_size", global_size, dims)
+        self.local_size = _size("local_size", local_size, dims)
+        if int(num_global) < 2 or int(num_local) < 0:
+            raise ValueError(f"need num_global >= 2 and num_local >= 0, got {num_global} and {num_local}.")
+        self.num_global, self.num_local = int(num_global), int(num_local)
+        self.global_scale = _range("global_scale", global_scale, 1e-6, 1.0)
+        self.local_scale = _range("local_scale", local_scale, 1e-6, 1.0)
+        self.contrast = _range("contrast", contrast, 1e-3, 10.0)
+        for name, p in (("flip_prob", flip_prob), ("contrast_prob", contrast_prob), ("noise_prob", noise_prob)):
+            if not 0.0 <= float(p) <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], got {p!r}.")
+        self.flip_prob, self.contrast_prob, self.noise_prob = float(flip_prob), float(contrast_prob), float(noise_prob)
+        self.intensity_scale, self.intensity_shift = float(intensity_scale), float(intensity_shift)
+        self.noise_std = float(noise_std)
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> MultiCropViews:
+        if x.ndim != len(self.global_size) + 2 or not x.is_floating_point():
+            raise ValueError(f"x must be a floating (B, C, {len(self.global_size)} spatial dims) tensor, got {tuple(x.shape)}.")
+        x = x.detach()
+        global_crops = self._crops(x, self.num_global, self.global_size, self.global_scale, generator)
+        local_crops = self._crops(x, self.num_local, self.local_size, self.local_scale, generator)
+        return MultiCropViews(self._augment(global_crops, generator), self._augment(local_crops, generator))
+
+    def _crops(
+        self, x: torch.Tensor, n: int, size: tuple[int, ...], scale: tuple[float, float], generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """``(n * B, C, *size)`` random resized crops, crop-major."""
+        b, c, *spatial = x.shape
+        if n == 0:
+            return x.new_zeros((0, c, *size))
+        dims, device = len(spatial), x.device
+        fraction = torch.empty((n, b), device=device).uniform_(*scale, generator=generator) ** (1.0 / dims)
+        position = torch.rand((n, b, dims), device=device, generator=generator)
+        shape = torch.tensor(spatial, device=device, dtype=torch.float32)
+        sides = (fraction[..., None] * shape).round().clamp(min=1).long()  # (n, B, dims)
+        starts = (position * (shape.long() - sides + 1)).floor().long()
+        sides, starts = sides.tolist(), starts.tolist()  # one host read for all crops
+        mode = "trilinear" if dims == 3 else "bilinear"
+        crops = []
+        for k in range(n):
+            for i in range(b):
+                box = tuple(slice(s, s + w) for s, w in zip(starts[k][i], sides[k][i]))
+                crop = x[(slice(i, i + 1), slice(None), *box)]
+                crops.append(F.interpolate(crop, size=size, mode=mode, align_corners=False))
+        return torch.cat(crops)
+
+    def _augment(self, x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """Per-crop flips and intensity augmentations, drawn batch-wide."""
+        n = x.shape[0]
+        if n == 0:
+            return x
+        device, dims = x.device, x.ndim - 2
+        expand = (n,) + (1,) * (x.ndim - 1)
+
+        def uniform(low: float, high: float) -> torch.Tensor:
+            return torch.empty(n, device=device).uniform_(low, high, generator=generator).view(expand)
+
+        def chance(p: float) -> torch.Tensor:
+            return torch.rand(n, device=device, generator=generator).view(expand) < p
+
+        for axis in range(2, 2 + dims):
+            x = torch.where(chance(self.flip_prob), x.flip(axis), x)
+        x = x * (1.0 + uniform(-self.intensity_scale, self.intensity_scale)) + uniform(
+            -self.intensity_shift, self.intensity_shift
+        )
+        low = x.amin(dim=tuple(range(1, x.ndim)), keepdim=True)
+        span = (x.amax(dim=tuple(range(1, x.ndim)), keepdim=True) - low).clamp_min(1e-7)
+        gamma = uniform(*self.contrast)
+        adjusted = ((x - low) / span).pow(gamma) * span + low
+        x = torch.where(chance(self.contrast_prob), adjusted, x)
+        noise = torch.randn(x.shape, device=device, generator=generator, dtype=x.dtype) * uniform(0.0, self.noise_std)
+        return torch.where(chance(self.noise_prob), x + noise, x)

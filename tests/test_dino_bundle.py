@@ -1,0 +1,141 @@
+"""End-to-end runs of the self-distillation bundle on synthetic CT (CPU): one process and 2-rank torchrun (gloo);
+the exported teacher encoder loaded by the BTCV finetuning bundle's PretrainedLoader; embeddings from inference."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from monai.bundle import ConfigParser
+
+from components import write_dataset
+from components.runner import BUNDLES_DIR, bundle_command
+from tests.test_multi_gpu_bundle import _launch_all, _torchrun
+
+BUNDLE = BUNDLES_DIR / "swin_unetr_dino_pretrain"
+REPO = Path(__file__).resolve().parent.parent
+FS = 12
+# tiny but real: 32^3 global and local crops drawn from 48^3 regions, feature size 12, 32 prototypes
+TINY = {
+    "roi_size": [32, 32, 32],
+    "context_size": [48, 48, 48],
+    "local_size": [32, 32, 32],
+    "num_local_crops": 1,
+    "feature_size": FS,
+    "prototypes": 32,
+    "head_hidden_dim": 24,
+    "head_bottleneck_dim": 8,
+    "max_epochs": 1,
+    "warmup_epochs": 1,
+    "teacher_temperature_warmup_epochs": 1,
+    "log_interval": 1,
+    "num_workers": 0,
+    "device": "cpu",
+    "amp": False,
+    "use_checkpoint": False,
+}
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+
+def _overrides(root: Path, data: Path, **more) -> dict:
+    return {**TINY, "dataset_dir": str(data), "ckpt_dir": str(root / "models"), "output_dir": str(root / "eval"), **more}
+
+
+def _save_teacher_run(root: Path) -> Path:
+    """An extra config: after training, every rank saves its teacher (to compare ranks)."""
+    extra = root / "save_teacher.json"
+    save = "$torch.save(@recipe.teacher.state_dict(), os.path.join(@ckpt_dir, f'teacher_rank{components.get_rank()}.pt'))"
+    extra.write_text(json.dumps({"run": ["$@train#trainer.run()", save]}))
+    return extra
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("dino_data")
+    write_dataset(folder, kind="ct", num=6, seed=0)  # 4 training volumes, 1 validation, 1 test
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data):
+    root = tmp_path_factory.mktemp("dino_one")
+    cmd = bundle_command(BUNDLE, overrides=_overrides(root, data, batch_size=2))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    return root, output
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, data):
+    root = tmp_path_factory.mktemp("dino_ddp")
+    cmd = bundle_command(BUNDLE, overrides=_overrides(root, data, batch_size=1, dist_timeout_s=150))
+    files = [str(BUNDLE / "configs" / "train.json"), str(BUNDLE / "configs" / "multi_gpu_train.json"), str(_save_teacher_run(root))]
+    cmd[cmd.index("--config_file") + 1] = json.dumps(files)
+    torchrun = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", *cmd[1:])
+    (launch,) = _launch_all([torchrun], ENV, root)
+    assert launch.code == 0 and not launch.timed_out, launch.ok()
+    return root, launch.output
+
+
+def test_one_process_run_logs_the_named_parts_and_collapse_diagnostics(trained):
+    _, output = trained
+    lines = [line for line in output.splitlines() if "loss_dino" in line]
+    assert len(lines) == 2 and "Epoch: 1/1, Iter: 2/2" in lines[-1]
+    for key in ("loss_koleo", "teacher_entropy", "kl", "momentum", "teacher_temperature"):
+        assert f"{key}: " in lines[0]
+
+
+def test_exported_teacher_encoder_loads_fully_into_the_btcv_bundle(trained, caplog):
+    root, _ = trained
+    state = torch.load(root / "models" / "model.pt", map_location="cpu", weights_only=True)
+    assert state and all(key.startswith("swinViT.") for key in state)
+    checkpoint = torch.load(root / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    teacher = {k[len("teacher."):]: v for k, v in checkpoint["recipe"].items() if k.startswith("teacher.swinViT.")}
+    assert teacher.keys() == state.keys() and all(torch.equal(teacher[k], state[k]) for k in state)
+
+    parser = ConfigParser()
+    parser.read_config(str(BUNDLES_DIR / "swin_unetr_btcv_finetune" / "configs" / "train.json"))
+    parser.update({"bundle_root": str(root), "feature_size": FS, "pretrained_path": str(root / "models" / "model.pt")})
+    loader = parser.get_parsed_content("train#handlers#0", instantiate=True)
+    assert type(loader).__name__ == "PretrainedLoader"
+    with caplog.at_level("INFO"):
+        report = loader()
+    assert report.layout == "swinvit_encoder"
+    assert report.encoder_loaded == report.encoder_keys and len(report.encoder_keys) == len(state)
+    assert not report.unknown and not report.shape_mismatched
+    loaded = f"loaded {len(state)}/{len(state)} encoder tensors"
+    assert loaded in report.summary() and loaded in caplog.text
+    swin = parser.get_parsed_content("network_def").swinViT.state_dict()
+    assert all(torch.equal(swin[k[len("swinViT."):]], v) for k, v in state.items())
+
+
+def test_inference_writes_one_embedding_per_test_volume(trained, data):
+    root, _ = trained
+    out = root / "embeddings"
+    overrides = {"dataset_dir": str(data), "feature_size": FS, "ckpt_dir": str(root / "models"), "output_dir": str(out),
+                 "device": "cpu", "num_workers": 0}  # fmt: skip
+    proc = subprocess.run(bundle_command(BUNDLE, ("inference.json",), overrides), capture_output=True, text=True,
+                          timeout=600, env=ENV)  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = list(csv.reader((out / "embeddings.csv").open()))
+    test_image = json.loads((data / "dataset.json").read_text())["test"][0]["image"]
+    assert len(rows) == 1 and rows[0][0].endswith(Path(test_image).name)
+    values = [float(v) for v in rows[0][1:]]
+    assert len(values) == 16 * FS and all(map(torch.isfinite, torch.tensor(values)))
+
+
+def test_two_rank_torchrun_run_keeps_one_teacher_and_exports_it(two_ranks):
+    root, output = two_ranks
+    teachers = [torch.load(root / "models" / f"teacher_rank{r}.pt", weights_only=True) for r in range(2)]
+    assert teachers[0].keys() == teachers[1].keys()
+    assert all(torch.equal(teachers[0][k], teachers[1][k]) for k in teachers[0])
+    state = torch.load(root / "models" / "model.pt", map_location="cpu", weights_only=True)
+    assert all(torch.equal(state[k], teachers[0][k]) for k in state)
+    lines = [line for line in output.splitlines() if "loss_dino" in line]
+    assert len(lines) == 2 and "Epoch: 1/1, Iter: 2/2" in lines[-1]  # 4 volumes, 2 per rank, batch 1: logged once

@@ -1,0 +1,302 @@
+"""The self-distillation recipe on the recipe-agnostic trainer: views, loss, schedules, the teacher, the collapse
+stop, resume equality and (2 gloo processes) the DDP equalities of shared/notes/distributed-pitfalls.md."""
+
+from __future__ import annotations
+
+import math
+import os
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from ignite.engine import Engine, Events
+
+from components import (
+    MultiCrop,
+    PretrainingTrainer,
+    ResumableCheckpointSaver,
+    ResumeHandler,
+    SelfDistillationLoss,
+    SelfDistillationNetwork,
+    SelfDistillationRecipe,
+    StopOnCollapse,
+    TeacherCollapseError,
+    weight_decay_groups,
+)
+from components import distributed as D
+from components.recipes.self_distillation import koleo_loss
+from tests.ranks import run_ranks
+from tests.test_engine import _one_thread  # noqa: F401 (autouse fixture: one thread here too)
+
+K = 32  # prototypes of the tiny head
+WORLD = 2
+PG_TIMEOUT_S = 60
+LAUNCH_TIMEOUT_S = 240
+
+
+def _student(seed: int = 0) -> SelfDistillationNetwork:
+    torch.manual_seed(seed)
+    return SelfDistillationNetwork(feature_size=12, out_dim=K, hidden_dim=24, bottleneck_dim=8)
+
+
+def _recipe(student, total_iterations: int = 4, koleo: float = 0.0, **kwargs) -> SelfDistillationRecipe:
+    views = MultiCrop((32, 32, 32), (32, 32, 32), num_local=1)
+    loss = SelfDistillationLoss(K, koleo_weight=koleo)
+    return SelfDistillationRecipe(student, loss, views, total_iterations=total_iterations, **kwargs)
+
+
+def _batches(n: int, volumes: int = 1, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    return [{"image": torch.rand(volumes, 1, 40, 40, 40, generator=g)} for _ in range(n)]
+
+
+def _trainer(student, recipe, loader, max_epochs: int = 1, handlers=None, network=None) -> PretrainingTrainer:
+    optimizer = torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=1e-3)
+    return PretrainingTrainer(
+        device="cpu", max_epochs=max_epochs, train_data_loader=loader, network=network or student,
+        optimizer=optimizer, recipe=recipe, train_handlers=handlers, seed=5,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ pieces
+
+
+def test_multi_crop_views_shapes_order_and_replay():
+    crop = MultiCrop((32, 32, 32), (32, 32, 32), num_local=3, global_scale=(0.5, 1.0), local_scale=(0.05, 0.2))
+    x = torch.rand(2, 1, 48, 40, 56)
+    views = crop(x, torch.Generator().manual_seed(1))
+    assert views.global_crops.shape == (4, 1, 32, 32, 32) and views.local_crops.shape == (6, 1, 32, 32, 32)
+    again = crop(x, torch.Generator().manual_seed(1))
+    assert torch.equal(views.global_crops, again.global_crops) and torch.equal(views.local_crops, again.local_crops)
+    assert not torch.equal(views.global_crops[0], views.global_crops[2])  # two global crops of volume 0 differ
+    with pytest.raises(ValueError, match="multiples of 32"):
+        MultiCrop((32, 32, 32), (24, 24, 24))
+
+
+def test_loss_is_the_mean_cross_entropy_over_pairs_and_updates_the_centre():
+    torch.manual_seed(0)
+    b, g, v = 3, 2, 4
+    student, teacher = torch.randn(v * b, K), torch.randn(g * b, K)
+    loss = SelfDistillationLoss(K, student_temperature=0.1, center_momentum=0.9)
+    loss.center.fill_(0.5)
+    total, parts = loss(student, teacher, teacher_temperature=0.04, num_global=g)
+    q = torch.softmax((teacher - 0.5) / 0.04, dim=-1).chunk(g)
+    logp = torch.log_softmax(student / 0.1, dim=-1).chunk(v)
+    pairs = [(-q[t] * logp[s]).sum(-1).mean() for t in range(g) for s in range(v) if s != t]
+    assert len(pairs) == g * (v - 1)
+    torch.testing.assert_close(total, torch.stack(pairs).mean())
+    torch.testing.assert_close(loss.center, 0.9 * 0.5 + 0.1 * teacher.mean(0, keepdim=True))
+    log_q = torch.log_softmax((teacher - 0.5) / 0.04, dim=-1)
+    entropy = -(log_q.exp() * log_q).sum(-1).mean()
+    torch.testing.assert_close(loss.stats["teacher_entropy"], entropy / math.log(K), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(loss.stats["kl"], total - entropy, rtol=1e-4, atol=1e-6)
+
+
+def test_koleo_uses_the_nearest_other_sample():
+    z = torch.tensor([[1.0, 0.0], [0.8, 0.6], [-1.0, 0.0]])
+    d01 = (z[0] - z[1]).norm()
+    expected = -(torch.log(d01) * 2 + torch.log((z[2] - z[1]).norm())) / 3
+    torch.testing.assert_close(koleo_loss(z), expected)
+
+
+def test_teacher_follows_the_student_by_ema_and_gets_no_gradient():
+    student = _student()
+    recipe = _recipe(student, total_iterations=2, koleo=0.1, momentum=(0.9, 1.0))
+    trainer = _trainer(student, recipe, _batches(1, volumes=2))
+    before = {}
+
+    def snapshot(engine):
+        before["teacher"] = [p.detach().clone() for p in recipe.teacher.parameters()]
+
+    trainer.add_event_handler(Events.ITERATION_STARTED, snapshot)
+    trainer.run()
+    assert all(p.grad is None and not p.requires_grad for p in recipe.teacher.parameters())
+    m = recipe.momentum_at(0)
+    assert m == pytest.approx(0.9)
+    for old, new, s in zip(before["teacher"], recipe.teacher.parameters(), student.parameters()):
+        torch.testing.assert_close(new, m * old + (1 - m) * s.detach())
+    log = trainer.state.output[0]["log"]
+    assert {"loss", "loss_dino", "loss_koleo", "teacher_entropy", "kl", "teacher_temperature", "momentum", "lr"} == set(log)
+
+
+def test_last_layer_is_frozen_in_the_first_epoch_and_weight_decay_follows_its_schedule():
+    student = _student()
+    recipe = _recipe(student, total_iterations=2, weight_decay=(0.04, 0.4), freeze_last_layer_epochs=1)
+    last = student.head.last_layer.parametrizations.weight.original1
+    start = last.detach().clone()
+    trainer = _trainer(student, recipe, _batches(1), max_epochs=2)
+    decays = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: decays.append(e.optimizer.param_groups[0]["weight_decay"]))
+    trainer.add_event_handler(Events.EPOCH_COMPLETED(once=1), lambda e: decays.append(torch.equal(last, start)))
+    trainer.run()
+    assert decays[1] is True  # unchanged through epoch 1
+    assert not torch.equal(last, start)  # trained in epoch 2
+    expected = [0.04, 0.4 + (0.04 - 0.4) * 0.5 * (1 + math.cos(math.pi / 2))]  # cosine 0.04 -> 0.4 over 2 steps
+    assert [d for d in decays if not isinstance(d, bool)] == pytest.approx(expected)
+    assert trainer.optimizer.param_groups[1]["weight_decay"] == 0.0  # biases and norms never decay
+
+
+# ------------------------------------------------------------------------------------------------ collapse
+
+
+def test_a_collapsed_teacher_stops_the_run_with_a_clear_message():
+    """A head whose bottleneck is zero gives uniform outputs; with momentum 1 the teacher never leaves them."""
+    student = _student()
+    with torch.no_grad():
+        student.head.mlp[-1].weight.zero_()
+        student.head.mlp[-1].bias.zero_()
+    recipe = _recipe(student, total_iterations=3, momentum=(1.0, 1.0))
+    seen = []
+    trainer = _trainer(student, recipe, _batches(3), handlers=[StopOnCollapse(interval=1, patience=2)])
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(float(e.state.output[0]["log"]["teacher_entropy"])))
+    with pytest.raises(TeacherCollapseError, match=r"collapsed \(the output is uniform\).*2 consecutive checks") as err:
+        trainer.run()
+    assert "up to iteration 2" in str(err.value)
+    assert seen and all(e == pytest.approx(1.0, abs=1e-6) for e in seen)
+
+
+def test_collapse_check_counts_consecutive_intervals_only():
+    values = iter([0.0, 0.5, 0.0, 0.0, 0.0])
+    engine = Engine(lambda e, b: [{"log": {"teacher_entropy": next(values), "kl": 0.0}}])
+    StopOnCollapse(interval=1, patience=3).attach(engine)
+    with pytest.raises(TeacherCollapseError, match="one prototype takes every input") as err:
+        engine.run(range(5), max_epochs=1)
+    assert "up to iteration 5" in str(err.value)  # 0.5 at iteration 2 reset the count
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+
+def _run_with_checkpoints(tmp: Path, stop_after: int | None, resume: bool) -> tuple:
+    student = _student()
+    recipe = _recipe(student, total_iterations=2, momentum=(0.9, 1.0), teacher_temperature=0.07,
+                     teacher_temperature_warmup_iterations=2)  # fmt: skip
+    optimizer = torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=1e-3)
+    handlers = []
+    if resume:
+        handlers.append(ResumeHandler(tmp / "checkpoint.pt", student, optimizer, recipe=recipe))
+    handlers.append(ResumableCheckpointSaver(tmp, student, optimizer, recipe=recipe))
+    trainer = PretrainingTrainer(device="cpu", max_epochs=2, train_data_loader=_batches(1), network=student,
+                                 optimizer=optimizer, recipe=recipe, train_handlers=handlers, seed=5)  # fmt: skip
+    logs = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: logs.append({k: float(v) for k, v in e.state.output[0]["log"].items()}))
+    if stop_after:
+        trainer.add_event_handler(Events.EPOCH_COMPLETED(once=stop_after), lambda e: e.terminate())
+    trainer.run()
+    return student, recipe, logs
+
+
+def test_resume_reproduces_the_teacher_centre_and_schedules_of_an_uninterrupted_run(tmp_path):
+    straight = _run_with_checkpoints(tmp_path / "a", None, False)
+    _run_with_checkpoints(tmp_path / "b", 1, False)
+    saved = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
+    assert saved["trainer"]["iteration"] == 1 and "criterion.center" in saved["recipe"]
+    resumed = _run_with_checkpoints(tmp_path / "b", None, True)
+    assert len(resumed[2]) == 1  # only epoch 2 ran
+    for key in ("momentum", "teacher_temperature"):
+        assert [log[key] for log in resumed[2]] == [log[key] for log in straight[2][1:]]
+    assert straight[2][1]["teacher_temperature"] != straight[2][0]["teacher_temperature"]  # mid warm-up
+    for key in ("loss", "teacher_entropy", "kl"):
+        assert [log[key] for log in resumed[2]] == pytest.approx([log[key] for log in straight[2][1:]], rel=1e-4)
+    torch.testing.assert_close(resumed[1].criterion.center, straight[1].criterion.center, rtol=1e-5, atol=1e-7)
+    for (name, a), b in zip(straight[1].teacher.state_dict().items(), resumed[1].teacher.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=lambda m: f"teacher {name}: {m}")
+    for (name, a), b in zip(straight[0].state_dict().items(), resumed[0].state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=lambda m: f"student {name}: {m}")
+
+
+# ------------------------------------------------------------------------------------------------ DDP (2 ranks)
+
+
+def _views(rows: slice):
+    """Fixed views of a global batch of 4 volumes (2 global crops, 1 local crop each), the volumes ``rows``."""
+    from components.recipes.self_distillation import MultiCropViews
+
+    g = torch.Generator().manual_seed(7)
+    global_crops = torch.rand(2, 4, 1, 32, 32, 32, generator=g)
+    local_crops = torch.rand(1, 4, 1, 32, 32, 32, generator=g)
+    return MultiCropViews(global_crops[:, rows].flatten(0, 1), local_crops[:, rows].flatten(0, 1))
+
+
+def _gradient_step(network, student, recipe, rows: slice) -> dict:
+    views = _views(rows)
+    total, _ = recipe.loss(recipe.forward(network, views), views)
+    total.backward()
+    return {
+        "grads": {n: p.grad.detach().clone() for n, p in student.named_parameters() if p.grad is not None},
+        "center": recipe.criterion.center.clone(),
+    }
+
+
+def _scenario(rank: int, out_dir: str) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    result: dict = {}
+    # 1. gradient and centre of one step on each rank's half of the global batch
+    student = _student()
+    recipe = _recipe(student, koleo=0.1)
+    network = DDP(student)
+    result["step"] = _gradient_step(network, student, recipe, slice(2 * rank, 2 * rank + 2))
+    # 2. training with per-rank initialisations and data: the teacher after every step, on every rank
+    student = _student(seed=100 + rank)  # DDP broadcasts rank 0's weights; the teacher must follow them
+    recipe = _recipe(student, total_iterations=2)
+    network = DDP(student)
+    trainer = _trainer(student, recipe, _batches(2, seed=rank), network=network)
+    teachers = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: teachers.append(
+        torch.cat([p.detach().flatten() for p in recipe.teacher.parameters()]).clone()))  # fmt: skip
+    trainer.run()
+    result["teachers"] = teachers
+    result["teacher_grads"] = [p.grad for p in recipe.teacher.parameters() if p.grad is not None]
+    result["teacher_wrapped"] = isinstance(recipe.teacher, DDP) or any(isinstance(m, DDP) for m in recipe.teacher.modules())
+    result["center"] = recipe.criterion.center.clone()
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def _child(rank: int, port: int, out_dir: str) -> None:
+    try:
+        torch.set_num_threads(1)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        from datetime import timedelta
+
+        torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=PG_TIMEOUT_S))
+        _scenario(rank, out_dir)
+        D.cleanup_distributed()
+    except BaseException:
+        Path(out_dir, f"error{rank}.txt").write_text(traceback.format_exc())
+        raise
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sd_ranks")
+    codes = run_ranks(mp.get_context("spawn"), _child, lambda rank, port: (rank, port, str(out)), WORLD, LAUNCH_TIMEOUT_S)
+    errors = "\n".join(p.read_text() for p in sorted(out.glob("error*.txt")))
+    assert codes == [0] * WORLD, errors or f"exit codes {codes}"
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_ddp_gradient_and_centre_equal_one_process_on_the_global_batch(ranks):
+    student = _student()
+    recipe = _recipe(student, koleo=0.1)
+    reference = _gradient_step(student, student, recipe, slice(0, 4))
+    for rank in ranks:
+        step = rank["step"]
+        assert step["grads"].keys() == reference["grads"].keys()
+        for name, grad in reference["grads"].items():
+            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(step["center"], reference["center"], rtol=1e-6, atol=1e-8)
+    assert not torch.equal(reference["center"], torch.zeros_like(reference["center"]))
+
+
+def test_ddp_teacher_is_identical_on_every_rank_after_every_step_and_never_gets_gradients(ranks):
+    first, second = ranks
+    assert len(first["teachers"]) == len(second["teachers"]) == 2
+    for a, b in zip(first["teachers"], second["teachers"]):
+        assert torch.equal(a, b)
+    assert not torch.equal(first["teachers"][0], first["teachers"][-1])  # it did move
+    assert torch.equal(first["center"], second["center"])
+    for rank in ranks:
+        assert rank["teacher_grads"] == [] and rank["teacher_wrapped"] is False
