@@ -1,55 +1,89 @@
-"""Components of the Swin UNETR self-supervised pretraining and finetuning bundles (``import components``)."""
+"""Components of the Swin UNETR self-supervised pretraining and finetuning bundles (``import components``).
 
-from .augment import aug_rand, rot_rand, ssl_views
-from .checkpoint import (
-    BestModelSaver,
-    CheckpointLoadError,
-    LoadReport,
-    PretrainedLoader,
-    ResumableCheckpointSaver,
-    ResumeHandler,
-    convert_checkpoint,
-    convert_state_dict,
-    load_pretrained,
-    save_atomic,
-)
-from .data import (
-    EpochShuffleSampler,
-    ResumableSmartCacheHandler,
-    build_dataset,
-    check_shard_sizes,
-    load_datalist,
-    partition_for_rank,
-    rotate_smart_cache,
-)
-from .datacheck import DataCheckError, DataIssue, DataReport, check_before_caching, check_datalist, check_items
-from .distributed import (
-    all_gather_with_grad,
-    all_reduce_mean,
-    barrier,
-    cleanup_distributed,
-    device_for_rank,
-    get_rank,
-    get_world_size,
-    init_distributed,
-    wrap_ddp,
-)
-from .engine import SSLEvaluator, SSLTrainer, SSLViewsImageHandler
-from .faults import (
-    DataItemError,
-    NonFiniteLossError,
-    SourceNamingCompose,
-    StopOnNonFiniteLoss,
-    batch_filenames,
-    item_sources,
-    resolve_resume,
-)
-from .losses import SSLLoss
-from .networks import SSLHead, check_roi_size
-from .package import extract_zip_safely, fetch, fetch_bundle, package_bundle, schema_path
-from .runtime import as_bool, optional_path, tune_allocator
-from .segmentation import PerClassMetrics, brats_labels_from_regions, per_class_means
-from .synthetic import write_dataset
-from .transforms import CompactCropForegroundd, RandCompactSpatialCropSamplesd, compact_nbytes
+The public names below are imported on first use (PEP 562 module ``__getattr__``): ``import components`` costs
+nothing, ``components.SSLHead`` (as the bundle configs write it) or ``from components import SSLHead`` imports its
+submodule then. So ``python -m components --help`` does not pay for torch and MONAI, and a command imports only
+what it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.2.0"
+
+# submodule -> the public names it provides here
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "augment": ("aug_rand", "rot_rand", "ssl_views"),
+    "checkpoint": (
+        "BestModelSaver",
+        "CheckpointLoadError",
+        "LoadReport",
+        "PretrainedLoader",
+        "ResumableCheckpointSaver",
+        "ResumeHandler",
+        "convert_checkpoint",
+        "convert_state_dict",
+        "load_pretrained",
+        "save_atomic",
+    ),
+    "data": (
+        "EpochShuffleSampler",
+        "ResumableSmartCacheHandler",
+        "build_dataset",
+        "check_shard_sizes",
+        "load_datalist",
+        "partition_for_rank",
+        "rotate_smart_cache",
+    ),
+    "datacheck": ("DataCheckError", "DataIssue", "DataReport", "check_before_caching", "check_datalist", "check_items"),
+    "distributed": (
+        "all_gather_with_grad",
+        "all_reduce_mean",
+        "barrier",
+        "cleanup_distributed",
+        "device_for_rank",
+        "get_rank",
+        "get_world_size",
+        "init_distributed",
+        "wrap_ddp",
+    ),
+    "engine": ("SSLEvaluator", "SSLTrainer", "SSLViewsImageHandler"),
+    "faults": (
+        "DataItemError",
+        "NonFiniteLossError",
+        "SourceNamingCompose",
+        "StopOnNonFiniteLoss",
+        "batch_filenames",
+        "item_sources",
+        "resolve_resume",
+    ),
+    "losses": ("SSLLoss",),
+    "networks": ("SSLHead", "check_roi_size"),
+    "package": ("extract_zip_safely", "fetch", "fetch_bundle", "package_bundle", "schema_path"),
+    "runtime": ("as_bool", "optional_path", "tune_allocator"),
+    "segmentation": ("PerClassMetrics", "brats_labels_from_regions", "per_class_means"),
+    "synthetic": ("write_dataset",),
+    "transforms": ("CompactCropForegroundd", "RandCompactSpatialCropSamplesd", "compact_nbytes"),
+}
+_SUBMODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+_SUBMODULES = frozenset(_EXPORTS) | {"demo", "runner"}
+
+__all__ = sorted(_SUBMODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    """Imports the submodule that provides ``name`` (or the submodule ``name``) on first access."""
+    if name in _SUBMODULE_OF:
+        value = getattr(importlib.import_module(f".{_SUBMODULE_OF[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
