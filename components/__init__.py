@@ -61,7 +61,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "losses": ("SSLLoss",),
     "networks": ("SSLHead", "check_roi_size"),
-    "package": ("extract_zip_safely", "fetch", "fetch_bundle", "package_bundle", "schema_path"),
+    "package": ("extract_zip_safely", "fetch", "fetch_bundle", "metadata_schema", "package_bundle", "schema_path"),
     "runtime": ("as_bool", "optional_path", "tune_allocator"),
     "segmentation": ("PerClassMetrics", "brats_labels_from_regions", "per_class_means"),
     "synthetic": ("write_dataset",),
