@@ -234,10 +234,10 @@ def _assert_same_training(a: dict, b: dict, reference: dict, lrs: dict[int, floa
       initialisation; AdamW's decay, a factor 1 - lr x wd <= 1, only shrinks a difference), with the LRs the
       runs logged;
     - the update of epoch 2 (from the epoch-1 state ``reference``) of every tensor with a true gradient
-      (not ``ZERO_GRADIENT``): ||update_a - update_b|| < 1e-3 x ||update_a||. Rounding leaves those updates equal
-      to float32 precision times Adam's amplification of the few elements with tiny gradients; a resume that
-      loses or misplaces state (weights, Adam moments, the schedule) changes every element's update by a
-      fraction of order one."""
+      (not ``ZERO_GRADIENT``): ||update_a - update_b|| < 1e-2 x ||update_a||. Rounding changes only the few
+      elements whose gradient is at its level (repeated runs: at most 1.9e-3 even with conv.0.weight included,
+      most runs bitwise equal); a resume that loses or misplaces state (weights, Adam moments, the schedule)
+      changes every element's update by a fraction of order one."""
     betas = torch.optim.AdamW([torch.zeros(1)]).defaults["betas"]
     bound = 2 * sum(lr * _adam_step_bound(step, betas) for step, lr in sorted(lrs.items()))
     floats = [k for k in a if a[k].is_floating_point()]
@@ -246,7 +246,7 @@ def _assert_same_training(a: dict, b: dict, reference: dict, lrs: dict[int, floa
     keys = [k for k in floats if not ZERO_GRADIENT.fullmatch(k)]
     update_a = torch.cat([(a[k] - reference[k]).flatten() for k in keys])
     update_b = torch.cat([(b[k] - reference[k]).flatten() for k in keys])
-    assert torch.linalg.vector_norm(update_a - update_b) < 1e-3 * torch.linalg.vector_norm(update_a)
+    assert torch.linalg.vector_norm(update_a - update_b) < 1e-2 * torch.linalg.vector_norm(update_a)
 
 
 def test_restart_mid_epoch_continues_the_epoch_and_keeps_the_better_stored_model(tmp_path, small_data):
