@@ -1,77 +1,112 @@
-"""Components of the Swin UNETR self-supervised pretraining and finetuning bundles (``import components``)."""
+"""Components of the Swin UNETR self-supervised pretraining and finetuning bundles (``import components``).
 
-from .augment import aug_rand, rot_rand, ssl_views
-from .checkpoint import (
-    BestModelSaver,
-    CheckpointLoadError,
-    LoadReport,
-    PretrainedLoader,
-    ResumableCheckpointSaver,
-    ResumeHandler,
-    convert_checkpoint,
-    convert_state_dict,
-    load_pretrained,
-    save_atomic,
-)
-from .data import (
-    EpochShuffleSampler,
-    MissingDatalist,
-    ResumableSmartCacheHandler,
-    build_dataset,
-    check_shard_sizes,
-    load_datalist,
-    load_split,
-    partition_for_rank,
-    require_datalist,
-    rotate_smart_cache,
-    split_for_rank,
-)
-from .datacheck import DataCheckError, DataIssue, DataReport, check_before_caching, check_datalist, check_items
-from .distributed import (
-    all_gather_with_grad,
-    all_reduce_mean,
-    barrier,
-    cleanup_distributed,
-    device_for_rank,
-    get_rank,
-    get_world_size,
-    init_distributed,
-    wrap_ddp,
-)
-from .engine import PretrainingEvaluator, PretrainingTrainer, Recipe
-from .faults import (
-    DataItemError,
-    NonFiniteLossError,
-    SourceNamingCompose,
-    StopOnNonFiniteLoss,
-    batch_filenames,
-    item_sources,
-    resolve_resume,
-)
-from .losses import SSLLoss
-from .networks import SSLHead, check_roi_size
-from .recipes import (
-    InpaintingContrastRecipe,
-    MultiCrop,
-    SelfDistillationLoss,
-    SelfDistillationNetwork,
-    SelfDistillationRecipe,
-    SSLEvaluator,
-    SSLTrainer,
-    SSLViewsImageHandler,
-    StopOnCollapse,
-    SwinViTEmbedding,
-    TeacherCollapseError,
-    weight_decay_groups,
-)
-from .package import extract_zip_safely, fetch, fetch_bundle, package_bundle, schema_path
-from .quiet import install_filters, log_from_rank_zero
-from .runtime import as_bool, default_num_workers, optional_path, tune_allocator
-from .settings import check_settings
-from .segmentation import PerClassMetrics, brats_labels_from_regions, per_class_means
-from .synthetic import write_dataset
-from .transforms import CompactCropForegroundd, RandCompactSpatialCropSamplesd, compact_nbytes
+The public names below are imported on first use (PEP 562 module ``__getattr__``): ``import components`` costs
+nothing, ``components.SSLHead`` (as the bundle configs write it) or ``from components import SSLHead`` imports its
+submodule then. So ``python -m components --help`` does not pay for torch and MONAI, and a command imports only
+what it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.2.0"
 
-install_filters()
+# submodule -> the public names it provides here
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "augment": ("aug_rand", "rot_rand", "ssl_views"),
+    "checkpoint": (
+        "BestModelSaver",
+        "CheckpointLoadError",
+        "LoadReport",
+        "PretrainedLoader",
+        "ResumableCheckpointSaver",
+        "ResumeHandler",
+        "convert_checkpoint",
+        "convert_state_dict",
+        "load_pretrained",
+        "save_atomic",
+    ),
+    "data": (
+        "EpochShuffleSampler",
+        "MissingDatalist",
+        "ResumableSmartCacheHandler",
+        "build_dataset",
+        "check_shard_sizes",
+        "load_datalist",
+        "load_split",
+        "partition_for_rank",
+        "require_datalist",
+        "rotate_smart_cache",
+        "split_for_rank",
+    ),
+    "datacheck": ("DataCheckError", "DataIssue", "DataReport", "check_before_caching", "check_datalist", "check_items"),
+    "distributed": (
+        "all_gather_with_grad",
+        "all_reduce_mean",
+        "barrier",
+        "cleanup_distributed",
+        "device_for_rank",
+        "get_rank",
+        "get_world_size",
+        "init_distributed",
+        "wrap_ddp",
+    ),
+    "engine": ("PretrainingEvaluator", "PretrainingTrainer", "Recipe"),
+    "faults": (
+        "DataItemError",
+        "NonFiniteLossError",
+        "SourceNamingCompose",
+        "StopOnNonFiniteLoss",
+        "batch_filenames",
+        "item_sources",
+        "resolve_resume",
+    ),
+    "losses": ("SSLLoss",),
+    "networks": ("SSLHead", "check_roi_size"),
+    "package": ("extract_zip_safely", "fetch", "fetch_bundle", "metadata_schema", "package_bundle", "schema_path"),
+    "quiet": ("install_filters", "log_from_rank_zero"),
+    "recipes": (
+        "InpaintingContrastRecipe",
+        "MultiCrop",
+        "SelfDistillationLoss",
+        "SelfDistillationNetwork",
+        "SelfDistillationRecipe",
+        "SSLEvaluator",
+        "SSLTrainer",
+        "SSLViewsImageHandler",
+        "StopOnCollapse",
+        "SwinViTEmbedding",
+        "TeacherCollapseError",
+        "weight_decay_groups",
+    ),
+    "runtime": ("as_bool", "default_num_workers", "optional_path", "tune_allocator"),
+    "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
+    "settings": ("check_settings",),
+    "synthetic": ("write_dataset",),
+    "transforms": ("CompactCropForegroundd", "RandCompactSpatialCropSamplesd", "compact_nbytes"),
+}
+_SUBMODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+_SUBMODULES = frozenset(_EXPORTS) | {"demo", "runner"}
+
+__all__ = sorted(_SUBMODULE_OF)
+
+# the narrow filters of known-harmless third-party warnings (components.quiet; logging and warnings only)
+importlib.import_module(".quiet", __name__).install_filters()
+
+
+def __getattr__(name: str) -> Any:
+    """Imports the submodule that provides ``name`` (or the submodule ``name``) on first access."""
+    if name in _SUBMODULE_OF:
+        value = getattr(importlib.import_module(f".{_SUBMODULE_OF[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)

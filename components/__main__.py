@@ -1,24 +1,26 @@
-"""Command line: ``python -m components COMMAND --help`` (python-fire). One thin function per command."""
+"""Command line: ``python -m components COMMAND --help`` (python-fire). One thin function per command.
+
+Each command imports what it needs when it runs, so ``--help`` answers without loading torch or MONAI. Help is
+written here from the signatures and docstrings, because python-fire's shows ``Optional['str | None']`` for
+every flag with a None default. A failing command prints one line, ``components COMMAND: error: ...``, and exits
+with status 2; ``--debug`` (anywhere on the line) shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import inspect
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import fire
-
-from . import datacheck as _datacheck
-from . import demo as _demo
-from . import package as _package
-from . import synthetic
-from .checkpoint import convert_checkpoint as _convert_checkpoint
-from .runner import BUNDLES_DIR
-from .runtime import as_bool
 
 
 def synth(kind: str = "ct", num: int = 6, out: str = "data/ct", seed: int = 0) -> None:
     """Writes NUM synthetic volumes (kind ct: abdominal CT with 13 organ labels; mri: 4-channel brain MRI with
     tumour labels) as .nii.gz under OUT, plus OUT/dataset.json (Decathlon datalist). Deterministic for SEED."""
-    path = synthetic.write_dataset(out, kind=kind, num=num, seed=seed)
+    from .synthetic import write_dataset
+
+    path = write_dataset(out, kind=kind, num=num, seed=seed)
     print(f"wrote {num} {kind} volumes and {path}")
 
 
@@ -33,7 +35,9 @@ def convert_checkpoint(
     """Maps a checkpoint in any known layout (published model_swinvit.pt, original SSL code, this collection,
     MONAI ssl_pretrained_weights.pth, full SwinUNETR) onto TARGET (swinunetr | sslhead) and writes a clean
     state dict to DST. Prints the load report; fails when the encoder does not fully load."""
-    report = _convert_checkpoint(
+    from .checkpoint import convert_checkpoint as convert
+
+    report = convert(
         src, dst, target=target, in_channels=in_channels, feature_size=feature_size, channel_policy=channel_policy
     )
     print(report.summary())
@@ -47,7 +51,10 @@ def demo(out: str = "demo_out", seed: int = 0, compare: bool = False, device: st
     summary.json and pictures (segmentations, SSL losses, SSL views, Dice curves) under OUT. SEED changes every
     random draw; --compare adds the from-scratch arm with the same budget (always on with CUDA); --device
     cpu|cuda (default: CUDA where present); --budget cpu|cuda|quick (default: by device; quick learns nothing)."""
-    _demo.run_demo(out=out, seed=seed, compare=as_bool(compare, "compare"), device=device, budget=budget)
+    from .demo import run_demo
+    from .runtime import as_bool
+
+    run_demo(out=out, seed=seed, compare=as_bool(compare, "compare"), device=device, budget=budget)
 
 
 def check_data(
@@ -74,7 +81,9 @@ def check_data(
     datalist's folder), --channels 4 for (H,W,D,4) images (default: from the datalist's modality when it says
     4D, else 1), --num-classes N (default: the datalist's labels), --pixdim 1.5,1.5,2 (resampling before the
     ROI comparison), --lists training,validation (default: training, and validation when the datalist has one)."""
-    code = _datacheck.check_data_cli(
+    from .datacheck import check_data_cli
+
+    code = check_data_cli(
         datalist,
         more,
         base_dir=base_dir,
@@ -94,9 +103,12 @@ def package(bundle: str, out: str = "dist") -> None:
     """Packs BUNDLE (a bundle folder, or a name under bundles/) into OUT/<name>_v<version>.zip, reproducibly
     (same files, same bytes), with trained models/*.pt when present and without logs, caches, eval/ or data/;
     writes OUT/<name>_v<version>.zip.sha256 ("<sha256>  <file>", as sha256sum) beside it."""
+    from .package import package_bundle, sha256_file
+    from .runner import BUNDLES_DIR
+
     root = Path(bundle) if Path(bundle).is_dir() else BUNDLES_DIR / bundle
-    path = _package.package_bundle(root, out)
-    print(f"wrote {path} and {path.name}.sha256 (sha256 {_package.sha256_file(path)})")
+    path = package_bundle(root, out)
+    print(f"wrote {path} and {path.name}.sha256 (sha256 {sha256_file(path)})")
 
 
 def fetch(url: str, dest: str = ".", sha256: str | None = None, extract: bool = True, overwrite: bool = False) -> None:
@@ -105,15 +117,19 @@ def fetch(url: str, dest: str = ".", sha256: str | None = None, extract: bool = 
     zip is then extracted safely to DEST/<name>/ (--extract false keeps only the zip; --overwrite replaces an
     existing DEST/<name>/). DEST: the folder for a bundle zip (created when missing); with --extract false an
     existing folder or the target file's name."""
+    from .package import fetch as fetch_file
+    from .package import fetch_bundle
+    from .runtime import as_bool
+
     if as_bool(extract, "extract") and str(url).lower().endswith(".zip"):
-        folder = _package.fetch_bundle(url, dest, sha256=sha256, overwrite=as_bool(overwrite, "overwrite"))
+        folder = fetch_bundle(url, dest, sha256=sha256, overwrite=as_bool(overwrite, "overwrite"))
         print(f"verified and extracted {url} to {folder}")
     else:
-        path = _package.fetch(url, dest, sha256=sha256)
+        path = fetch_file(url, dest, sha256=sha256)
         print(f"verified {path}")
 
 
-COMMANDS = {
+COMMANDS: dict[str, Callable[..., None]] = {
     "synth": synth,
     "convert-checkpoint": convert_checkpoint,
     "demo": demo,
@@ -122,10 +138,121 @@ COMMANDS = {
     "fetch": fetch,
 }
 
+_HELP_FLAGS = ("-h", "--help")
+_WIDTH = 100
 
-def main() -> None:
-    fire.Fire(COMMANDS, name="components")
+
+def _first_sentence(text: str) -> str:
+    flat = " ".join(text.split())
+    end = flat.find(". ")
+    return flat if end < 0 else flat[: end + 1]
+
+
+def _type_name(parameter: inspect.Parameter) -> str:
+    """The annotation as a user reads it: ``str | None`` -> ``str`` (the default says none), tuples -> list."""
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty:
+        default = parameter.default
+        return "list" if isinstance(default, (tuple, list)) else ""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    return " | ".join(part for part in (p.strip() for p in text.split("|")) if part != "None")
+
+
+def _default_text(value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def command_help(name: str) -> str:
+    """``components NAME --help``: usage, the docstring, then one line per argument with its type and default."""
+    function = COMMANDS[name]
+    parameters = list(inspect.signature(function).parameters.values())
+    positional = [p for p in parameters if p.default is inspect.Parameter.empty and p.kind != p.VAR_POSITIONAL]
+    flags = [p for p in parameters if p.default is not inspect.Parameter.empty]
+    usage = " ".join([f"components {name}", *(p.name.upper() for p in positional), "[FLAGS]" if flags else ""])
+    lines = [f"usage: {usage.strip()}", ""]
+    for paragraph in inspect.getdoc(function).split("\n\n"):
+        lines += textwrap.wrap(" ".join(paragraph.split()), _WIDTH) + [""]
+    rows = [(p.name.upper(), _type_name(p), "required") for p in positional]
+    rows += [(f"--{p.name} {p.name.upper()}", _type_name(p), f"default: {_default_text(p.default)}") for p in flags]
+    rows.append(("--debug", "", "show the traceback of an error"))
+    width = max(len(r[0]) for r in rows)
+    type_width = max(len(r[1]) for r in rows)
+    lines.append("arguments:")
+    lines += [f"  {flag:<{width}}  {kind:<{type_width}}  {default}".rstrip() for flag, kind, default in rows]
+    return "\n".join(lines)
+
+
+def main_help() -> str:
+    """``components --help``: every command with the first sentence of its docstring."""
+    width = max(map(len, COMMANDS))
+    lines = ["usage: python -m components COMMAND [ARGS] [--debug]", "", "commands:"]
+    for name, function in COMMANDS.items():
+        wrapped = textwrap.wrap(_first_sentence(inspect.getdoc(function)), _WIDTH - width - 4)
+        lines.append(f"  {name:<{width}}  {wrapped[0]}")
+        lines += [f"  {'':<{width}}  {more}" for more in wrapped[1:]]
+    lines += ["", "`python -m components COMMAND --help` describes a command's arguments."]
+    return "\n".join(lines)
+
+
+def _unknown_flags(function: Callable[..., None], args: Sequence[str]) -> str | None:
+    """The first ``--flag`` in ``args`` that ``function`` does not take. python-fire runs the command first and
+    complains about a leftover flag afterwards, so a mistyped flag would run the command with its default."""
+    names = set(inspect.signature(function).parameters)
+    for arg in args:
+        if arg == "--":
+            break
+        if arg.startswith("--") and len(arg) > 2:
+            flag = arg[2:].split("=", 1)[0].replace("-", "_")
+            if flag not in names and not (flag.startswith("no") and flag[2:] in names):
+                return arg.split("=", 1)[0]
+    return None
+
+
+def _error(prefix: str, message: str) -> int:
+    print(f"{prefix}: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one command; returns the exit status (0 on success, 2 on an error, a command's own status)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    if not args or args[0] in _HELP_FLAGS or args[0] == "help":
+        print(main_help())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        return _error("components", f"unknown command {name!r}; one of {', '.join(COMMANDS)} (see --help)")
+    if any(a in _HELP_FLAGS for a in rest):
+        print(command_help(name))
+        return 0
+    unknown = _unknown_flags(COMMANDS[name], rest)
+    if unknown:
+        return _error(f"components {name}", f"unknown flag {unknown}; see `python -m components {name} --help`")
+    import fire
+
+    try:
+        fire.Fire(COMMANDS, command=[name, *rest], name="components")
+    except fire.core.FireExit as exit_:  # fire's own argument errors: it printed them (status 2)
+        return int(exit_.code or 0)
+    except SystemExit as exit_:  # a command's status (check-data: 1 when the data has errors)
+        return int(exit_.code or 0) if not isinstance(exit_.code, str) else _error(f"components {name}", exit_.code)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # noqa: BLE001 -- a command's failure, reported as one line
+        if debug:
+            raise
+        message = str(err) or "(no message)"
+        return _error(f"components {name}", f"{type(err).__name__}: {message} (--debug shows the traceback)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -60,7 +60,8 @@ from monai.handlers import CheckpointSaver
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from .runtime import optional_path
+from .faults import resolve_resume
+from .runtime import as_bool, optional_path
 
 __all__ = [
     "LAYOUTS",
@@ -1126,6 +1127,15 @@ class ResumableCheckpointSaver:
         return self.path
 
 
+def _written_with(ckpt: Mapping) -> dict[str, Any]:
+    """The settings a resumable checkpoint records about its run: the trainer's loop and the sampler's order."""
+    trainer = ckpt.get("trainer") if isinstance(ckpt.get("trainer"), Mapping) else {}
+    sampler = ckpt.get("sampler") if isinstance(ckpt.get("sampler"), Mapping) else {}
+    settings = {k: trainer.get(k) for k in ("max_epochs", "epoch_length", "batch_size") if trainer.get(k) is not None}
+    settings.update({f"sampler_{k}": sampler[k] for k in ("seed", "num_samples") if sampler.get(k) is not None})
+    return settings
+
+
 class ResumeHandler:
     """Restore a :class:`ResumableCheckpointSaver` file when the trainer starts, so ignite continues from it.
 
@@ -1160,9 +1170,15 @@ class ResumeHandler:
         map_location: for ``torch.load`` (optimizer states are moved to their parameters' devices by torch).
         missing_ok: a ``path`` that does not exist is skipped (logged) instead of raising, for "resume if there
             is a checkpoint" setups.
+        auto_resume: with ``path`` None, continue from ``<ckpt_dir>/checkpoint.pt`` when it exists
+            (:func:`~components.resolve_resume`; a restarted or relaunched run continues). ``"true"`` / ``"false"``
+            strings are accepted (command-line overrides). A file found this way that cannot be continued raises an
+            error that says it was auto-resumed, from which file, and how to start fresh.
+        ckpt_dir: the folder ``auto_resume`` looks in (required with ``auto_resume``).
 
     After a resume, ``report`` holds what was restored (file, epoch, iteration, best metric and where it came
-    from, schedule, changed optimizer settings); it is also logged at INFO.
+    from, schedule, changed optimizer settings); it is also logged at INFO, starting with one line that names the
+    file, how it was chosen (given or auto_resume), its epoch and iteration and the settings it was written with.
 
     Raises:
         FileNotFoundError / CheckpointLoadError at STARTED: missing file, unreadable file, an entry missing from
@@ -1182,17 +1198,24 @@ class ResumeHandler:
         missing_ok: bool = False,
         sampler: Any = None,
         recipe: nn.Module | None = None,
+        auto_resume: bool | str = False,
+        ckpt_dir: str | os.PathLike | None = None,
     ) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(f"ResumeHandler: network must be a torch.nn.Module, got {type(network).__name__}.")
         if recipe is not None and not isinstance(recipe, nn.Module):
             raise TypeError(f"ResumeHandler: recipe must be a torch.nn.Module, got {type(recipe).__name__}.")
+        auto_resume = as_bool(auto_resume, "auto_resume")
+        if auto_resume and optional_path(ckpt_dir) is None:
+            raise ValueError("ResumeHandler: auto_resume needs ckpt_dir (the folder to look for checkpoint.pt in).")
         restorable = {"optimizer": optimizer, "lr_scheduler": lr_scheduler, "scaler": scaler, "sampler": sampler}
         for name, obj in restorable.items():
             if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
                 raise TypeError(f"ResumeHandler: {name} has no load_state_dict() ({type(obj).__name__}).")
-        path = optional_path(path)
+        given = optional_path(path)
+        path = resolve_resume(given, ckpt_dir, auto_resume) if auto_resume else given
         self.path = None if path is None else Path(path)
+        self.auto = given is None and path is not None  # found by auto_resume, not asked for
         self.network = network
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -1209,6 +1232,11 @@ class ResumeHandler:
         engine.add_event_handler(Events.STARTED, self)
 
     def _fail(self, msg: str) -> CheckpointLoadError:
+        if self.auto:
+            return CheckpointLoadError(
+                f"auto_resume found '{self.path}' (a checkpoint an earlier run left in ckpt_dir) but cannot continue "
+                f"it: {msg} To start fresh, pass --auto_resume false or another --ckpt_dir (or remove that file)."
+            )
         return CheckpointLoadError(f"resume checkpoint '{self.path}': {msg}")
 
     def _check_model(self, module: nn.Module, state: Mapping, entry: str = "model") -> dict[str, torch.Tensor]:
@@ -1290,7 +1318,10 @@ class ResumeHandler:
         if not self.path.exists() and self.missing_ok:
             logger.info("ResumeHandler: %s does not exist (missing_ok=True), starting from scratch", self.path)
             return
-        ckpt = read_checkpoint(self.path, self.map_location)
+        try:
+            ckpt = read_checkpoint(self.path, self.map_location)
+        except CheckpointLoadError as err:
+            raise self._fail(str(err)) from err
         if not isinstance(ckpt, Mapping):
             raise self._fail(f"expected a dict written by ResumableCheckpointSaver, got {type(ckpt).__name__}.")
 
@@ -1334,7 +1365,8 @@ class ResumeHandler:
         module.load_state_dict(model_state, strict=True)
         if recipe_state is not None:
             self.recipe.load_state_dict(recipe_state, strict=True)
-        report: dict[str, Any] = {"path": str(self.path), "epoch": epoch, "iteration": iteration}
+        report: dict[str, Any] = {"path": str(self.path), "auto": self.auto, "epoch": epoch, "iteration": iteration}
+        report["written_with"] = _written_with(ckpt)
         if self.optimizer is not None:
             report["optimizer_changed"] = self._restore_optimizer(ckpt["optimizer"])
         if self.lr_scheduler is not None:
@@ -1357,7 +1389,12 @@ class ResumeHandler:
 
     def _log(self, engine: Engine, report: dict[str, Any], epoch_len: int | None) -> None:
         epoch, iteration = report["epoch"], report["iteration"]
-        logger.info("resumed from %s at epoch %d, iteration %d", self.path, epoch, iteration)
+        how = "found by auto_resume; --auto_resume false or another --ckpt_dir starts fresh" if self.auto else "given"
+        settings = ", ".join(f"{k}={v}" for k, v in report["written_with"].items())
+        logger.info(
+            "resumed from %s (%s) at epoch %d, iteration %d; it was written with %s",
+            self.path, how, epoch, iteration, settings or "no recorded settings",
+        )  # fmt: skip
         if self.evaluator is not None:
             name = getattr(self.evaluator.state, "key_metric_name", None) or "key metric"
             if report.get("best_metric_epoch") in (None, -1):
@@ -1401,11 +1438,12 @@ class ResumeHandler:
         max_epochs = engine.state.max_epochs
         if max_epochs is not None and epoch >= max_epochs:
             logger.warning(
-                "ResumeHandler: %s is at epoch %d >= max_epochs=%d: nothing left to train; "
-                "raise max_epochs to continue",
+                "ResumeHandler: %s is at epoch %d >= max_epochs=%d: nothing left to train; raise max_epochs to "
+                "continue%s",
                 self.path,
                 epoch,
                 max_epochs,
+                " (it was found by auto_resume: --auto_resume false or another --ckpt_dir starts fresh)" if self.auto else "",
             )
 
 

@@ -20,7 +20,14 @@ configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here
 - :func:`fetch_bundle` = fetch + verify + safe extraction into ``<bundle_dir>/<name>/``; the zip is kept in
   ``bundle_dir`` so that ``monai.bundle download --source github ... --bundle_dir <bundle_dir>`` and
   ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` find it afterwards without downloading again.
-- :func:`schema_path` finds the bundle metadata schema for ``monai.bundle verify_metadata``.
+- :func:`packaged_configs`: ``monai.bundle.load`` builds ``network_def`` from the packaged config and then copies
+  the weights with ``copy_model_state``, which skips every tensor whose name or shape does not match and only
+  logs "N of M variables" at INFO: a tiny model (``--feature_size 12``) loaded into the config's default
+  feature size 48 comes back mostly random. So a package's configs take the network sizes (``feature_size``,
+  ``in_channels``, ``out_channels``) from its ``models/model.pt``, and packaging fails unless every config's
+  ``network_def`` then holds exactly the weights' tensors.
+- :func:`metadata_schema` is this collection's metadata schema (shipped, offline); :func:`schema_path` finds MONAI's
+  published one for ``monai.bundle verify_metadata``.
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ import urllib.parse
 import urllib.request
 import uuid
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 __all__ = [
     "SEMVER_RE",
@@ -47,10 +56,13 @@ __all__ = [
     "extract_zip_safely",
     "fetch",
     "fetch_bundle",
+    "metadata_schema",
     "package_bundle",
+    "packaged_configs",
     "read_metadata",
     "schema_path",
     "sha256_file",
+    "weight_sizes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -79,7 +91,7 @@ _WEIGHT_SUFFIXES = {".pt", ".ts"}
 SCHEMA_NAME = "meta_schema_20240725.json"
 SCHEMA_MD5 = "06954cad2cc5d3784e72077ac76f0fc8"
 SCHEMA_URL = f"https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/{SCHEMA_NAME}"
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+OWN_SCHEMA = Path(__file__).resolve().parent / "schema" / "bundle_metadata.schema.json"
 
 
 class HashMismatchError(ValueError):
@@ -197,6 +209,88 @@ def bundle_files(bundle_dir: str | os.PathLike, include_weights: bool = True) ->
     return sorted(found)
 
 
+# the tensors that carry a Swin UNETR / SSLHead state's sizes: patch embedding (feature_size, in_channels, 2, 2, 2)
+# and SwinUNETR's output block (out_channels, feature_size, 1, 1, 1)
+_PATCH_EMBED = "swinViT.patch_embed.proj.weight"
+_SEG_OUT = "out.conv.conv.weight"
+_MODEL_FILE = "models/model.pt"
+
+
+def weight_sizes(state: Mapping[str, Any]) -> dict[str, int]:
+    """The network sizes a Swin UNETR or SSLHead state dict was trained with: ``feature_size`` and
+    ``in_channels`` from the patch embedding, ``out_channels`` from SwinUNETR's output block; empty for other
+    states. Example: ``weight_sizes(SSLHead(feature_size=12).state_dict()) == {"feature_size": 12, "in_channels": 1}``."""
+    sizes: dict[str, int] = {}
+    embed = state.get(_PATCH_EMBED)
+    if embed is not None and embed.ndim == 5:
+        sizes["feature_size"], sizes["in_channels"] = int(embed.shape[0]), int(embed.shape[1])
+    out = state.get(_SEG_OUT)
+    if out is not None and out.ndim == 5:
+        sizes["out_channels"] = int(out.shape[0])
+    return sizes
+
+
+def _network_state_shapes(config: dict, where: str) -> dict[str, tuple[int, ...]]:
+    """Builds ``network_def`` of a bundle config (its ``imports`` evaluated first) and returns its tensors' shapes."""
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser(config)
+    try:
+        if "imports" in config:
+            parser.get_parsed_content("imports")
+        network = parser.get_parsed_content("network_def", instantiate=True)
+    except Exception as err:
+        raise ValueError(f"{where}: cannot build network_def to check it against {_MODEL_FILE}: {err}") from err
+    return {k: tuple(v.shape) for k, v in network.state_dict().items()}
+
+
+def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
+    """The configs a package of ``bundle_dir`` holds in place of the bundle's own: those with a ``network_def``
+    whose top-level ``feature_size`` / ``in_channels`` / ``out_channels`` differ from :func:`weight_sizes` of
+    ``models/model.pt``, with these ids set to the weights' values (JSON, 4-space indent). Empty without weights.
+
+    Every config with a ``network_def`` is then built and must hold exactly the tensors of ``models/model.pt``
+    (same names, same shapes), so that ``monai.bundle.load(..., workflow_type=...)`` returns all the packaged
+    weights. Raises ``ValueError`` naming the config and the tensors otherwise (e.g. weights of another decoder
+    than ``upsample`` says: set it in the config before packaging)."""
+    root = Path(bundle_dir)
+    weights = root / _MODEL_FILE
+    if not weights.is_file():
+        return {}
+    import torch
+
+    state = torch.load(weights, map_location="cpu", weights_only=True)
+    if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{weights} is not a plain state dict (name -> tensor), which monai.bundle.load expects.")
+    sizes = weight_sizes(state)
+    expected = {k: tuple(v.shape) for k, v in state.items()}
+    replaced: dict[str, bytes] = {}
+    for config_file in sorted((root / "configs").glob("*.json")):
+        rel = config_file.relative_to(root).as_posix()
+        text = config_file.read_text(encoding="utf-8")
+        config = json.loads(text)
+        if not isinstance(config, dict) or "network_def" not in config:
+            continue
+        changed = {k: v for k, v in sizes.items() if isinstance(config.get(k), int) and config[k] != v}
+        if changed:
+            logger.info("package_bundle: %s takes %s from %s (the config said %s)", rel, changed, _MODEL_FILE,
+                        {k: config[k] for k in changed})  # fmt: skip
+            config.update(changed)
+            replaced[rel] = (json.dumps(config, indent=4, ensure_ascii=False) + ("\n" if text.endswith("\n") else "")).encode()
+        built = _network_state_shapes(config, f"{root.name}/{rel}")
+        missing = sorted(set(built) - set(expected))
+        unused = sorted(set(expected) - set(built))
+        shapes = [f"{k}: weights {list(expected[k])}, network {list(built[k])}" for k in built if k in expected and built[k] != expected[k]]
+        if missing or unused or shapes:
+            raise ValueError(
+                f"{root.name}/{rel}: network_def does not hold exactly the tensors of {_MODEL_FILE} "
+                f"(sizes from the weights: {sizes}): {len(missing)} not in the weights {missing[:3]}, {len(unused)} "
+                f"not in the network {unused[:3]}, {len(shapes)} of another shape {shapes[:3]}; monai.bundle.load "
+                "would return a partly random network. Make the config match the weights before packaging."
+            )
+    return replaced
+
+
 def _zip_info(arcname: str, mode: int, compress_type: int) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(arcname, date_time=ZIP_DATE_TIME)
     info.create_system = 3  # unix, so that external_attr holds the mode
@@ -215,7 +309,8 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     which is what ``python -m monai.bundle download --name <name> --url <zip url> --bundle_dir D`` (and the
     ``github`` source) extract to ``D/<name>/``. The same files give the same bytes: entries sorted, every
     timestamp 1980-01-01 00:00, permissions 0644 (files) / 0755 (folders), no extra fields or comment, deflate.
-    The files are :func:`bundle_files` (trained ``models/*.pt`` included when present). The zip is written to a
+    The files are :func:`bundle_files` (trained ``models/*.pt`` included when present), the configs as
+    :func:`packaged_configs` makes them fit ``models/model.pt`` (which raises when they cannot). The zip is written to a
     temporary name and moved into place. Returns the zip's path."""
     root = Path(bundle_dir)
     if not root.is_dir():
@@ -228,6 +323,7 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
         raise FileNotFoundError(f"{root / 'LICENSE'} not found: a bundle release needs a LICENSE file.")
     version = meta["version"]
     files = bundle_files(root)
+    replaced = packaged_configs(root)
 
     folders = {PurePosixPath(name)}
     for rel in files:
@@ -248,6 +344,9 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
                     continue
                 src = root / rel
                 info = _zip_info(arcname, _FILE_MODE, zipfile.ZIP_DEFLATED)
+                if rel in replaced:
+                    zf.writestr(info, replaced[rel])
+                    continue
                 large = src.stat().st_size >= zipfile.ZIP64_LIMIT
                 with open(src, "rb") as fin, zf.open(info, "w", force_zip64=large) as fout:
                     shutil.copyfileobj(fin, fout, _CHUNK)
@@ -515,26 +614,28 @@ def fetch_bundle(
 # metadata schema
 
 
+def metadata_schema() -> Path:
+    """This collection's JSON schema of ``configs/metadata.json``, shipped with the package (no download): the keys
+    and formats the Model Zoo requires, stricter where the collection relies on a value (semantic versions, a
+    changelog). For ``python -m monai.bundle verify_metadata --filepath``; :func:`schema_path` is MONAI's own."""
+    return OWN_SCHEMA
+
+
 def schema_path(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The bundle metadata schema file for ``python -m monai.bundle verify_metadata --filepath``.
+    """MONAI's published bundle metadata schema (``meta_schema_20240725.json``) for ``python -m monai.bundle
+    verify_metadata --filepath``.
 
     Looked up in this order: the file named by the environment variable ``BUNDLE_SCHEMA_PATH`` (taken as given:
-    an explicit choice, e.g. a newer schema); ``../shared/bundle-schema/meta_schema_20240725.json`` next to the
-    repository (md5-checked); a cached download under ``cache_dir`` (default ``$XDG_CACHE_HOME`` or
-    ``~/.cache``, ``swin-ssl-bundles/``); else a download from the public URL MONAI's tests use, checked against
-    md5 ``06954cad2cc5d3784e72077ac76f0fc8``. ``verify_metadata`` itself only downloads when the file is
+    an explicit choice, e.g. a newer schema or a local copy); a cached download under ``cache_dir`` (default
+    ``$XDG_CACHE_HOME`` or ``~/.cache``, ``swin-ssl-bundles/``); else a download from the public URL MONAI's tests
+    use, checked against md5 ``06954cad2cc5d3784e72077ac76f0fc8`` (so offline it raises: use
+    :func:`metadata_schema`, which needs no network). ``verify_metadata`` itself only downloads when the file is
     missing, so pointing it at this path keeps it offline."""
     env = os.environ.get("BUNDLE_SCHEMA_PATH")
     if env:
         if not Path(env).is_file():
             raise FileNotFoundError(f"BUNDLE_SCHEMA_PATH={env!r} is not a file.")
         return Path(env)
-    shared = _REPO_ROOT.parent / "shared" / "bundle-schema" / SCHEMA_NAME
-    if shared.is_file():
-        actual = _file_digest(shared, "md5")
-        if actual != SCHEMA_MD5:
-            raise ValueError(f"{shared} has md5 {actual}, expected {SCHEMA_MD5} (not the {SCHEMA_NAME} schema).")
-        return shared
     default_base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swin-ssl-bundles"
     base = Path(cache_dir) if cache_dir else default_base
     cached = base / SCHEMA_NAME

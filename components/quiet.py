@@ -12,7 +12,6 @@ import logging
 import re
 import warnings
 
-from .distributed import get_rank
 
 __all__ = ["install_filters", "log_from_rank_zero"]
 
@@ -43,6 +42,8 @@ class _RankZeroEngineProgress(logging.Filter):
     rank would print the same progress."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        from .distributed import get_rank  # here, not at import: `import components` must not pull in torch
+
         return record.levelno > logging.INFO or not record.name.startswith(_ENGINE_LOGGERS) or get_rank() == 0
 
 

@@ -1,21 +1,25 @@
 """The Model Zoo checks, run on every folder under bundles/: required files, JSON formatting, file sizes,
-version and changelog, the metadata schema, the network's input / output against the metadata, and the
-workflow properties of train.json and inference.json (MONAI 1.6.1's ConfigWorkflow.check_properties).
+version and changelog, the metadata schema (the project's own, and MONAI's published one when it can be had), the
+network's input / output against the metadata, and the workflow properties of train.json and inference.json (MONAI 1.6.1's ConfigWorkflow.check_properties).
 
 MONAI is called through its Python API (the functions ``python -m monai.bundle verify_metadata`` /
 ``verify_net_in_out`` run), saving an interpreter start per check; ``components`` is importable here."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from monai.bundle import ConfigWorkflow, verify_metadata, verify_net_in_out
 
 import components
-from components.package import SEMVER_RE, bundle_files, schema_path
+from components.package import SCHEMA_MD5, SCHEMA_NAME, SCHEMA_URL, SEMVER_RE, bundle_files, metadata_schema, schema_path
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:parsing config_file:UserWarning"),
@@ -91,14 +95,64 @@ def test_version_and_changelog(bundle):
 
 
 @bundle_param
-def test_metadata_schema_and_required_packages(bundle):
-    verify_metadata(meta_file=str(bundle / "configs" / "metadata.json"), filepath=str(schema_path()))
+def test_metadata_matches_the_project_schema_and_required_packages(bundle):
+    """The schema that ships with the project (components/schema): no network, no file outside the repository."""
+    verify_metadata(meta_file=str(bundle / "configs" / "metadata.json"), filepath=str(metadata_schema()))
     meta = _meta(bundle)
     configs = [f for f in _tracked_files(bundle) if f.startswith("configs/") and f.endswith(".json")]
     if any("components" in (bundle / f).read_text(encoding="utf-8") for f in configs):
         required = meta.get("required_packages_version", {})
         assert "swin-ssl-bundles" in required, "configs use components: required_packages_version needs swin-ssl-bundles"
         assert SEMVER_RE.match(str(required["swin-ssl-bundles"]))
+
+
+@pytest.fixture(scope="module")
+def published_schema() -> Path:
+    """MONAI's published metadata schema: BUNDLE_SCHEMA_PATH, else the md5-checked copy in ../shared/bundle-schema
+    beside the repository (where the developers keep one), else the cached or downloaded file; skipped when none
+    can be had (offline, plain clone), since the project's own schema is checked regardless."""
+    shared = REPO.parent / "shared" / "bundle-schema" / SCHEMA_NAME
+    if not os.environ.get("BUNDLE_SCHEMA_PATH") and shared.is_file():
+        assert hashlib.md5(shared.read_bytes()).hexdigest() == SCHEMA_MD5, f"{shared} is not {SCHEMA_NAME}"
+        return shared
+    try:
+        return schema_path()
+    except Exception as err:  # noqa: BLE001 -- offline: URLError, or MONAI's RuntimeError around it
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        pytest.skip(f"MONAI's published metadata schema is not available ({SCHEMA_URL}: {reason}); "
+                    "the project's own schema was checked")  # fmt: skip
+
+
+@bundle_param
+def test_metadata_matches_monais_published_schema(bundle, published_schema):
+    verify_metadata(meta_file=str(bundle / "configs" / "metadata.json"), filepath=str(published_schema))
+
+
+def test_schema_checks_pass_on_an_offline_plain_clone(tmp_path):
+    """A copy of the repository's files with no ../shared beside it, no cached schema and no network (every URL
+    goes to a proxy that refuses): the own-schema checks pass and the published-schema checks skip, saying why."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True, timeout=60
+    ).stdout.decode().split("\0")
+    clone = tmp_path / "clone" / "repo"
+    for rel in filter(None, files):
+        if (REPO / rel).is_file() and rel.split("/")[0] in ("components", "bundles", "tests", "pyproject.toml"):
+            (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / rel, clone / rel)
+    env = {k: v for k, v in os.environ.items() if k != "BUNDLE_SCHEMA_PATH" and not k.lower().endswith("_proxy")}
+    refused = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    env.update(PYTHONPATH=str(clone), XDG_CACHE_HOME=str(tmp_path / "cache"), http_proxy=refused, https_proxy=refused)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_bundle_verification.py",
+         "-k", "metadata_matches"],
+        cwd=clone, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    n = len(BUNDLES)
+    assert f"{n} passed, {n} skipped" in out, out[-3000:]
+    assert "MONAI's published metadata schema is not available" in out
+    assert not (clone.parent / "shared").exists()
 
 
 @bundle_param

@@ -620,6 +620,58 @@ def test_resume_equals_uninterrupted_training(tmp_path):
     assert eval2.state.best_metric == 0.25 and eval2.state.best_metric_epoch == 1
 
 
+def test_auto_resume_says_what_it_resumes_and_how_to_start_fresh(tmp_path, caplog):
+    """auto_resume: one INFO line names the file it found, its epoch, iteration and the settings it was written
+    with; a found file that cannot be continued (another run's epoch length) fails saying it was auto-resumed,
+    from which file, and how to start fresh. An explicit --resume does not mention auto_resume."""
+    model, opt, sched, _, _ = _objects(1)
+    saver = ResumableCheckpointSaver(tmp_path, model, opt, sched)
+    first = _trainer(model, opt, sched, [])
+    saver.attach(first)
+    first.run(_data(), max_epochs=1)
+
+    model2, opt2, sched2, _, _ = _objects(2)
+    with caplog.at_level(logging.INFO, logger="components.checkpoint"):
+        handler = ResumeHandler(None, model2, opt2, sched2, auto_resume="true", ckpt_dir=tmp_path)
+        second = _trainer(model2, opt2, sched2, [])
+        handler.attach(second)
+        second.run(_data(), max_epochs=2)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed from")]
+    assert lines == [
+        f"resumed from {saver.path} (found by auto_resume; --auto_resume false or another --ckpt_dir starts fresh) "
+        "at epoch 1, iteration 4; it was written with max_epochs=1, epoch_length=4"
+    ]
+    assert handler.auto and handler.report["written_with"] == {"max_epochs": 1, "epoch_length": 4}
+
+    # the same folder, another run: 3 iterations per epoch
+    model3, opt3, sched3, _, _ = _objects(3)
+    trainer = _trainer(model3, opt3, sched3, [])
+    ResumeHandler(None, model3, opt3, sched3, auto_resume=True, ckpt_dir=tmp_path).attach(trainer)
+    with pytest.raises(CheckpointLoadError) as err:
+        trainer.run(_data()[:3], max_epochs=2)
+    message = str(err.value)
+    assert message.startswith(f"auto_resume found '{saver.path}'")
+    assert "epoch_length=4 but this run has epoch_length=3" in message
+    assert "--auto_resume false or another --ckpt_dir" in message
+    given = ResumeHandler(saver.path, model3, opt3, sched3, auto_resume=True, ckpt_dir=tmp_path)
+    trainer = _trainer(model3, opt3, sched3, [])
+    given.attach(trainer)
+    with pytest.raises(CheckpointLoadError, match=f"^resume checkpoint '{saver.path}'") as err:
+        trainer.run(_data()[:3], max_epochs=2)
+    assert "--auto_resume false" not in str(err.value)
+
+    # a file auto_resume cannot read at all names the same way out
+    saver.path.write_bytes(b"not a checkpoint")
+    model4, opt4, _, _, _ = _objects(4)
+    trainer = Engine(lambda e, b: None)
+    ResumeHandler(None, model4, opt4, auto_resume=True, ckpt_dir=tmp_path).attach(trainer)
+    with pytest.raises(CheckpointLoadError, match="auto_resume found .*not a readable torch checkpoint.*--auto_resume false"):
+        trainer.run(_data(), max_epochs=1)
+    with pytest.raises(ValueError, match="auto_resume needs ckpt_dir"):
+        ResumeHandler(None, model4, auto_resume=True)
+    assert ResumeHandler(None, model4, auto_resume=False, ckpt_dir=tmp_path).path is None  # off: from scratch
+
+
 def test_resume_handler_errors_and_noop(tmp_path):
     data = _data()
     model, opt, sched, _, _ = _objects(1)

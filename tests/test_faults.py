@@ -259,7 +259,7 @@ def test_killed_rank_is_restarted_and_the_run_resumes(fault_data, tmp_path):
     killed_at = output.index("failed (exitcode: -9) local_rank: 1")
     assert output.count("auto_resume found") == 2, launch.ok()  # ... and restarted both ranks, which resumed
     assert output.index("auto_resume found") > killed_at
-    resumed = [int(m) for m in re.findall(r"resumed from \S+ at epoch \d+, iteration (\d+)", output)]
+    resumed = [int(m) for m in re.findall(r"resumed from \S+ \([^)]*\) at epoch \d+, iteration (\d+)", output)]
     assert resumed == [3, 3], launch.ok()  # both ranks continue from the mid-epoch checkpoint
     ckpt = torch.load(tmp_path / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert ckpt["trainer"]["iteration"] == 4

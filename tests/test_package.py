@@ -20,6 +20,7 @@ from pathlib import Path
 import fire
 import pytest
 import torch
+from monai.networks.nets import SwinUNETR
 
 import components
 from components import package as pkg
@@ -222,7 +223,7 @@ def test_monai_download_url_then_load(ssl_copy, packaged, fake_state, tmp_path):
     for workflow_type in ("train", "inference"):
         net = monai.bundle.load(
             name=SSL, bundle_dir=d, source="github", repo="owner/repo/v0", workflow_type=workflow_type,
-            device="cpu", progress=False, net_override={"feature_size": FS},
+            device="cpu", progress=False,
         )
         assert isinstance(net, components.SSLHead)
         _assert_same(net, fake_state)
@@ -251,6 +252,67 @@ def test_dino_bundle_packages_and_loads_its_teacher_encoder_for_inference(tmp_pa
     _assert_same(net, state)
 
 
+def _perturbed(net: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    return {k: v.clone() for k, v in net.state_dict().items()}
+
+
+# a tiny 'trained' network of each bundle, of another size than the configs' default 48
+LOADED = {
+    SSL: lambda: components.SSLHead(feature_size=FS),
+    BTCV: lambda: SwinUNETR(in_channels=1, out_channels=14, feature_size=FS),
+    "swin_unetr_brats_finetune": lambda: SwinUNETR(in_channels=4, out_channels=3, feature_size=FS),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOADED))
+def test_monai_bundle_load_returns_every_packaged_tensor(name, tmp_path, monkeypatch):
+    """As the READMEs show it: package, fetch, then ``monai.bundle.load(name=..., bundle_dir=..., workflow_type=...,
+    source="github", repo=..., version=...)`` with no net_override. The packaged configs take the network sizes
+    from the weights, so every tensor comes back (MONAI alone would load 19 of 142 and say so only at INFO).
+    Loading for inference applies no allocator tuning in the caller's process (inference.json's tune_allocator is
+    off); train.json builds the same network with every weight."""
+    import monai.bundle
+
+    build = LOADED[name]
+    root = _copy_bundle(name, tmp_path / "src")
+    (root / "models").mkdir()
+    state = _perturbed(build(), seed=len(name))
+    torch.save(state, root / "models" / "model.pt")
+    zip_path = pkg.package_bundle(root, tmp_path / "dist")
+    version = _version(root)
+    assert zip_path.name == f"{name}_v{version}.zip"
+    with zipfile.ZipFile(zip_path) as zf:
+        inference = json.loads(zf.read(f"{name}/configs/inference.json"))
+    assert inference["feature_size"] == FS and inference["tune_allocator"] is False
+    pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "downloads")
+
+    tuned = []
+    monkeypatch.setattr(components, "tune_allocator", lambda enabled=True, **kw: tuned.append(enabled) or False)
+    for kind in ("inference", "train"):
+        net = monai.bundle.load(
+            name=name, bundle_dir=tmp_path / "downloads", workflow_type=kind, source="github", repo="owner/repo/v0",
+            version=version, device="cpu", progress=False,
+        )
+        _assert_same(net, state)
+        if kind == "inference":  # train.json tunes by default: it is the training process's own setting
+            assert tuned == [False], "loading a bundle tuned the allocator of the caller's process"
+
+
+def test_package_refuses_weights_the_configs_cannot_hold(tmp_path):
+    """Weights of another decoder than the config's ``upsample``: no size id can fix that, so packaging fails
+    naming the config and tensors instead of publishing a bundle that loads partly random."""
+    root = _copy_bundle(SSL, tmp_path / "src")
+    (root / "models").mkdir()
+    torch.save(components.SSLHead(feature_size=FS, upsample="deconv").state_dict(), root / "models" / "model.pt")
+    with pytest.raises(ValueError, match=r"configs/inference.json: network_def does not hold exactly the tensors"):
+        pkg.package_bundle(root, tmp_path / "dist")
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
 def test_github_source_is_offline_when_zip_present(packaged, fake_state, tmp_path, monkeypatch):
     """`--source github --repo owner/repo/tag --version X` resolves <name>_v<X>.zip and skips the download when
     that zip is already in bundle_dir (sockets are disabled here to prove it)."""
@@ -271,7 +333,7 @@ def test_github_source_is_offline_when_zip_present(packaged, fake_state, tmp_pat
     shutil.rmtree(d / SSL)
     net = monai.bundle.load(
         name=SSL, version=version, bundle_dir=d, source="github", repo="owner/repo/v0", workflow_type="train",
-        device="cpu", progress=False, net_override={"feature_size": FS},
+        device="cpu", progress=False,
     )
     _assert_same(net, fake_state)
 
@@ -414,14 +476,10 @@ def test_fetch_bundle_refuses_unsafe_or_foreign_zip(tmp_path):
 
 
 def test_schema_path_lookup(tmp_path, monkeypatch):
+    """MONAI's published schema: BUNDLE_SCHEMA_PATH, else a cached copy with the right md5, else a download checked
+    against the md5. The project's own schema ships with the package and needs none of this."""
     monkeypatch.delenv("BUNDLE_SCHEMA_PATH", raising=False)
-    shared = REPO.parent / "shared" / "bundle-schema" / pkg.SCHEMA_NAME
-    if shared.is_file():
-        assert pkg.schema_path() == shared
-        assert hashlib.md5(shared.read_bytes()).hexdigest() == pkg.SCHEMA_MD5
-
-    # no shared copy: a cached copy with the right md5, else a download checked against the md5
-    monkeypatch.setattr(pkg, "_REPO_ROOT", tmp_path / "elsewhere" / "repo")
+    assert pkg.metadata_schema().is_file() and pkg.metadata_schema().parent.parent == Path(pkg.__file__).parent
     calls = []
 
     def fake_download(url, filepath, hash_val, hash_type, progress):
@@ -433,10 +491,10 @@ def test_schema_path_lookup(tmp_path, monkeypatch):
     cached = tmp_path / "cache" / pkg.SCHEMA_NAME
     assert pkg.schema_path(cache_dir=tmp_path / "cache") == cached
     assert calls == [(pkg.SCHEMA_URL, pkg.SCHEMA_MD5, "md5")]
-    if shared.is_file():
-        shutil.copyfile(shared, cached)
-        assert pkg.schema_path(cache_dir=tmp_path / "cache") == cached
-        assert len(calls) == 1  # the cached copy's md5 matched: no download
+    cached.write_bytes(b"{}")  # pretend it is the published file: its md5 is used, not its name
+    monkeypatch.setattr(pkg, "SCHEMA_MD5", hashlib.md5(b"{}").hexdigest())
+    assert pkg.schema_path(cache_dir=tmp_path / "cache") == cached
+    assert len(calls) == 1  # the cached copy's md5 matched: no download
 
     mine = tmp_path / "my_schema.json"
     mine.write_text("{}")
