@@ -253,7 +253,7 @@ def measure_size(name: str, size: dict, iters: int, warmup: int, num_workers: in
         trainer, _ = build_trainer(size, workdir, num_workers, amp, tune=True)
         epoch_length = len(trainer.data_loader)
         workers = trainer.data_loader.num_workers
-        loss_function = trainer.loss_function
+        loss_function = trainer.recipe.loss_function  # the SSLLoss itself (the engine calls the recipe)
         timer = instrument(trainer)
         views = prepared_views(trainer)
         autocast = _autocast_factory(trainer)
