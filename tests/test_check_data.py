@@ -309,8 +309,7 @@ def _cli(monkeypatch, capsys, *args) -> tuple[int, list[str]]:
 
     monkeypatch.setattr(sys, "argv", ["components", "check-data", *map(str, args)])
     try:
-        main()
-        code = 0
+        code = main()  # the exit status python -m components exits with
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     return code, capsys.readouterr().out.splitlines()

@@ -81,7 +81,7 @@ def test_command_help_shows_readable_types_and_defaults(capsys):
     assert rows["--compare"] == ["bool", "default:", "false"]
     assert main(["check-data", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "  DATALIST" in out and "default: training,validation" in out
+    assert "  DATALIST" in out and "training, and validation when the datalist has one" in out  # --lists default
 
 
 def test_errors_are_one_line_with_status_2_and_debug_shows_the_traceback(tmp_path, capsys):
