@@ -49,9 +49,10 @@ STARTS = ("python", "torchrun", "srun", "pip")
 RUN_OPTIONS = {"config_file", "meta_file", "logging_file", "tracking", "args_file", "run_id", "init_id", "final_id"}
 # tiny settings appended to a run that sets no --max_epochs, by the bundle it runs
 TINY = {
-    "swin_unetr_ssl_pretrain": ["--roi_size", "[64,64,64]", "--feature_size", "12"],
+    "swin_unetr_ssl_pretrain": ["--roi_size", "[64,32,32]", "--feature_size", "12"],
     "swin_unetr_btcv_finetune": ["--roi_size", "[64,32,32]", "--spacing", "[3.0,3.0,4.0]", "--feature_size", "12"],
     "swin_unetr_brats_finetune": ["--roi_size", "[64,32,32]", "--spacing", "[2.0,2.0,2.0]", "--feature_size", "12"],
+    "swin_unetr_dino_pretrain": ["--roi_size", "[32,32,32]", "--feature_size", "12"],
 }
 TINY_COMMON = ["--max_epochs", "2", "--num_workers", "0", "--device", "cpu", "--amp", "false", "--use_checkpoint", "false"]
 USER_FILES = {"model_swinvit.pt"}  # files the docs expect the reader to bring
