@@ -287,9 +287,7 @@ def test_metadata_ids_and_label_names(bundle):
     from monai.bundle import verify_metadata
 
     meta_file = bundle / "configs" / "metadata.json"
-    schema = components.schema_path() if hasattr(components, "schema_path") else None
-    if schema is not None:
-        verify_metadata(meta_file=str(meta_file), filepath=str(schema))  # raises on a schema violation
+    verify_metadata(meta_file=str(meta_file), filepath=str(components.metadata_schema()))  # raises on a violation
     meta = json.loads(meta_file.read_text())
     assert meta["required_packages_version"]["swin-ssl-bundles"] == components.__version__
     assert meta["version"] in meta["changelog"]
@@ -305,7 +303,8 @@ def test_metadata_ids_and_label_names(bundle):
     assert train["channel_policy"] == ("error" if bundle == CT else "repeat")
     for name in ("multi_gpu_train.json", "multi_gpu_evaluate.json"):
         layer = json.loads((bundle / "configs" / name).read_text())
-        assert layer["validate#sampler"]["even_divisible"] is False and layer["validate#sampler"]["shuffle"] is False
+        # each rank validates its own part of the list, in order and without padding (components.split_for_rank)
+        assert layer["validate#datalist"].startswith("$components.split_for_rank(@validate#full_datalist")
     assert (bundle / "LICENSE").read_text() == (REPO / "LICENSE").read_text()
 
 
