@@ -97,7 +97,7 @@ def dino_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: st
     from 64^3 regions and a small head."""
     ssl = ssl_overrides(budget, data_dir, run_dir, device, seed)
     shared = ("dataset_dir", "device", "feature_size", "window_size", "batch_size", "num_workers", "amp", "use_checkpoint",
-              "seed", "log_interval", "max_epochs", "output_dir", "ckpt_dir", "auto_resume", "tune_allocator")  # fmt: skip
+              "seed", "log_interval", "max_epochs", "output_dir", "ckpt_dir", "auto_resume")  # fmt: skip
     return {
         **{key: ssl[key] for key in shared}, "roi_size": [32, 32, 32], "context_size": [64, 64, 64],
         "local_size": [32, 32, 32], "num_local_crops": 2, "prototypes": 1024, "head_hidden_dim": 256,

@@ -74,9 +74,8 @@ _WINDOW = 4
 # the recipe's random flips and 90-degree rotations swap left and right, which tell the kidneys apart
 _NO_MIRRORING = {"flip_prob": 0.0, "rotate90_prob": 0.0}
 _LABEL_NAMES = ["background", *synthetic.DEMO_ORGANS]
-# every run starts fresh (a demo run again into the same folder must not resume the last one) and leaves the
-# allocator as glibc has it (the tuned one trades memory for speed in long runs)
-_FRESH_RUN = {"auto_resume": False, "tune_allocator": False}
+# every run starts fresh: a demo run again into the same folder must not resume the last one
+_FRESH_RUN = {"auto_resume": False}
 
 
 def ssl_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
