@@ -251,10 +251,10 @@ def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
 
     Every config with a ``network_def`` is then built and must hold exactly the tensors of ``models/model.pt``
     (same names, same shapes), so that ``monai.bundle.load(..., workflow_type=...)`` returns all the packaged
-    weights. A config whose network is by design not the one ``models/model.pt`` holds (a self-distillation
-    student with heads, where the release is the teacher's encoder) says so with ``"holds_model_file": false``
-    and is skipped. Raises ``ValueError`` naming the config and the tensors otherwise (e.g. weights of another decoder
-    than ``upsample`` says: set it in the config before packaging)."""
+    weights (a bundle whose trained network differs from its release, e.g. a self-distillation student with heads
+    whose release is the teacher's encoder, keeps the trained one under another id). Raises ``ValueError`` naming
+    the config and the tensors otherwise (e.g. weights of another decoder than ``upsample`` says: set it in the
+    config before packaging)."""
     root = Path(bundle_dir)
     weights = root / _MODEL_FILE
     if not weights.is_file():
@@ -271,7 +271,7 @@ def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
         rel = config_file.relative_to(root).as_posix()
         text = config_file.read_text(encoding="utf-8")
         config = json.loads(text)
-        if not isinstance(config, dict) or "network_def" not in config or config.get("holds_model_file") is False:
+        if not isinstance(config, dict) or "network_def" not in config:
             continue
         changed = {k: v for k, v in sizes.items() if isinstance(config.get(k), int) and config[k] != v}
         if changed:

@@ -230,9 +230,10 @@ def test_monai_download_url_then_load(ssl_copy, packaged, fake_state, tmp_path):
     assert net.output == "reconstruction"  # inference.json's network_def
 
 
-def test_dino_bundle_packages_and_loads_its_teacher_encoder_for_inference(tmp_path):
+def test_dino_bundle_packages_and_loads_its_teacher_encoder(tmp_path):
     """The self-distillation bundle's release: its models/model.pt (the teacher encoder, swinViT.* keys) comes back
-    through `monai.bundle download --url` and monai.bundle.load(workflow_type="inference") into its embedding net."""
+    through `monai.bundle download --url` and monai.bundle.load, for the train and the inference config alike,
+    into the embedding net with every tensor (the trained student with its head is not network_def)."""
     root = _copy_bundle(DINO, tmp_path / "src")
     state = _fake_trained_state(components.SwinViTEmbedding(feature_size=FS))
     assert all(k.startswith("swinViT.") for k in state)
@@ -244,12 +245,13 @@ def test_dino_bundle_packages_and_loads_its_teacher_encoder_for_inference(tmp_pa
     _run([sys.executable, "-m", "monai.bundle", "download", "--name", DINO, "--url", packaged.as_uri(), "--bundle_dir", str(d)])
     import monai.bundle
 
-    net = monai.bundle.load(
-        name=DINO, bundle_dir=d, source="github", repo="owner/repo/v0", workflow_type="inference",
-        device="cpu", progress=False, net_override={"feature_size": FS},
-    )
-    assert isinstance(net, components.SwinViTEmbedding)
-    _assert_same(net, state)
+    for workflow_type in ("train", "inference"):
+        net = monai.bundle.load(
+            name=DINO, bundle_dir=d, source="github", repo="owner/repo/v0", workflow_type=workflow_type,
+            device="cpu", progress=False,
+        )
+        assert isinstance(net, components.SwinViTEmbedding)
+        _assert_same(net, state)
 
 
 def _perturbed(net: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
