@@ -53,6 +53,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "init_distributed",
         "wrap_ddp",
     ),
+    "encoder_lr": ("FreezeEncoder", "encoder_param_groups"),
     "engine": ("PretrainingEvaluator", "PretrainingTrainer", "Recipe"),
     "faults": (
         "DataItemError",
