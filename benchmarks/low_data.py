@@ -13,10 +13,12 @@ Every step is a real ``python -m monai.bundle run`` with command-line overrides 
     python benchmarks/low_data.py --ks 1,2 --seeds 2
     python benchmarks/low_data.py --small             # CI: k = 1, 2; 2 seeds; a few iterations (learns nothing)
     python benchmarks/low_data.py --recipes ssl dino  # a third arm: the self-distillation bundle's teacher encoder
+    python benchmarks/low_data.py --pretrained_arm_overrides '{"encoder_lr_decay": 0.5}'  # a finetuning lever
 
 Prints one JSON object: per arm and k the mean and standard deviation over seeds of the held-out mean Dice, each
-recipe's difference to scratch (``<recipe>_minus_scratch``), every run (Dice per organ, seconds, what the SSL weights loaded), the settings and the
-machine; writes ``low_data.png`` (Dice against k, both arms) and the runs' folders under ``--out``.
+recipe's difference to scratch (``<recipe>_minus_scratch``) and the paired differences per (k, seed)
+(``paired_differences``: mean, sd), every run (Dice per organ, seconds, what the SSL weights loaded), the settings
+and the machine; writes ``low_data.png`` (Dice against k, both arms) and the runs' folders under ``--out``.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -52,13 +54,18 @@ LABELS = {"ssl": "SSL init", "dino": "DINO init", "scratch": "random init"}
 @dataclass(frozen=True)
 class Plan:
     """The experiment's size: label counts, seeds, the held-out set, the finetuning budget in iterations (the same
-    for every k and both arms) and the pretraining budget (``budget``: SSL epochs, batch, learning rates)."""
+    for every k and both arms) and the pretraining budget (``budget``: SSL epochs, batch, learning rates).
+    ``pretrain_overrides`` change the pretraining runs (e.g. their learning rate) and ``pretrained_arm_overrides``
+    the finetuning runs that start from pretrained weights (e.g. ``encoder_lr_decay``); the scratch arm keeps the
+    plain finetuning settings."""
 
     ks: tuple[int, ...] = (1, 2, 4, 8)
     seeds: int = 3
     num_eval: int = 4
     finetune_iterations: int = 120
     budget: DemoBudget = DemoBudget()
+    pretrain_overrides: dict = field(default_factory=dict)
+    pretrained_arm_overrides: dict = field(default_factory=dict)
 
 
 PLANS = {
@@ -117,6 +124,8 @@ def _finetune(
     epochs = -(-plan.finetune_iterations // k)
     budget = replace(plan.budget, finetune_epochs=epochs, val_interval=epochs)
     overrides = finetune_overrides(budget, datalist, run_dir, device, 1000 + seed, model, training_class_weights(datalist))
+    if model is not None:
+        overrides.update(plan.pretrained_arm_overrides)
     seconds = run_bundle(CT_BUNDLE, overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
     scalars = read_scalars(run_dir / "eval")
     per_class = {name: scalars[f"val_dice_{name.replace(' ', '_')}"][-1][1] for name in synthetic.DEMO_ORGANS}
@@ -126,6 +135,18 @@ def _finetune(
         "mean_dice": scalars["val_mean_dice"][-1][1], "per_class_dice": per_class,
         "encoder_tensors_loaded": None if loaded is None else [int(loaded[1]), int(loaded[2])],
     }
+
+
+def _paired(runs: list[dict], arm: str, plan: Plan) -> dict:
+    """Per k: the differences ``arm - scratch`` of the (k, seed) pairs (same volumes, seed and budget), their mean
+    and standard deviation: the pairing removes the spread that the drawn volumes cause in both arms alike."""
+    dice = {(r["arm"], r["k"], r["seed"]): r["mean_dice"] for r in runs}
+    paired = {}
+    for k in plan.ks:
+        differences = [dice[(arm, k, s)] - dice[("scratch", k, s)] for s in range(plan.seeds)]
+        paired[str(k)] = {"mean": statistics.fmean(differences), "differences": differences,
+                          "std": statistics.stdev(differences) if len(differences) > 1 else 0.0}  # fmt: skip
+    return paired
 
 
 def _plot(table: dict, path: Path) -> None:
@@ -153,8 +174,8 @@ def run(plan: Plan, out: Path, device: str, seed: int, parallel: int = 1, recipe
     for recipe in recipes:
         bundle, overrides = PRETRAINING[recipe]
         run_dir = out / f"{recipe}_pretrain"
-        seconds = run_bundle(bundle, overrides=overrides(plan.budget, unlabeled.parent, run_dir, device, seed),
-                             log=run_dir / "train.log", echo=False)  # fmt: skip
+        settings = {**overrides(plan.budget, unlabeled.parent, run_dir, device, seed), **plan.pretrain_overrides}
+        seconds = run_bundle(bundle, overrides=settings, log=run_dir / "train.log", echo=False)
         losses = {tag: values[-1][1] for tag, values in read_scalars(run_dir / "eval").items() if tag.startswith("loss")}
         pretraining[recipe] = {"seconds": round(seconds, 1), "final_losses": losses}
         models[recipe] = run_dir / "models" / "model.pt"
@@ -187,6 +208,7 @@ def run(plan: Plan, out: Path, device: str, seed: int, parallel: int = 1, recipe
         "pretraining": pretraining,
         "table": table,
         **{f"{r}_minus_scratch": {k: table[r][k]["mean"] - table["scratch"][k]["mean"] for k in table[r]} for r in recipes},
+        "paired_differences": {r: _paired(runs, r, plan) for r in recipes},
         "runs": runs,
         "plot": str(out / "low_data.png"),
         "total_seconds": round(time.perf_counter() - started, 1),
@@ -205,6 +227,9 @@ def main() -> None:
     parser.add_argument("--out", default="runs/low_data", help="folder for the runs and low_data.png")
     parser.add_argument("--parallel", type=int, default=1, help="finetuning runs side by side (CPU: threads split)")
     parser.add_argument("--recipes", nargs="+", choices=RECIPES, default=["ssl"], help="pretraining arms (default: ssl)")
+    parser.add_argument("--pretrain_overrides", type=json.loads, default={}, help="JSON overrides of the pretraining runs")
+    parser.add_argument("--pretrained_arm_overrides", type=json.loads, default={},
+                        help='JSON overrides of the finetuning runs from pretrained weights, e.g. \'{"encoder_lr_decay": 0.5}\'')
     args = parser.parse_args()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     plan = PLANS["small" if args.small else device]
@@ -214,6 +239,7 @@ def main() -> None:
         plan = replace(plan, seeds=args.seeds)
     if args.iterations:
         plan = replace(plan, finetune_iterations=args.iterations)
+    plan = replace(plan, pretrain_overrides=args.pretrain_overrides, pretrained_arm_overrides=args.pretrained_arm_overrides)
     if args.ssl_epochs:
         plan = replace(plan, budget=replace(plan.budget, ssl_epochs=args.ssl_epochs))
     print(json.dumps(run(plan, Path(args.out).resolve(), device, args.seed, args.parallel, tuple(args.recipes)), indent=2))

@@ -175,7 +175,8 @@ def test_low_data_wires_a_dino_arm(tmp_path, monkeypatch):
     monkeypatch.setattr(low_data, "read_scalars", fake_scalars)
     monkeypatch.setattr(low_data, "training_class_weights", lambda datalist: None)
     monkeypatch.setattr(low_data, "_write_datalists", lambda root, plan, seed: (tmp_path / "u" / "dataset.json", {(1, 0): datalist}))
-    plan = low_data.Plan(ks=(1,), seeds=1, finetune_iterations=2)
+    plan = low_data.Plan(ks=(1,), seeds=1, finetune_iterations=2, pretrain_overrides={"learning_rate": 2e-4},
+                         pretrained_arm_overrides={"encoder_lr_decay": 0.5})  # fmt: skip
     result = low_data.run(plan, tmp_path / "out", "cpu", 0, recipes=("ssl", "dino"))
 
     pretrain = {bundle: o for bundle, o in calls if bundle != low_data.CT_BUNDLE}
@@ -186,7 +187,11 @@ def test_low_data_wires_a_dino_arm(tmp_path, monkeypatch):
     out = tmp_path / "out"
     assert starts == {"ssl": str(out / "ssl_pretrain" / "models" / "model.pt"),
                       "dino": str(out / "dino_pretrain" / "models" / "model.pt"), "scratch": None}  # fmt: skip
+    assert all(o["learning_rate"] == 2e-4 for o in pretrain.values())
+    decays = {o["ckpt_dir"].rsplit("_", 1)[-1].split("/")[0]: o.get("encoder_lr_decay") for b, o in calls if b == low_data.CT_BUNDLE}
+    assert decays == {"ssl": 0.5, "dino": 0.5, "scratch": None}  # the levers reach the pretrained arms only
     assert set(result["table"]) == {"ssl", "dino", "scratch"} and set(result["pretraining"]) == {"ssl", "dino"}
+    assert result["paired_differences"]["dino"]["1"] == {"mean": pytest.approx(0.25), "differences": [pytest.approx(0.25)], "std": 0.0}
     assert result["dino_minus_scratch"]["1"] == pytest.approx(0.25) and result["ssl_minus_scratch"]["1"] == 0.0
     assert {r["arm"]: r["encoder_tensors_loaded"] for r in result["runs"]} == {"ssl": [126, 126], "dino": [126, 126], "scratch": None}
     assert Path(result["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
