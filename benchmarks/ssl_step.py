@@ -178,7 +178,9 @@ def instrument(trainer) -> PhaseTimer:
     return timer
 
 
-def build_trainer(size: dict, workdir: Path, num_workers: int | None, amp: bool, tune: bool):
+def build_trainer(
+    size: dict, workdir: Path, num_workers: int | None, amp: bool, tune: bool, fused_attention: bool = True
+):
     """The bundle's train#trainer on synthetic CT for ``size`` (validation off: it is epoch-level, not per step)."""
     from monai.bundle import ConfigParser
 
@@ -197,6 +199,7 @@ def build_trainer(size: dict, workdir: Path, num_workers: int | None, amp: bool,
         max_epochs=1000,
         val_interval=10**6,
         tune_allocator=tune,
+        fused_attention=fused_attention,
     )
     if num_workers is not None:
         overrides["num_workers"] = num_workers
@@ -237,7 +240,9 @@ def _autocast_factory(trainer):
     return lambda: torch.autocast(device_type=trainer.device.type, dtype=trainer.amp_dtype)
 
 
-def measure_size(name: str, size: dict, iters: int, warmup: int, num_workers: int | None, amp: bool) -> dict:
+def measure_size(
+    name: str, size: dict, iters: int, warmup: int, num_workers: int | None, amp: bool, fused_attention: bool = True
+) -> dict:
     """``warmup + iters`` bundle iterations (whole epochs), each with one bare twin run right after it (odd
     iterations: an ITERATION_COMPLETED handler after the timer's) or right before it (even ones: the first
     GET_BATCH_STARTED handler, ahead of the timer's first mark): twins are measured seconds apart, so load changes
@@ -250,7 +255,7 @@ def measure_size(name: str, size: dict, iters: int, warmup: int, num_workers: in
 
     with tempfile.TemporaryDirectory(prefix=f"ssl_step_{name}_") as tmp:
         workdir = Path(tmp)
-        trainer, _ = build_trainer(size, workdir, num_workers, amp, tune=True)
+        trainer, _ = build_trainer(size, workdir, num_workers, amp, tune=True, fused_attention=fused_attention)
         epoch_length = len(trainer.data_loader)
         workers = trainer.data_loader.num_workers
         loss_function = trainer.recipe.loss_function  # the SSLLoss itself (the engine calls the recipe)
@@ -406,6 +411,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--num-workers", type=int, default=None, help="loader workers (default: the bundle's)")
     parser.add_argument("--amp", action="store_true", help="autocast (bf16 on CPU) as the bundle's default")
+    parser.add_argument("--explicit-attention", action="store_true", help="MONAI's explicit window attention "
+                        "(the bundle's fused_attention false) instead of scaled_dot_product_attention")
     parser.add_argument("--allocator-size", default="tiny", help="size of the allocator comparison ('none' skips it)")
     parser.add_argument("--allocator-iters", type=int, default=5, help="iterations per allocator process")
     parser.add_argument("--allocator-rounds", type=int, default=2, help="processes per mode, alternating")
@@ -431,11 +438,13 @@ def main(argv: list[str] | None = None) -> dict:
     out = json_stdout()
 
     result: dict = {"benchmark": "ssl_step", "machine": machine_info(), "sizes": {}}
+    result["fused_attention"] = not args.explicit_attention
     start = time.perf_counter()
     for name in names:
         size = SIZES[name]
         iters = args.iters or DEFAULT_ITERS[name]
-        result["sizes"][name] = measure_size(name, size, iters, args.warmup, args.num_workers, args.amp)
+        fused = not args.explicit_attention
+        result["sizes"][name] = measure_size(name, size, iters, args.warmup, args.num_workers, args.amp, fused)
     if args.allocator_size != "none":
         result["allocator"] = measure_allocator(args.allocator_size, args.allocator_iters, args.allocator_rounds)
     result["targets"] = {

@@ -15,6 +15,7 @@ __version__ = "0.2.0"
 
 # submodule -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
+    "attention": ("FusedWindowAttention", "use_fused_attention"),
     "augment": ("aug_rand", "rot_rand", "ssl_views"),
     "checkpoint": (
         "BestModelSaver",
