@@ -55,7 +55,7 @@ def test_fused_equals_explicit_in_float64(window, roi):
     """In float64 the two paths compute the same function: outputs and every gradient (the relative position bias
     tables included) agree to rounding."""
     explicit = _swin_unetr(window).double()
-    fused = components.use_fused_attention(copy.deepcopy(explicit))
+    fused = components.use_fused_attention(copy.deepcopy(explicit), fused_cpu_training=True)
     x = torch.rand(1, 1, *roi, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     out_e, grads_e = _grads(explicit, x)
     out_f, grads_f = _grads(fused, x)
@@ -72,7 +72,7 @@ def test_fused_float32_gradients_are_as_accurate_as_monais(window, roi):
     """In float32 each gradient of the fused path is at least as close to the float64 result as MONAI's explicit
     float32 path (within a factor 2 and 1e-6: tiny gradients of the first stage cancel to ~1e-3 relative in both)."""
     explicit = _swin_unetr(window)
-    fused = components.use_fused_attention(copy.deepcopy(explicit))
+    fused = components.use_fused_attention(copy.deepcopy(explicit), fused_cpu_training=True)
     reference = copy.deepcopy(explicit).double()
     x = torch.rand(1, 1, *roi, generator=torch.Generator().manual_seed(1))
     out_e, grads_e = _grads(explicit, x)
@@ -87,7 +87,7 @@ def test_fused_float32_gradients_are_as_accurate_as_monais(window, roi):
 def test_ssl_head_and_inference_without_gradients():
     torch.manual_seed(0)
     explicit = components.SSLHead(feature_size=12, window_size=4).double()
-    fused = components.use_fused_attention(copy.deepcopy(explicit))
+    fused = components.use_fused_attention(copy.deepcopy(explicit), fused_cpu_training=True)
     x = torch.rand(2, 1, 64, 32, 32, dtype=torch.float64)
     out_e, grads_e = _grads(explicit, x)
     out_f, grads_f = _grads(fused, x)
@@ -116,7 +116,7 @@ def test_attention_dropout_only_in_training():
     block = WindowAttention(dim=24, num_heads=2, window_size=(2, 2, 2), attn_drop=0.5)
     x = torch.rand(4, 8, 24)
     explicit = block(x, None).detach()
-    components.use_fused_attention(block)
+    components.use_fused_attention(block, fused_cpu_training=True)
     assert _relative(block(x, None), explicit) > 1e-3  # training: the kernel drops attention weights
     block.eval()
     block.__class__ = WindowAttention
@@ -128,7 +128,7 @@ def test_attention_dropout_only_in_training():
 def test_bf16_autocast_runs_and_stays_close():
     """Under autocast the bias takes the query's dtype; the result stays within bf16 precision of float32 (eps
     2^-8 per operation, a few percent through the network)."""
-    net = components.use_fused_attention(_swin_unetr(4))
+    net = components.use_fused_attention(_swin_unetr(4), fused_cpu_training=True)
     x = torch.rand(1, 1, 64, 32, 32, generator=torch.Generator().manual_seed(1))
     reference, _ = _grads(net, x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -136,6 +136,22 @@ def test_bf16_autocast_runs_and_stays_close():
     out.float().square().mean().backward()
     assert out.dtype == torch.bfloat16 and _relative(out.float(), reference) < 0.05
     assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+
+
+def test_cpu_training_falls_back_to_monais_attention_and_says_so(caplog, monkeypatch):
+    """Without a fused CPU kernel for a bias gradient, CPU training computes MONAI's explicit attention (bitwise
+    the same result), logged once at INFO; without gradients the kernel is used."""
+    monkeypatch.setattr(FusedWindowAttention, "_cpu_fallback_logged", False)
+    explicit = _swin_unetr(4)
+    fused = components.use_fused_attention(copy.deepcopy(explicit))
+    x = torch.rand(1, 1, 64, 32, 32, generator=torch.Generator().manual_seed(1))
+    with caplog.at_level("INFO", logger="components.attention"):
+        assert torch.equal(fused(x), explicit(x))
+        fused(x)
+    assert sum("explicit window attention" in r.getMessage() for r in caplog.records) == 1
+    explicit.eval(), fused.eval()
+    with torch.no_grad():
+        assert _relative(fused(x), explicit(x)) < 1e-5
 
 
 def test_a_network_without_window_attention_is_refused():
