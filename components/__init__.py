@@ -66,7 +66,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "resolve_resume",
     ),
     "losses": ("SSLLoss",),
-    "networks": ("SSLHead", "check_roi_size"),
+    "networks": ("SSLHead", "check_roi_size", "prepare_network"),
     "package": ("extract_zip_safely", "fetch", "fetch_bundle", "metadata_schema", "package_bundle", "schema_path"),
     "quiet": ("install_filters", "log_from_rank_zero"),
     "recipes": (
@@ -86,6 +86,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "runtime": ("as_bool", "default_num_workers", "optional_path", "tune_allocator"),
     "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
     "settings": ("check_settings",),
+    "step_memory": ("checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"),
     "synthetic": ("write_dataset",),
     "transforms": ("CompactCropForegroundd", "RandCompactSpatialCropSamplesd", "compact_nbytes"),
 }

@@ -20,7 +20,11 @@ from monai.networks.layers import Conv, Norm
 from monai.networks.nets.swin_unetr import SwinTransformer
 from torch import nn
 
-__all__ = ["SSLHead", "swin_vit", "DEFAULT_WINDOW", "UPSAMPLE_MODES", "OUTPUT_MODES", "SPATIAL_REDUCTION", "check_roi_size"]
+from .attention import use_fused_attention
+from .runtime import as_bool
+from .step_memory import checkpointing_decision, set_checkpointing
+
+__all__ = ["SSLHead", "prepare_network", "swin_vit", "DEFAULT_WINDOW", "UPSAMPLE_MODES", "OUTPUT_MODES", "SPATIAL_REDUCTION", "check_roi_size"]
 
 #: the reconstruction decoders :class:`SSLHead` can build (``upsample`` argument).
 UPSAMPLE_MODES: tuple[str, ...] = ("vae", "deconv", "large_kernel_deconv")
@@ -329,3 +333,33 @@ class SSLHead(nn.Module):
         x_contrastive = self.contrastive_head(tokens[:, 1])  # (B, 512)
         x_rec = self.conv(feats)  # (B, in_channels, *spatial)
         return x_rot, x_contrastive, x_rec
+
+
+def prepare_network(
+    network: nn.Module,
+    device: str | torch.device,
+    fused_attention: bool | str = True,
+    use_checkpoint: bool | str = False,
+    step_inputs: Sequence[Sequence[int]] | None = None,
+    amp: bool | str = False,
+) -> nn.Module:
+    """The network of a run, from the bundle's ``network_def``: its window-attention kernel
+    (:func:`~components.attention.use_fused_attention`), activation checkpointing (true, false, or ``"auto"``:
+    :func:`~components.step_memory.checkpointing_decision` for one training step whose network inputs have the
+    shapes ``step_inputs``) and its device. Every bundle config builds ``network`` with this one call, so
+    ``network_def`` stays the bare architecture that ``monai.bundle.load`` returns.
+
+    Raises:
+        ValueError: for a flag that is not a clear yes / no, or ``"auto"`` without ``step_inputs``.
+
+    Example::
+
+        "network": "$components.prepare_network(@network_def, @device, @fused_attention, @use_checkpoint, @step_inputs, @amp)"
+    """
+    use_fused_attention(network, as_bool(fused_attention, "fused_attention"))
+    if step_inputs is None and str(use_checkpoint).strip().lower() == "auto":
+        raise ValueError('use_checkpoint "auto" needs the shapes of a training step\'s inputs (step_inputs).')
+    enabled = as_bool(use_checkpoint, "use_checkpoint") if step_inputs is None else checkpointing_decision(
+        network, use_checkpoint, step_inputs, device, amp)  # fmt: skip
+    return set_checkpointing(network, enabled).to(device)
+
