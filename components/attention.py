@@ -50,7 +50,7 @@ class FusedWindowAttention(WindowAttention):
             if not FusedWindowAttention._cpu_fallback_logged:
                 FusedWindowAttention._cpu_fallback_logged = True
                 logger.info("fused_attention: training on the CPU computes MONAI's explicit window attention "
-                               "(PyTorch has no fused CPU kernel with a bias gradient; its math path is slower)")  # fmt: skip
+                            "(PyTorch has no fused CPU kernel with a bias gradient; its math path is slower)")  # fmt: skip
             return super().forward(x, mask)
         b, n, c = x.shape
         heads = self.num_heads
