@@ -100,11 +100,12 @@ def test_freeze_encoder_rejects_a_negative_count_or_a_network_without_encoder():
 
 
 @pytest.mark.parametrize("bundle", ["swin_unetr_btcv_finetune", "swin_unetr_brats_finetune"])
-def test_finetuning_bundles_expose_both_levers(bundle):
+def test_finetuning_bundles_expose_both_levers(bundle, tmp_path):
     for decay, groups in ((1.0, 1), (0.7, 6)):
         parser = ConfigParser()
         parser.read_config(str(BUNDLES / bundle / "configs" / "train.json"))
-        parser.update({"feature_size": 12, "device": "cpu", "encoder_lr_decay": decay, "freeze_encoder_iterations": 5})
+        parser.update({"feature_size": 12, "device": "cpu", "encoder_lr_decay": decay, "freeze_encoder_iterations": 5,
+                       "output_dir": str(tmp_path / "eval"), "ckpt_dir": str(tmp_path / "models")})  # the handlers write there
         parser.parse()
         optimizer = parser.get_parsed_content("optimizer")
         assert len(optimizer.param_groups) == groups
