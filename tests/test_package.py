@@ -209,6 +209,21 @@ def _assert_same(net: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     assert not different, f"{len(different)} tensors differ from the packaged weights, e.g. {different[:3]}"
 
 
+def _load_each_workflow(name: str, bundle_dir: Path, network_type: type, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """``monai.bundle.load`` of the train and the inference config: each returns ``network_type`` holding ``state``;
+    returns the inference one."""
+    import monai.bundle
+
+    for workflow_type in ("train", "inference"):
+        net = monai.bundle.load(
+            name=name, bundle_dir=bundle_dir, source="github", repo="owner/repo/v0", workflow_type=workflow_type,
+            device="cpu", progress=False,
+        )
+        assert isinstance(net, network_type)
+        _assert_same(net, state)
+    return net
+
+
 def test_monai_download_url_then_load(ssl_copy, packaged, fake_state, tmp_path):
     """`python -m monai.bundle download --name N --url file://...zip` extracts to D/N/; monai.bundle.load builds
     network_def from configs/<workflow_type>.json and loads the packaged weights, without network."""
@@ -218,15 +233,7 @@ def test_monai_download_url_then_load(ssl_copy, packaged, fake_state, tmp_path):
     assert (d / SSL / "configs" / "metadata.json").is_file()
     assert (d / SSL / "models" / "model.pt").read_bytes() == (ssl_copy / "models" / "model.pt").read_bytes()
 
-    import monai.bundle
-
-    for workflow_type in ("train", "inference"):
-        net = monai.bundle.load(
-            name=SSL, bundle_dir=d, source="github", repo="owner/repo/v0", workflow_type=workflow_type,
-            device="cpu", progress=False,
-        )
-        assert isinstance(net, components.SSLHead)
-        _assert_same(net, fake_state)
+    net = _load_each_workflow(SSL, d, components.SSLHead, fake_state)
     assert net.output == "reconstruction"  # inference.json's network_def
 
 
@@ -243,15 +250,7 @@ def test_dino_bundle_packages_and_loads_its_teacher_encoder(tmp_path):
     assert packaged.name == f"{DINO}_v{_version(root)}.zip"
     d = tmp_path / "D"
     _run([sys.executable, "-m", "monai.bundle", "download", "--name", DINO, "--url", packaged.as_uri(), "--bundle_dir", str(d)])
-    import monai.bundle
-
-    for workflow_type in ("train", "inference"):
-        net = monai.bundle.load(
-            name=DINO, bundle_dir=d, source="github", repo="owner/repo/v0", workflow_type=workflow_type,
-            device="cpu", progress=False,
-        )
-        assert isinstance(net, components.SwinViTEmbedding)
-        _assert_same(net, state)
+    _load_each_workflow(DINO, d, components.SwinViTEmbedding, state)
 
 
 def _perturbed(net: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
