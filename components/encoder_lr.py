@@ -55,13 +55,13 @@ def encoder_param_groups(
 
     Args:
         network: the network, or its DDP wrapper (names are read without ``module.``).
-        learning_rate: the decoder's rate, > 0.
+        learning_rate: the decoder's rate, >= 0.
         decay: the factor per stage, in (0, 1]. 1 returns ``network.parameters()`` as one group, exactly what an
             optimizer built without this function gets (and what its checkpoints hold).
         prefix: the encoder's parameter names start with it.
 
     Raises:
-        ValueError: for a rate <= 0, a decay outside (0, 1], or a network without parameters under ``prefix``.
+        ValueError: for a negative rate, a decay outside (0, 1], or a network without parameters under ``prefix``.
 
     Example::
 
@@ -70,8 +70,8 @@ def encoder_param_groups(
         >>> sorted({g["lr"] for g in groups})
         [3.125e-05, 6.25e-05, 0.000125, 0.00025, 0.0005, 0.001]
     """
-    if not learning_rate > 0:
-        raise ValueError(f"learning_rate must be > 0, got {learning_rate}.")
+    if not learning_rate >= 0:
+        raise ValueError(f"learning_rate must be >= 0, got {learning_rate}.")
     if not 0 < decay <= 1:
         raise ValueError(f"encoder_lr_decay must be in (0, 1] (1: no decay), got {decay}.")
     if decay == 1:

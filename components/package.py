@@ -218,8 +218,9 @@ _MODEL_FILE = "models/model.pt"
 
 def weight_sizes(state: Mapping[str, Any]) -> dict[str, int]:
     """The network sizes a Swin UNETR or SSLHead state dict was trained with: ``feature_size`` and
-    ``in_channels`` from the patch embedding, ``out_channels`` from SwinUNETR's output block; empty for other
-    states. Example: ``weight_sizes(SSLHead(feature_size=12).state_dict()) == {"feature_size": 12, "in_channels": 1}``."""
+    ``in_channels`` from the patch embedding, ``out_channels`` from SwinUNETR's output block, ``window_size`` from
+    the relative position bias tables ((2 * window - 1)^3 rows); empty for other states. Example:
+    ``weight_sizes(SSLHead(feature_size=12).state_dict()) == {"feature_size": 12, "in_channels": 1, "window_size": 7}``."""
     sizes: dict[str, int] = {}
     embed = state.get(_PATCH_EMBED)
     if embed is not None and embed.ndim == 5:
@@ -227,6 +228,10 @@ def weight_sizes(state: Mapping[str, Any]) -> dict[str, int]:
     out = state.get(_SEG_OUT)
     if out is not None and out.ndim == 5:
         sizes["out_channels"] = int(out.shape[0])
+    table = next((v for k, v in state.items() if k.endswith(".relative_position_bias_table") and v.ndim == 2), None)
+    edge = round(int(table.shape[0]) ** (1 / 3)) if table is not None else 0
+    if edge and edge**3 == table.shape[0] and edge % 2 == 1:  # (2 * window - 1)^3 rows for a cubic 3D window
+        sizes["window_size"] = (edge + 1) // 2
     return sizes
 
 
@@ -246,8 +251,8 @@ def _network_state_shapes(config: dict, where: str) -> dict[str, tuple[int, ...]
 
 def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
     """The configs a package of ``bundle_dir`` holds in place of the bundle's own: those with a ``network_def``
-    whose top-level ``feature_size`` / ``in_channels`` / ``out_channels`` differ from :func:`weight_sizes` of
-    ``models/model.pt``, with these ids set to the weights' values (JSON, 4-space indent). Empty without weights.
+    whose top-level ``feature_size`` / ``in_channels`` / ``out_channels`` / ``window_size`` differ from
+    :func:`weight_sizes` of ``models/model.pt``, with these ids set to the weights' values (JSON, 4-space indent). Empty without weights.
 
     Every config with a ``network_def`` is then built and must hold exactly the tensors of ``models/model.pt``
     (same names, same shapes), so that ``monai.bundle.load(..., workflow_type=...)`` returns all the packaged

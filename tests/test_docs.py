@@ -54,7 +54,8 @@ TINY = {
     "swin_unetr_brats_finetune": ["--roi_size", "[64,32,32]", "--spacing", "[2.0,2.0,2.0]", "--feature_size", "12"],
     "swin_unetr_dino_pretrain": ["--roi_size", "[32,32,32]", "--feature_size", "12"],
 }
-TINY_COMMON = ["--max_epochs", "2", "--num_workers", "0", "--device", "cpu", "--amp", "false", "--use_checkpoint", "false"]
+TINY_COMMON = ["--max_epochs", "2", "--num_workers", "0", "--device", "cpu", "--amp", "false", "--use_checkpoint", "false",
+               "--window_size", "4"]  # the window of the docs' tiny runs, which later commands load
 USER_FILES = {"model_swinvit.pt"}  # files the docs expect the reader to bring
 COVERED_ELSEWHERE = {"python -m components demo": "tests/test_demo.py"}
 
@@ -362,7 +363,9 @@ def _command_line(command: DocCommand) -> str:
     text = command.text
     bundle = _after(command.words, "monai.bundle")
     if bundle and bundle[0] == "run" and _flag(bundle, "max_epochs") is None:
-        text += " " + " ".join(shlex.quote(w) for w in TINY[command.bundle] + TINY_COMMON)
+        tiny = TINY[command.bundle] + TINY_COMMON
+        pairs = [tiny[i : i + 2] for i in range(0, len(tiny), 2) if _flag(bundle, tiny[i][2:]) is None]  # the doc's own win
+        text += " " + " ".join(shlex.quote(w) for pair in pairs for w in pair)
     return text
 
 
@@ -374,9 +377,9 @@ def _run_doc(doc: Path, tmp: Path) -> list[str]:
 
         from components import SSLHead
 
-        # "(the SSL model must have the same feature_size)": what the SSL docs' tiny run writes
+        # "(the SSL model must have the same feature_size and window_size)": what the SSL docs' tiny run writes
         (root / "bundles" / "swin_unetr_ssl_pretrain" / "models").mkdir(parents=True)
-        torch.save(SSLHead(feature_size=12).state_dict(), root / "bundles" / "swin_unetr_ssl_pretrain" / "models" / "model.pt")
+        torch.save(SSLHead(feature_size=12, window_size=4).state_dict(), root / "bundles" / "swin_unetr_ssl_pretrain" / "models" / "model.pt")
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONUNBUFFERED": "1"}
     ran = []
     for command in commands:
