@@ -55,8 +55,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "wrap_ddp",
     ),
     "encoder_lr": ("FreezeEncoder", "encoder_param_groups"),
-    "engine": ("PretrainingEvaluator", "PretrainingTrainer", "Recipe"),
+    "engine": ("PretrainingEvaluator", "PretrainingTrainer", "Recipe", "log_filter"),
     "faults": (
+        "CheckpointEvents",
         "DataItemError",
         "NonFiniteLossError",
         "SourceNamingCompose",

@@ -60,7 +60,7 @@ from monai.handlers import CheckpointSaver
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from .faults import resolve_resume
+from .faults import CheckpointEvents, register_checkpoint_events, resolve_resume
 from .runtime import as_bool, optional_path
 
 __all__ = [
@@ -1035,6 +1035,7 @@ class ResumableCheckpointSaver:
 
     def attach(self, engine: Engine) -> None:
         self._trainer = engine
+        register_checkpoint_events(engine)
         engine.add_event_handler(Events.STARTED, self._remove_stale_temps)
         if self.evaluator is not None:  # after the evaluator's own best-metric update (attached when it was built)
             self.evaluator.add_event_handler(Events.EPOCH_COMPLETED, self._note_best_iteration)
@@ -1110,7 +1111,10 @@ class ResumableCheckpointSaver:
         return ckpt
 
     def save(self, engine: Engine) -> Path | None:
-        """Write the checkpoint now (rank 0 only); returns the path written, None when skipped."""
+        """Write the checkpoint now (rank 0 only); returns the path written, None when skipped. Fires
+        ``CheckpointEvents.BEFORE_SAVE`` on every rank first (a non-finite-loss guard raises there)."""
+        register_checkpoint_events(engine)
+        engine.fire_event(CheckpointEvents.BEFORE_SAVE)
         if not _is_rank0():
             return None
         marker = (engine.state.iteration, *(self._best() if self.evaluator is not None else ()))

@@ -33,6 +33,7 @@ __all__ = [
     "all_gather_with_grad",
     "all_reduce_mean",
     "barrier",
+    "check_equal_shapes",
     "cleanup_distributed",
     "collective_device",
     "default_backend",
@@ -290,13 +291,17 @@ class _AllGatherWithGrad(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx, x: torch.Tensor, equal_sizes: bool) -> torch.Tensor:  # type: ignore[override]
         world_size = dist.get_world_size()
         rank = dist.get_rank()
-        shapes = _gather_shapes(x, world_size)
-        sizes = [s[0] for s in shapes]
-        max_size = max(sizes)
         x = x.contiguous()
+        if equal_sizes:  # every rank has x.shape: one collective, nothing read back to the host
+            out = x.new_empty((world_size * x.shape[0], *x.shape[1:]))
+            dist.all_gather_into_tensor(out, x)
+            ctx.start, ctx.size = rank * x.shape[0], x.shape[0]
+            return out
+        sizes = [s[0] for s in _gather_shapes(x, world_size)]
+        max_size = max(sizes)
         if x.shape[0] < max_size:
             pad = x.new_zeros((max_size - x.shape[0], *x.shape[1:]))
             padded = torch.cat([x, pad], dim=0)
@@ -309,17 +314,20 @@ class _AllGatherWithGrad(torch.autograd.Function):
         return torch.cat([b[:n] for b, n in zip(buffers, sizes)], dim=0)
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         grad = grad_output.contiguous().clone()  # all_reduce works in place; never modify autograd's buffer
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
-        return grad[ctx.start : ctx.start + ctx.size]
+        return grad[ctx.start : ctx.start + ctx.size], None
 
 
-def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+def all_gather_with_grad(x: torch.Tensor, equal_sizes: bool = False) -> torch.Tensor:
     """Concatenate ``x`` of all ranks along dim 0, in rank order, keeping the autograd graph.
 
     Sizes along dim 0 may differ across ranks (the other dims and the dtype must agree; a clear ``ValueError``
-    is raised on every rank otherwise). The backward all-reduces (sums) the incoming gradient and returns this
+    is raised on every rank otherwise): the shapes are exchanged first, which reads them back to the host (on
+    CUDA a host sync). With ``equal_sizes=True`` the caller guarantees that every rank passes the same shape
+    (e.g. equal training shards and a fixed batch): one ``all_gather_into_tensor`` then does the whole forward,
+    with no shape exchange and no host sync; :func:`check_equal_shapes` verifies the guarantee once. The backward all-reduces (sums) the incoming gradient and returns this
     rank's rows, so that after DDP's gradient averaging the parameter gradients equal those of one process
     computing the mean of the ranks' losses on the concatenated batch. Every rank must call this (and run
     backward through it) the same number of times, like any collective.
@@ -328,13 +336,28 @@ def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
 
     Args:
         x: tensor of shape (N_rank, ...).
+        equal_sizes: every rank's ``x`` has the same shape (skip the shape exchange).
 
     Returns:
         tensor of shape (sum of N_rank over ranks, ...).
     """
     if not is_distributed() or dist.get_world_size() == 1:
         return x
-    return _AllGatherWithGrad.apply(x)
+    return _AllGatherWithGrad.apply(x, bool(equal_sizes))
+
+
+def check_equal_shapes(x: torch.Tensor, what: str) -> None:
+    """Raises ``ValueError`` on every rank when the ranks' ``x`` differ in shape or dtype: the one-time check of a
+    caller that then gathers with ``equal_sizes=True``. ``what`` names the setting that promised equal shapes.
+    A no-op on one process."""
+    if not is_distributed() or dist.get_world_size() == 1:
+        return
+    shapes = _gather_shapes(x, dist.get_world_size())
+    if len(set(shapes)) > 1:
+        raise ValueError(
+            f"{what} promises the same batch on every rank, but the ranks' shapes are {shapes} (rank order): "
+            "turn it off where shards or batches differ in size."
+        )
 
 
 def all_reduce_mean(x: torch.Tensor | float, weight: torch.Tensor | float | None = None) -> torch.Tensor:

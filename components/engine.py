@@ -11,7 +11,7 @@ optionally, an update after each optimizer step (a teacher's EMA).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -31,11 +31,13 @@ __all__ = [
     "PretrainingEvaluator",
     "resolve_amp_dtype",
     "epoch_seed",
+    "log_filter",
     "reseed_data",
     "unwrap",
 ]
 
 LOG_KEY = "log"
+LOSS_PARTS_KEY = "loss_parts"
 _AMP_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
@@ -89,6 +91,28 @@ def reseed_data(loader: Any, seed: int) -> None:
         set_rnd(getattr(dataset, "transform", dataset), seed)
     generator = getattr(loader, "generator", None)
     (generator if generator is not None else torch.default_generator).manual_seed(seed)
+
+
+def log_filter(log_interval: int) -> Callable[[Any, int], bool]:
+    """The iterations that log, as an ignite event filter: 1, 1 + n, 1 + 2n, ... for ``log_interval`` n (the first
+    iteration always, so a run shows progress at once). The trainer reduces its logged values at exactly these
+    iterations; give the same filter to StatsHandler / TensorBoardStatsHandler as ``iteration_log``.
+
+    Raises:
+        ValueError: for an interval that is not a positive integer.
+
+    Example:
+        >>> [i for i in range(1, 25) if log_filter(10)(None, i)]
+        [1, 11, 21]
+    """
+    try:  # a command line may pass "10"
+        interval = int(log_interval)
+        valid = not isinstance(log_interval, bool) and float(log_interval) == interval >= 1
+    except (TypeError, ValueError):
+        valid = False
+    if not valid:
+        raise ValueError(f"log_interval must be a positive integer, got {log_interval!r}.")
+    return lambda engine, iteration: (iteration - 1) % interval == 0
 
 
 def unwrap(network: torch.nn.Module) -> torch.nn.Module:
@@ -149,11 +173,17 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         amp: autocast the forward; fp16 also uses a GradScaler, bf16 needs none.
         amp_dtype: "bfloat16" / "float16", or None to choose bf16 where supported.
         seed: base seed of the view generator and the data loader's random transforms.
+        log_interval: the iterations whose output carries ``log`` (see :func:`log_filter`): the only iterations
+            that reduce the logged values over ranks and read them back to the host.
         other args: as ``monai.engines.SupervisedTrainer`` (its own CUDA-only ``amp`` is not used).
 
     ``engine.state.output`` is a one-item list (as MONAI handlers expect: ``from_engine(["loss"], first=True)``) of
-    a dict with the recipe's ``outputs`` (e.g. ``image``, ``pred``, ``label``), ``loss`` and ``log``: ``loss``,
-    ``loss_<part>`` for every named part, the recipe's ``monitor`` values (all averaged over ranks) and ``lr``.
+    a dict with the recipe's ``outputs`` (e.g. ``image``, ``pred``, ``label``), ``loss`` (this rank's, a detached
+    tensor), ``loss_parts`` (this rank's named parts, detached tensors) and ``log``. At the log iterations ``log``
+    holds ``loss``, ``loss_<part>`` for every named part, the recipe's ``monitor`` values (all averaged over ranks,
+    as Python floats) and ``lr``; at the others it is None, which MONAI's stats handlers skip. So on CUDA an
+    iteration between two log iterations never waits for the device (bf16; fp16's GradScaler reads its overflow
+    flag every step).
     """
 
     def __init__(
@@ -169,11 +199,13 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         amp: bool = False,
         amp_dtype: str | None = None,
         seed: int = 0,
+        log_interval: int = 1,
         train_handlers: Sequence | None = None,
         epoch_length: int | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("loss_function", getattr(recipe, "loss", None))
+        self.log_due = log_filter(log_interval)
         super().__init__(
             device=device,
             max_epochs=max_epochs,
@@ -233,14 +265,19 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
             if callable(getattr(self.recipe, "after_step", None)):
                 self.recipe.after_step(engine)
         engine.fire_event(IterationEvents.MODEL_COMPLETED)
+        log = self._log(outputs, views, total, parts) if self.log_due(engine, engine.state.iteration) else None
+        # a one-item list: the shape MONAI handlers read with from_engine([...], first=True) (their decollated
+        # outputs); the views of a batch have no per-sample meaning to decollate
+        detached = {name: part.detach() for name, part in parts.items()}
+        return [{**self.recipe.outputs(outputs, views), Keys.LOSS: total.detach(), LOSS_PARTS_KEY: detached, LOG_KEY: log}]
+
+    def _log(self, outputs: Any, views: Any, total: torch.Tensor, parts: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """The logged values, averaged over ranks in one all-reduce and read back to the host (one sync)."""
         monitor = self.recipe.monitor(outputs, views) if callable(getattr(self.recipe, "monitor", None)) else {}
         names = ["loss", *(f"loss_{name}" for name in parts), *monitor]
         values = [total.detach(), *(p.detach() for p in parts.values()), *(torch.as_tensor(m).detach() for m in monitor.values())]
-        log = dict(zip(names, all_reduce_mean(torch.stack([v.float().to(total.device) for v in values]))))
-        log["lr"] = self.optimizer.param_groups[0]["lr"]
-        # a one-item list: the shape MONAI handlers read with from_engine([...], first=True) (their decollated
-        # outputs); the views of a batch have no per-sample meaning to decollate
-        return [{**self.recipe.outputs(outputs, views), Keys.LOSS: total.detach(), LOG_KEY: log}]
+        reduced = all_reduce_mean(torch.stack([v.float().to(total.device) for v in values])).tolist()
+        return {**dict(zip(names, reduced)), "lr": self.optimizer.param_groups[0]["lr"]}
 
 
 class PretrainingEvaluator(_RecipeEngineMixin, SupervisedEvaluator):

@@ -1,9 +1,10 @@
 """Failing fast and clearly, and surviving a killed process (issue 8).
 
-- :class:`StopOnNonFiniteLoss`: a trainer handler that stops the run at the first NaN / Inf training loss with
-  the epoch, the iteration, the loss parts and the files of the batch, instead of training on for hours with NaN
-  weights (and saving them). Under DDP every rank checks the same all-reduced loss, so all ranks stop at the same
-  iteration and none is left waiting in a collective.
+- :class:`StopOnNonFiniteLoss`: a trainer handler that stops the run after a NaN / Inf training loss, naming
+  the first bad iteration's epoch, loss parts and batch files, instead of training on for hours with NaN weights
+  (and saving them). It records bad losses on the device and reads the record only every few iterations, at epoch
+  ends and before every checkpoint save (:class:`CheckpointEvents`), so a step needs no host sync; under DDP all
+  ranks check together and stop at the same iteration, none left waiting in a collective.
 - :class:`SourceNamingCompose`: a ``Compose`` whose errors name the data item's source files, applied by
   ``build_dataset`` to every bundle's pipeline, so that a volume that breaks a transform at item 700 of caching, or
   in a loader worker mid-training, is named in the error.
@@ -15,29 +16,31 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from ignite.engine import Engine, Events
+from ignite.engine import Engine, EventEnum, Events
 from monai.data import MetaTensor
 from monai.handlers import from_engine
 from monai.transforms import Compose
 
-from .distributed import collective_device, get_rank, get_world_size, is_distributed
+from .distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
 from .runtime import optional_path
 
 __all__ = [
+    "CheckpointEvents",
     "DataItemError",
     "NonFiniteLossError",
     "SourceNamingCompose",
     "StopOnNonFiniteLoss",
     "batch_filenames",
     "item_sources",
+    "register_checkpoint_events",
     "resolve_resume",
 ]
 
@@ -170,93 +173,160 @@ def _as_float(value: Any) -> float:
     return float(value)
 
 
+class CheckpointEvents(EventEnum):
+    """Events a checkpoint saver fires on the trainer (every rank) before it writes, so that guards such as
+    :class:`StopOnNonFiniteLoss` run first: no saver ever writes a state trained past a non-finite loss."""
+
+    BEFORE_SAVE = "before_save"
+
+
+def register_checkpoint_events(engine: Engine) -> None:
+    """Registers :class:`CheckpointEvents` on ``engine`` (once; savers and guards both call this)."""
+    if CheckpointEvents.BEFORE_SAVE not in engine._allowed_events:
+        engine.register_events(*CheckpointEvents)
+
+
+@dataclass
+class _Seen:
+    """What the error message needs of one iteration, kept until the next check: host values and device scalars."""
+
+    epoch: int
+    in_epoch: int
+    epoch_length: int | None
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor]
+    files: list[str] | None
+
+
 class StopOnNonFiniteLoss:
-    """Raises :class:`NonFiniteLossError` (after logging it at ERROR) when the training loss is not finite.
+    """Raises :class:`NonFiniteLossError` (after logging it at ERROR) when a training loss was not finite, naming
+    the first bad iteration.
 
-    Attach to a trainer (it runs at every ``ITERATION_COMPLETED``); put it before the checkpoint savers of the
-    same event so that a NaN state is never saved. The loss is read from ``engine.state.output``:
+    Every iteration updates an on-device record of the first iteration whose loss was NaN / Inf (a few tiny kernels,
+    nothing read back to the host); it is read (on CUDA, one sync) only at the checks: every ``check_interval``
+    iterations (the iterations that log, see :func:`components.engine.log_filter`), at each epoch end (before
+    validation) and before every checkpoint save (:class:`CheckpointEvents`). So with ``check_interval`` = the log
+    interval an iteration costs no host sync, a NaN state is never saved or validated, and the run stops at most
+    ``check_interval - 1`` iterations after the first bad one. With ``check_interval=1`` it stops at that iteration.
+    Under DDP each check is one all-reduce of every rank's first bad iteration (on every rank, at the same
+    iterations), so all ranks stop together; the message names the ranks whose own loss was bad.
 
-    - an :class:`~components.SSLTrainer` output (a one-item list of a dict with ``log``): ``log["loss"]`` and its
-      parts (``loss_rot``, ``loss_contrast``, ``loss_recon``), already averaged over ranks;
-    - any other MONAI trainer output (a list of per-sample dicts, or a dict): ``from_engine([loss_key], first=True)``.
-      Under DDP this rank's loss is all-reduced (one small collective per iteration, on every rank), so that every
-      rank sees the same value and all stop together; the message then names the ranks whose own loss was bad.
-
-    The message holds the epoch, the iteration (global and within the epoch), the loss and its parts, and this
-    rank's batch files (see :func:`batch_filenames`), or says that they are not tracked.
+    The loss is ``from_engine([loss_key], first=True)`` of the output (a PretrainingTrainer dict, or a MONAI
+    trainer's list of per-sample dicts); its parts come from ``output[parts_key]`` when the trainer provides them
+    (PretrainingTrainer's ``loss_parts``). The message holds the epoch, the iteration (global and within the
+    epoch), the loss and its parts, and this rank's batch files at that iteration (:func:`batch_filenames`), or
+    says that they are not tracked.
 
     Args:
         loss_key: key of the loss in the output dicts.
-        log_key: key of the (all-reduced) loss parts dict in the output, when the trainer provides one.
+        parts_key: key of the dict of named loss parts in the output, when the trainer provides one.
         image_key: key of the image in the batch, for the file names.
         max_files: at most this many file names are listed.
+        check_interval: read the record every this many iterations (1: at every iteration).
+
+    Attach it to the trainer before the validation handler and the checkpoint savers of the same events.
     """
 
-    def __init__(self, loss_key: str = "loss", log_key: str = "log", image_key: str = "image", max_files: int = 32) -> None:
-        self.loss_key = loss_key
-        self.log_key = log_key
-        self.image_key = image_key
+    def __init__(
+        self,
+        loss_key: str = "loss",
+        parts_key: str = "loss_parts",
+        image_key: str = "image",
+        max_files: int = 32,
+        check_interval: int = 1,
+    ) -> None:
+        from .engine import log_filter  # validates the interval
+
+        self.due = log_filter(check_interval)
+        self.check_interval = int(check_interval)
+        self.loss_key, self.parts_key, self.image_key = loss_key, parts_key, image_key
         self.max_files = int(max_files)
+        self._first_bad: torch.Tensor | None = None  # int64 scalar on the loss's device; 0: none yet
+        self._seen: dict[int, _Seen] = {}
 
     def attach(self, engine: Engine) -> None:
-        engine.add_event_handler(Events.ITERATION_COMPLETED, self)
+        register_checkpoint_events(engine)
+        engine.add_event_handler(Events.ITERATION_COMPLETED, self.track)
+        engine.add_event_handler(Events.ITERATION_COMPLETED(event_filter=self.due), self.check)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self.check)
+        engine.add_event_handler(CheckpointEvents.BEFORE_SAVE, self.check)
 
-    def _read(self, output: Any) -> tuple[float, float, dict[str, float], list[int] | None]:
-        """(loss checked by every rank, this rank's loss, loss parts, ranks with a non-finite loss or None)."""
-        first = output[0] if isinstance(output, (list, tuple)) and output else output
-        log = first.get(self.log_key) if isinstance(first, Mapping) else None
-        if isinstance(log, Mapping) and self.loss_key in log:
-            local = _as_float(first[self.loss_key]) if self.loss_key in first else float("nan")
-            parts = {k: _as_float(v) for k, v in log.items() if k != self.loss_key and str(k).startswith("loss")}
-            return _as_float(log[self.loss_key]), local, parts, None
+    def _loss(self, output: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss = from_engine([self.loss_key], first=True)(output)
         if loss is None:
             raise KeyError(
                 f"StopOnNonFiniteLoss: no {self.loss_key!r} in the trainer output ({type(output).__name__}); "
                 "set loss_key to the key of the loss."
             )
-        local = _as_float(loss)
-        if not is_distributed() or get_world_size() == 1:
-            return local, local, {}, None
-        world, rank = get_world_size(), get_rank()
-        packed = torch.zeros(world + 1, dtype=torch.float64, device=collective_device())
-        packed[0] = local
-        packed[1 + rank] = 0.0 if math.isfinite(local) else 1.0
-        torch.distributed.all_reduce(packed)
-        values = packed.tolist()
-        return values[0] / world, local, {}, [r for r in range(world) if values[1 + r] > 0]
+        first = output[0] if isinstance(output, (list, tuple)) and output else output
+        parts = first.get(self.parts_key) if isinstance(first, Mapping) else None
+        as_tensor = lambda v: (v if isinstance(v, torch.Tensor) else torch.tensor(float(v))).detach()  # noqa: E731
+        return as_tensor(loss), {str(k): as_tensor(v) for k, v in (parts or {}).items()}
 
-    def __call__(self, engine: Engine) -> None:
-        checked, local, parts, bad_ranks = self._read(engine.state.output)
-        if math.isfinite(checked):
-            return
+    def track(self, engine: Engine) -> None:
+        """Folds this iteration's loss into the on-device record and keeps what a message would need."""
+        loss, parts = self._loss(engine.state.output)
         state = engine.state
-        epoch_length = state.epoch_length or 0
-        in_epoch = (state.iteration - 1) % epoch_length + 1 if epoch_length else state.iteration
+        if self._first_bad is None or self._first_bad.device != loss.device:
+            self._first_bad = torch.zeros((), dtype=torch.int64, device=loss.device)
+        bad = ~torch.isfinite(loss).all()
+        self._first_bad = torch.where(bad & (self._first_bad == 0), state.iteration, self._first_bad)
+        length = state.epoch_length or 0
+        in_epoch = (state.iteration - 1) % length + 1 if length else state.iteration
+        files = batch_filenames(state.batch, self.image_key)
+        self._seen[state.iteration] = _Seen(state.epoch, in_epoch, state.epoch_length, loss, parts, files)
+
+    def check(self, engine: Engine) -> None:
+        """Reads the record (all ranks' under DDP); raises when any rank saw a non-finite loss."""
+        if self._first_bad is None:
+            return
+        world, rank = get_world_size(), get_rank()
+        if world > 1 and is_distributed():
+            own = torch.zeros(world, dtype=torch.float64, device=self._first_bad.device)
+            own[rank] = self._first_bad
+            per_rank = [int(round(v)) for v in (all_reduce_mean(own) * world).tolist()]
+        else:
+            per_rank = [int(self._first_bad)]
+        bad_ranks = [r for r, iteration in enumerate(per_rank) if iteration > 0]
+        if not bad_ranks:
+            self._seen.clear()
+            return
+        iteration = min(per_rank[r] for r in bad_ranks)
+        message = self._message(engine, iteration, bad_ranks)
+        logger.error(message)
+        raise NonFiniteLossError(message)
+
+    def _message(self, engine: Engine, iteration: int, bad_ranks: list[int]) -> str:
+        seen = self._seen[iteration]
+        loss = _as_float(seen.loss)
+        world, rank = get_world_size(), get_rank()
+        checked = min(self.check_interval, engine.state.iteration - iteration + 1)
         lines = [
-            f"non-finite training loss {checked} at epoch {state.epoch}, iteration {state.iteration} "
-            f"(iteration {in_epoch}/{epoch_length or '?'} of the epoch) on rank {get_rank()} of {get_world_size()}."
+            f"non-finite training loss {loss if rank in bad_ranks else 'on another rank'} at epoch {seen.epoch}, "
+            f"iteration {iteration} (iteration {seen.in_epoch}/{seen.epoch_length or '?'} of the epoch) on rank "
+            f"{rank} of {world}."
         ]
-        if parts:
-            lines.append("loss parts: " + ", ".join(f"{k}={v}" for k, v in parts.items()))
-        if get_world_size() > 1:
-            lines.append(f"this rank's own loss: {local}")
-            if bad_ranks is not None:
-                lines.append(f"ranks with a non-finite loss: {bad_ranks}")
-        names = batch_filenames(state.batch, self.image_key)
-        if names is None:
+        if iteration != engine.state.iteration:
+            lines.append(
+                f"found at iteration {engine.state.iteration} (checked every {self.check_interval} iterations, at "
+                f"epoch ends and before checkpoints; {checked - 1} later iterations ran on)."
+            )
+        if seen.parts:
+            lines.append("loss parts: " + ", ".join(f"loss_{k}={_as_float(v)}" for k, v in seen.parts.items()))
+        if world > 1:
+            lines.append(f"this rank's own loss: {loss}")
+            lines.append(f"ranks with a non-finite loss: {bad_ranks}")
+        if seen.files is None:
             lines.append(f"batch files: {NOT_TRACKED}")
         else:
-            shown = names[: self.max_files]
-            more = f" (+{len(names) - len(shown)} more)" if len(names) > len(shown) else ""
-            lines.append(f"batch files (rank {get_rank()}): {shown}{more}")
+            shown = seen.files[: self.max_files]
+            more = f" (+{len(seen.files) - len(shown)} more)" if len(seen.files) > len(shown) else ""
+            lines.append(f"batch files (rank {rank}): {shown}{more}")
         lines.append(
             "Check these volumes for NaN/Inf voxels or a wrong intensity range, lower the learning rate, or turn "
             "off fp16 AMP; resume from the last checkpoint (saved before this iteration) once fixed."
         )
-        message = "\n".join(lines)
-        logger.error(message)
-        raise NonFiniteLossError(message)
+        return "\n".join(lines)
 
 
 def resolve_resume(

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from components.distributed import all_gather_with_grad, get_rank, get_world_size, is_distributed
+from components.distributed import all_gather_with_grad, check_equal_shapes, get_rank, get_world_size, is_distributed
 
 __all__ = ["SSLLoss", "nt_xent_loss"]
 
@@ -96,6 +96,10 @@ class SSLLoss(nn.Module):
     samples. Without gathering (``gather_distributed=False`` or no process group) every part is the plain local
     mean: under DDP each rank's contrastive term then only sees its own 2*B_local - 2 negatives and the averaged
     gradient is *not* the global-batch gradient (the behaviour of the original code and of MONAI's loss).
+    ``equal_rank_batches=True`` promises that every rank's batch has the same size at every step (the bundles'
+    training shards are equal and their batches fixed): the factors are then 1 without exchanging counts, and the
+    embeddings are gathered with one ``all_gather_into_tensor``, so a step reads nothing back to the host (no CUDA
+    sync). The promise is checked once, at the first gathered step (a ``ValueError`` on every rank if broken).
     With gathering on, every rank must call the loss, and run backward through it, on every step (it runs
     collectives). So do not gather where ranks may run different numbers of iterations, e.g. validation with
     ``DistributedSampler(even_divisible=False)``: use ``gather_distributed=False`` there (or only the
@@ -106,6 +110,7 @@ class SSLLoss(nn.Module):
         alpha: the three weights (rot, contrast, recon), each finite and >= 0.
         gather_distributed: gather the embeddings across ranks. ``None`` (default): gather when a process group
             is initialised at call time. ``True`` without a process group is the same as ``False``.
+        equal_rank_batches: every rank has a batch of the same size at every step (see above).
 
     Shapes:
         - rot_logits: (N, C) floating, N = rotation samples of both views (2B), C = 4 rotation classes.
@@ -138,6 +143,7 @@ class SSLLoss(nn.Module):
         temperature: float = 0.5,
         alpha: Sequence[float] = (1.0, 1.0, 1.0),
         gather_distributed: bool | None = None,
+        equal_rank_batches: bool = False,
     ) -> None:
         super().__init__()
         try:
@@ -159,9 +165,14 @@ class SSLLoss(nn.Module):
         self.temperature = temperature
         self.alpha = weights
         self.gather_distributed = gather_distributed
+        self.equal_rank_batches = bool(equal_rank_batches)
+        self._equal_checked = False
 
     def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, alpha={self.alpha}, gather_distributed={self.gather_distributed}"
+        return (
+            f"temperature={self.temperature}, alpha={self.alpha}, gather_distributed={self.gather_distributed}, "
+            f"equal_rank_batches={self.equal_rank_batches}"
+        )
 
     @staticmethod
     def _check_inputs(
@@ -216,6 +227,17 @@ class SSLLoss(nn.Module):
         wanted = is_distributed() if self.gather_distributed is None else self.gather_distributed
         return bool(wanted) and get_world_size() > 1
 
+    @staticmethod
+    def _shares(anchors: int, rows: int, elements: int, device: torch.device) -> tuple[int, list[float]]:
+        """(this rank's first row in the gathered embeddings, the factors W * n_local / n_global of the parts),
+        from every rank's counts (one small gather, read back to the host)."""
+        world, rank = get_world_size(), get_rank()
+        local_counts = torch.tensor([[anchors, rows, elements]], dtype=torch.int64, device=device)
+        counts = all_gather_with_grad(local_counts).tolist()  # (W, 3)
+        offset = sum(row[0] for row in counts[:rank])
+        totals = [sum(row[k] for row in counts) for k in range(3)]
+        return offset, [world * local / total for local, total in zip(counts[rank], totals)]
+
     def forward(
         self,
         rot_logits: torch.Tensor,
@@ -234,23 +256,21 @@ class SSLLoss(nn.Module):
         if not self._gathering():
             contrast = nt_xent_loss(emb_1, emb_2, self.temperature)
         else:
-            world, rank = get_world_size(), get_rank()
-            n_local = emb_1.shape[0]
-            # every rank's counts (anchor pairs, rotation rows, reconstruction elements): (W, 3)
-            local_counts = torch.tensor(
-                [[n_local, rot_logits.shape[0], recon.numel()]], dtype=torch.int64, device=emb_1.device
-            )
-            counts = all_gather_with_grad(local_counts).tolist()
-            offset = sum(row[0] for row in counts[:rank])  # first row of this rank in the gathered arrays
-            totals = [sum(row[k] for row in counts) for k in range(3)]
-            scale = [world * local / total for local, total in zip(counts[rank], totals)]
-
+            rank = get_rank()
+            if self.equal_rank_batches:
+                if not self._equal_checked:
+                    for tensor in (emb_1, rot_logits, recon):
+                        check_equal_shapes(tensor, "SSLLoss(equal_rank_batches=True)")
+                    self._equal_checked = True
+                offset, scale = rank * emb_1.shape[0], [1.0, 1.0, 1.0]
+            else:
+                offset, scale = self._shares(emb_1.shape[0], rot_logits.shape[0], recon.numel(), emb_1.device)
             # normalise before gathering (row-wise, so identical to normalising the gathered arrays)
             dtype = torch.promote_types(emb_1.dtype, torch.float32)
             z1 = F.normalize(emb_1.to(dtype), dim=1)  # (B_local, F)
             z2 = F.normalize(emb_2.to(dtype), dim=1)
             # one gather of both views: (B_local, 2F) -> (B_global, 2F), rank order
-            z_all = all_gather_with_grad(torch.cat([z1, z2], dim=1))
+            z_all = all_gather_with_grad(torch.cat([z1, z2], dim=1), equal_sizes=self.equal_rank_batches)
             feat = z1.shape[1]
             contrast = nt_xent_loss(
                 z1, z2, self.temperature, candidates_1=z_all[:, :feat], candidates_2=z_all[:, feat:], offset=offset

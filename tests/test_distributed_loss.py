@@ -108,16 +108,57 @@ def scenario_training(rank: int, world: int) -> dict:
 
     out = {}
     runs = {
-        "equal_gather": ((3, 3), True),
-        "equal_auto": ((3, 3), None),  # None: gathers because a process group is initialised
-        "equal_no_gather": ((3, 3), False),
-        "unequal_gather": ((4, 2), True),
+        "equal_gather": ((3, 3), dict(gather_distributed=True)),
+        "equal_auto": ((3, 3), {}),  # None: gathers because a process group is initialised
+        "equal_no_gather": ((3, 3), dict(gather_distributed=False)),
+        "unequal_gather": ((4, 2), dict(gather_distributed=True)),
+        "equal_promised": ((3, 3), dict(equal_rank_batches=True)),
     }
-    for name, (sizes, gather) in runs.items():
+    for name, (sizes, kwargs) in runs.items():
         model = DDP(make_model())
-        out[name] = train_step(model, model.module, SSLLoss(gather_distributed=gather), shard(rank, sizes))
+        loss_fn = SSLLoss(**kwargs)
+        with CollectiveCounter() as first:
+            out[name] = train_step(model, model.module, loss_fn, shard(rank, sizes))
+        with CollectiveCounter() as second:  # a second step of the same loss: the one-time check is done
+            train_step(model, model.module, loss_fn, shard(rank, sizes))
+        out[name]["collectives"] = (first.calls, second.calls)
         out[name]["logged_total"] = D.all_reduce_mean(out[name]["total"])
+    try:
+        SSLLoss(equal_rank_batches=True)(*loss_inputs(make_model(), shard(rank, (4, 2))))
+        out["broken_promise"] = None
+    except ValueError as err:
+        out["broken_promise"] = str(err)
     return out
+
+
+class CollectiveCounter:
+    """Counts the Python-level torch.distributed collectives called inside the block, by name (DDP's own
+    gradient all-reduce runs in C++ and is not counted)."""
+
+    NAMES = ("all_gather", "all_gather_into_tensor", "all_reduce", "broadcast")
+
+    def __enter__(self) -> "CollectiveCounter":
+        import torch.distributed as dist
+
+        self.calls: dict[str, int] = {}
+        self._saved = {name: getattr(dist, name) for name in self.NAMES}
+
+        def counting(name, fn):
+            def wrapper(*args, **kwargs):
+                self.calls[name] = self.calls.get(name, 0) + 1
+                return fn(*args, **kwargs)
+
+            return wrapper
+
+        for name, fn in self._saved.items():
+            setattr(dist, name, counting(name, fn))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch.distributed as dist
+
+        for name, fn in self._saved.items():
+            setattr(dist, name, fn)
 
 
 def scenario_gather(rank: int, world: int) -> dict:
@@ -197,7 +238,7 @@ def reference():
     return train_step(model, model, SSLLoss(gather_distributed=False), slice(None))
 
 
-@pytest.mark.parametrize("run", ["equal_gather", "equal_auto", "unequal_gather"])
+@pytest.mark.parametrize("run", ["equal_gather", "equal_auto", "unequal_gather", "equal_promised"])
 def test_gathered_ddp_gradients_equal_single_process(training, reference, run):
     for rank, result in enumerate(training):
         err = max_grad_rel_err(result[run]["grads"], reference["grads"])
@@ -217,7 +258,7 @@ def test_without_gather_ddp_gradients_differ(training, reference):
     assert rel_err(grads["contrastive_head.weight"], reference["grads"]["contrastive_head.weight"]) > 100 * GRAD_RTOL
 
 
-@pytest.mark.parametrize("run", ["equal_gather", "equal_auto", "unequal_gather"])
+@pytest.mark.parametrize("run", ["equal_gather", "equal_auto", "unequal_gather", "equal_promised"])
 def test_rank_mean_of_loss_equals_single_process_loss(training, reference, run):
     mean_total = torch.stack([r[run]["total"] for r in training]).mean()
     torch.testing.assert_close(mean_total, reference["total"], rtol=1e-6, atol=1e-6)
@@ -226,6 +267,22 @@ def test_rank_mean_of_loss_equals_single_process_loss(training, reference, run):
         torch.testing.assert_close(mean_part, reference["parts"][key], rtol=1e-6, atol=1e-6)
     for r in training:  # what rank 0 would log
         torch.testing.assert_close(r[run]["logged_total"], reference["total"], rtol=1e-6, atol=1e-6)
+
+
+def test_equal_rank_batches_gathers_without_exchanging_shapes(training):
+    """With equal_rank_batches a step is one all_gather_into_tensor (forward) and one all_reduce (its backward):
+    no count or shape exchange, whose results the host would have to read. Its first step checks the promise
+    once (one shape exchange per checked tensor); the general path exchanges shapes and counts at every step."""
+    for result in training:
+        first, second = result["equal_promised"]["collectives"]
+        assert second == {"all_gather_into_tensor": 1, "all_reduce": 1}
+        assert first == {"all_gather": 3, "all_gather_into_tensor": 1, "all_reduce": 1}
+        assert result["equal_gather"]["collectives"][1] == {"all_gather": 4, "all_reduce": 1}
+
+
+def test_broken_equal_batch_promise_raises_on_every_rank(training):
+    for result in training:
+        assert "SSLLoss(equal_rank_batches=True) promises the same batch on every rank" in result["broken_promise"]
 
 
 def test_ranks_disagree_on_local_loss_without_gather(training, reference):

@@ -41,9 +41,11 @@ def _student(seed: int = 0) -> SelfDistillationNetwork:
     return SelfDistillationNetwork(feature_size=12, out_dim=K, hidden_dim=24, bottleneck_dim=8)
 
 
-def _recipe(student, total_iterations: int = 4, koleo: float = 0.0, **kwargs) -> SelfDistillationRecipe:
+def _recipe(
+    student, total_iterations: int = 4, koleo: float = 0.0, equal_rank_batches: bool = False, **kwargs
+) -> SelfDistillationRecipe:
     views = MultiCrop((32, 32, 32), (32, 32, 32), num_local=1)
-    loss = SelfDistillationLoss(K, koleo_weight=koleo)
+    loss = SelfDistillationLoss(K, koleo_weight=koleo, equal_rank_batches=equal_rank_batches)
     return SelfDistillationRecipe(student, loss, views, total_iterations=total_iterations, **kwargs)
 
 
@@ -239,6 +241,10 @@ def _scenario(rank: int, out_dir: str) -> None:
     recipe = _recipe(student, koleo=0.1)
     network = DDP(student)
     result["step"] = _gradient_step(network, student, recipe, slice(2 * rank, 2 * rank + 2))
+    student = _student()
+    recipe = _recipe(student, koleo=0.1, equal_rank_batches=True)
+    network = DDP(student)
+    result["equal_step"] = _gradient_step(network, student, recipe, slice(2 * rank, 2 * rank + 2))
     # 2. training with per-rank initialisations and data: the teacher after every step, on every rank
     student = _student(seed=100 + rank)  # DDP broadcasts rank 0's weights; the teacher must follow them
     recipe = _recipe(student, total_iterations=2)
@@ -282,8 +288,7 @@ def test_ddp_gradient_and_centre_equal_one_process_on_the_global_batch(ranks):
     student = _student()
     recipe = _recipe(student, koleo=0.1)
     reference = _gradient_step(student, student, recipe, slice(0, 4))
-    for rank in ranks:
-        step = rank["step"]
+    for step in [rank[key] for rank in ranks for key in ("step", "equal_step")]:
         assert step["grads"].keys() == reference["grads"].keys()
         for name, grad in reference["grads"].items():
             torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")

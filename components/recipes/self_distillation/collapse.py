@@ -7,6 +7,8 @@ from collections.abc import Mapping
 
 from ignite.engine import Engine, Events
 
+from ...engine import log_filter
+
 __all__ = ["TeacherCollapseError", "StopOnCollapse"]
 
 logger = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ class StopOnCollapse:
     i.e. log K). Both also bring the student-teacher KL to ~0, and the run learns nothing from then on.
 
     Args:
-        interval: check every this many iterations (the log interval).
+        interval: the trainer's log interval: checks run at the iterations that log (``log_filter(interval)``).
         patience: consecutive checks out of range before stopping.
         low, high: the healthy range of ``teacher_entropy`` (entropy / log K).
         log_key, entropy_key: where the trainer's output holds the rank-averaged value (every rank reads the same
@@ -53,14 +55,17 @@ class StopOnCollapse:
         self.strikes = 0
 
     def attach(self, engine: Engine) -> None:
-        engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.interval), self)
+        engine.add_event_handler(Events.ITERATION_COMPLETED(event_filter=log_filter(self.interval)), self)
 
     def __call__(self, engine: Engine) -> None:
         output = engine.state.output
         first = output[0] if isinstance(output, (list, tuple)) and output else output
         log = first.get(self.log_key) if isinstance(first, Mapping) else None
         if not isinstance(log, Mapping) or self.entropy_key not in log:
-            raise KeyError(f"StopOnCollapse: the trainer output has no {self.log_key}[{self.entropy_key!r}] to check.")
+            raise KeyError(
+                f"StopOnCollapse: the trainer output has no {self.log_key}[{self.entropy_key!r}] to check at iteration "
+                f"{engine.state.iteration}: give it the trainer's log_interval (interval={self.interval})."
+            )
         entropy = float(log[self.entropy_key])
         self.strikes = self.strikes + 1 if not self.low <= entropy <= self.high else 0
         if self.strikes < self.patience:

@@ -21,7 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...distributed import all_gather_with_grad, all_reduce_mean, get_rank, get_world_size, is_distributed
+from ...distributed import (
+    all_gather_with_grad,
+    all_reduce_mean,
+    check_equal_shapes,
+    get_rank,
+    get_world_size,
+    is_distributed,
+)
 
 __all__ = ["SelfDistillationLoss", "koleo_loss"]
 
@@ -60,6 +67,9 @@ class SelfDistillationLoss(nn.Module):
         center_momentum: the centre's EMA momentum (0.9 in DINO).
         koleo_weight: weight of the KoLeo term on the student's embeddings of the global crops (0: off; DINOv2 0.1).
         gather_distributed: KoLeo neighbours over all ranks; None (default): when a process group is initialised.
+        equal_rank_batches: every rank has a batch of the same size at every step (the bundle's equal training
+            shards): no batch sizes are exchanged and read back to the host, and KoLeo gathers with one
+            ``all_gather_into_tensor``; checked once, at the first distributed step.
 
     ``forward(student_logits, teacher_logits, teacher_temperature, num_global, student_embeddings=None)``:
 
@@ -89,6 +99,7 @@ class SelfDistillationLoss(nn.Module):
         center_momentum: float = 0.9,
         koleo_weight: float = 0.0,
         gather_distributed: bool | None = None,
+        equal_rank_batches: bool = False,
     ) -> None:
         super().__init__()
         if int(out_dim) < 2:
@@ -104,6 +115,8 @@ class SelfDistillationLoss(nn.Module):
         self.center_momentum = float(center_momentum)
         self.koleo_weight = float(koleo_weight)
         self.gather_distributed = gather_distributed
+        self.equal_rank_batches = bool(equal_rank_batches)
+        self._equal_checked = False
         self.register_buffer("center", torch.zeros(1, self.out_dim))
         self.stats: dict[str, torch.Tensor] = {}
 
@@ -159,6 +172,11 @@ class SelfDistillationLoss(nn.Module):
         """This rank's rows over the mean rows per rank: 1 with equal batches, 1 on one process."""
         if not is_distributed() or get_world_size() == 1:
             return 1.0
+        if self.equal_rank_batches:
+            if not self._equal_checked:
+                check_equal_shapes(torch.empty(rows, 0, device=device), "SelfDistillationLoss(equal_rank_batches=True)")
+                self._equal_checked = True
+            return 1.0
         return rows / float(all_reduce_mean(torch.tensor(float(rows), device=device)))
 
     def _gathering(self) -> bool:
@@ -168,7 +186,9 @@ class SelfDistillationLoss(nn.Module):
     def _koleo(self, crops: tuple[torch.Tensor, ...]) -> torch.Tensor:
         terms = []
         for z in crops:
-            if self._gathering():
+            if self._gathering() and self.equal_rank_batches:
+                terms.append(koleo_loss(z, all_gather_with_grad(z, equal_sizes=True), offset=get_rank() * z.shape[0]))
+            elif self._gathering():
                 counts = all_gather_with_grad(torch.tensor([z.shape[0]], device=z.device)).tolist()
                 terms.append(koleo_loss(z, all_gather_with_grad(z), offset=sum(counts[: get_rank()])))
             else:

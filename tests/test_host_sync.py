@@ -1,0 +1,229 @@
+"""A training step reads nothing back to the host between log intervals (issue 15 item 4).
+
+On CUDA every read of a device value (``.item()``, ``.tolist()``, ``float(t)``, ``if t:``) waits for the GPU, so a
+per-step read stalls the pipeline. Here (CPU) the Python-level reads are recorded by patching ``torch.Tensor``, with
+the function that made them, and the collectives by patching ``torch.distributed``, per iteration: both must happen
+only at the log / check iterations (1, 1 + n, ...), at epoch ends and before checkpoint saves. Two readers are
+allowed at every iteration because they read no device value on CUDA: the optimizer's step count (a CPU tensor
+unless ``capturable``) and the cutout boxes of ``aug_rand``, which check their draw on the host only on CPU. Reads inside C++ kernels (``nonzero``, boolean
+indexing) are not visible here; the CUDA test at the end, with ``torch.cuda.set_sync_debug_mode("error")``, sees them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from ignite.engine import Events
+
+from components import NonFiniteLossError, ResumableCheckpointSaver, SSLLoss, SSLTrainer, StopOnNonFiniteLoss
+from components import distributed as D
+from tests.ranks import run_ranks
+from tests.test_engine import TinySSLNet, _batches, _one_thread  # noqa: F401 (autouse fixture)
+
+HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "broadcast")
+WORLD = 2
+LAUNCH_TIMEOUT_S = 120
+
+
+#: (file, function) of the readers that read CPU tensors only on CUDA (see above)
+CPU_ONLY_READERS = {("torch/optim/optimizer.py", "_get_value"), ("components/augment.py", "_draw_boxes")}
+
+
+class PerIteration:
+    """Counts calls of the named attributes of ``owner`` while installed, keyed by the trainer's iteration; for
+    each call also the (file, function) that made it, in ``sites[iteration]``."""
+
+    def __init__(self, owner, names: tuple[str, ...], trainer) -> None:
+        self.owner, self.names, self.trainer = owner, names, trainer
+        self.calls: Counter = Counter()
+        self.sites: dict[int, set[tuple[str, str]]] = {}
+
+    def __enter__(self) -> "PerIteration":
+        self.saved = {name: getattr(self.owner, name) for name in self.names}
+        for name, fn in self.saved.items():
+            setattr(self.owner, name, self._counting(fn))
+        return self
+
+    def _counting(self, fn):
+        def wrapper(*args, **kwargs):
+            iteration = self.trainer.state.iteration
+            caller = sys._getframe(1).f_code
+            path = Path(caller.co_filename).as_posix()
+            site = ("/".join(path.split("/")[-3:]) if "/torch/" in path else "/".join(path.split("/")[-2:]), caller.co_name)
+            self.calls[iteration] += 1
+            self.sites.setdefault(iteration, set()).add(site)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    def __exit__(self, *exc) -> None:
+        for name, fn in self.saved.items():
+            setattr(self.owner, name, fn)
+
+
+def _trainer(loader, log_interval: int, handlers: list, network=None, **loss_kwargs) -> SSLTrainer:
+    torch.manual_seed(0)
+    network = network or TinySSLNet()
+    return SSLTrainer(
+        device="cpu", max_epochs=1, train_data_loader=loader, network=network,
+        optimizer=torch.optim.AdamW(network.parameters(), lr=1e-3), loss_function=SSLLoss(**loss_kwargs),
+        log_interval=log_interval, train_handlers=handlers,
+    )  # fmt: skip
+
+
+def test_host_reads_only_at_log_iterations_epoch_ends_and_saves(tmp_path):
+    handlers = [StopOnNonFiniteLoss(check_interval=4), ResumableCheckpointSaver(tmp_path, TinySSLNet(), iteration_interval=6)]
+    trainer = _trainer(_batches(8), log_interval=4, handlers=handlers)
+    logged = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: logged.append(e.state.output[0]["log"] is not None))
+    with PerIteration(torch.Tensor, HOST_READS, trainer) as reads:
+        trainer.run()
+    assert logged == [True, False, False, False, True, False, False, False]
+    # 1 and 5: the log and the non-finite check; 6: the check before the save (the save itself copies to the
+    # host anyway); 8: the check at the epoch end
+    device_reads = {i for i, sites in reads.sites.items() if sites - CPU_ONLY_READERS}
+    assert device_reads == {1, 5, 6, 8}, reads.sites
+    assert reads.sites[2] == CPU_ONLY_READERS
+    assert ("components/engine.py", "_log") in reads.sites[1] and ("components/faults.py", "check") in reads.sites[5]
+
+
+def test_per_iteration_check_reads_every_iteration():
+    """The record above can fail: checking at every iteration (check_interval 1) reads at every iteration."""
+    trainer = _trainer(_batches(3), log_interval=10, handlers=[StopOnNonFiniteLoss(check_interval=1)])
+    with PerIteration(torch.Tensor, HOST_READS, trainer) as reads:
+        trainer.run()
+    assert {i for i, sites in reads.sites.items() if ("components/faults.py", "check") in sites} == {1, 2, 3}
+
+
+def test_deferred_check_names_the_first_bad_iteration_and_saves_nothing_after_it(tmp_path):
+    batches = _batches(6)
+    batches[1]["image"][0, 0, 2, 2, 2] = float("nan")  # iteration 2 turns the weights NaN: every later loss too
+    saver = ResumableCheckpointSaver(tmp_path, TinySSLNet(), iteration_interval=1)
+    trainer = _trainer(batches, log_interval=4, handlers=[StopOnNonFiniteLoss(check_interval=4)])
+    saver.network = trainer.network
+    saver.attach(trainer)
+    with pytest.raises(NonFiniteLossError) as err:
+        trainer.run()
+    message = str(err.value)
+    assert "at epoch 1, iteration 2 (iteration 2/6 of the epoch)" in message
+    # the saver's check before its save at iteration 2 found it: no later iteration ran
+    assert trainer.state.iteration == 2
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ckpt["trainer"]["iteration"] == 1
+
+
+def test_deferred_check_without_saves_stops_at_the_next_check():
+    batches = _batches(6)
+    batches[1]["image"][0, 0, 2, 2, 2] = float("nan")
+    trainer = _trainer(batches, log_interval=4, handlers=[StopOnNonFiniteLoss(check_interval=4)])
+    with pytest.raises(NonFiniteLossError) as err:
+        trainer.run()
+    message = str(err.value)
+    assert "at epoch 1, iteration 2 (iteration 2/6 of the epoch)" in message
+    assert "found at iteration 5 (checked every 4 iterations" in message
+    assert "loss_rot=" in message and "loss_contrast=" in message
+    assert trainer.state.iteration == 5
+
+
+# ------------------------------------------------------------------------------------------ two ranks (gloo)
+
+
+def _scenario(rank: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out: dict = {}
+    torch.manual_seed(0)
+    network = DDP(TinySSLNet())
+    trainer = _trainer(_batches(6, seed=rank), 3, [StopOnNonFiniteLoss(check_interval=3)], network, equal_rank_batches=True)
+    with PerIteration(torch.distributed, COLLECTIVES, trainer) as collectives:
+        trainer.run()
+    out["collectives"] = dict(collectives.calls)
+    batches = _batches(6, seed=rank)
+    if rank == 1:
+        batches[3]["image"][0, 0, 1, 1, 1] = float("nan")  # rank 1, iteration 4
+    # not gathered, so that rank 0's loss of iteration 4 stays finite (rank 1's NaN embeddings stay on rank 1)
+    trainer = _trainer(batches, 3, [StopOnNonFiniteLoss(check_interval=3)], DDP(TinySSLNet()), gather_distributed=False)
+    try:
+        trainer.run()
+        out["error"] = None
+    except NonFiniteLossError as err:
+        out["error"] = str(err)
+    out["stopped_at"] = trainer.state.iteration
+    return out
+
+
+def _child(rank: int, port: int, out_dir: str) -> None:
+    try:
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))  # fmt: skip
+        torch.set_num_threads(1)
+        D.init_distributed(backend="gloo", timeout_s=60)
+        result = _scenario(rank)
+        D.cleanup_distributed()
+        torch.save(result, Path(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        Path(out_dir, f"rank{rank}.err").write_text(traceback.format_exc())
+        os._exit(1)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("host_sync_ranks")
+    codes = run_ranks(mp.get_context("spawn"), _child, lambda rank, port: (rank, port, str(out)), WORLD, LAUNCH_TIMEOUT_S)
+    errors = "\n".join(p.read_text() for p in sorted(out.glob("*.err")))
+    assert codes == [0] * WORLD, errors or f"exit codes {codes}"
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_collectives_per_iteration_under_ddp(ranks):
+    """Every iteration: the contrastive gather (forward) and its gradient's all-reduce (backward); iterations 1 and
+    4 (log interval 3) add the logged values' all-reduce and the check's; 6 (the epoch end) the check's. The first
+    gathered step also checks once that the ranks' batches have equal shapes (3 shape gathers). DDP's own gradient
+    all-reduce runs in C++ and is not counted."""
+    for result in ranks:
+        calls = result["collectives"]
+        assert calls[1] == 2 + 2 + 3 and calls[4] == 2 + 2 and calls[6] == 2 + 1, calls
+        assert all(calls[i] == 2 for i in (2, 3, 5)), calls
+
+
+def test_every_rank_stops_at_the_same_check_naming_the_bad_rank(ranks):
+    for rank, result in enumerate(ranks):
+        assert result["stopped_at"] == 4
+        assert "iteration 4 (iteration 4/6 of the epoch)" in result["error"]
+        assert "ranks with a non-finite loss: [1]" in result["error"]
+    assert "non-finite training loss on another rank" in ranks[0]["error"]
+    assert "non-finite training loss nan" in ranks[1]["error"]
+
+
+# ------------------------------------------------------------------------------------------------- CUDA
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_steps_between_log_iterations_never_synchronise():
+    from components import SSLHead
+
+    torch.manual_seed(0)
+    network = SSLHead(in_channels=1, feature_size=12, window_size=4).cuda()
+    loader = [{"image": torch.rand(2, 1, 64, 64, 64).pin_memory()} for _ in range(6)]  # pinned: async copies
+    trainer = SSLTrainer(device="cuda", max_epochs=1, train_data_loader=loader, network=network,
+                         optimizer=torch.optim.AdamW(network.parameters(), lr=1e-4), loss_function=SSLLoss(),
+                         amp=True, amp_dtype="bfloat16", log_interval=5,
+                         train_handlers=[StopOnNonFiniteLoss(check_interval=5)])  # fmt: skip
+
+    def set_mode(engine) -> None:  # iterations 2-5 must not synchronise; 1 and 6 (log, epoch end) may
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if engine.state.iteration in (1, 2, 3, 4) else "default")
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, set_mode)
+    try:
+        trainer.run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
