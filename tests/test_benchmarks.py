@@ -54,6 +54,20 @@ def test_ssl_step_small():
     assert allocator["tuned"]["applied"] is (sys.platform == "linux")
     assert allocator["tuned_over_plain"] > 0
     assert set(result["targets"]) >= {"overhead_ratio_met", "overhead_ratio_cpu_met", "allocator_ratio_met"}
+    # throughput and FLOPs of the bundle and of the research code's configuration, measured in the same run
+    reference = result["reference_style"]["ci"]
+    assert ci["configuration"] == {"fused_attention": True, "amp": False, "amp_dtype": None, "use_checkpoint": False,
+                                   "views": "batched"}  # fmt: skip
+    assert reference["configuration"] == {"fused_attention": False, "amp": True, "amp_dtype": "float16",
+                                          "use_checkpoint": True, "views": "per_box"}  # fmt: skip
+    assert reference["use_checkpoint_applied"] is True and ci["use_checkpoint_applied"] is False
+    for run in (ci, reference):
+        assert run["crops_per_s"] == pytest.approx(1000 / run["ms_per_step"], rel=0.01)  # one crop per step
+        assert run["tflops_per_s"] == pytest.approx(run["flops_per_step"] / run["ms_per_step"] / 1e9, rel=0.01, abs=1e-4)
+        assert run["share_of_bf16_peak"] is None and run["peak_gpu_memory_gib"] is None  # no GPU here
+    # checkpointing recomputes the forward: more FLOPs for the same step
+    assert 1.1 < reference["flops_per_step"] / ci["flops_per_step"] < 2.0
+    assert ci["reference_over_bundle"] == pytest.approx(reference["ms_per_step"] / ci["ms_per_step"], rel=0.01)
 
 
 def test_augment_small():
