@@ -11,7 +11,9 @@ in distribution, which is checked on:
 
 with summary statistics and the two-sample Kolmogorov-Smirnov statistic (small statistics and large p-values mean
 the samples are indistinguishable). Timings: one view (``rot_rand`` + ``aug_rand``) and
-the two views of an SSL step (``ssl_views``) of a batch of 4 crops at 96^3, medians over repetitions. With
+the two views of an SSL step (``ssl_views``) of a batch of 4 crops at 96^3, medians over repetitions. Traffic: the
+kernels and bytes written by the views on each of their paths (accelerator, host-drawn boxes, CPU), counted at the
+dispatcher, which runs the same operators on any device. With
 ``--ssl-step-json`` (a saved ``benchmarks/ssl_step.py`` result) the two-view time is also given as a share of the
 paper-size forward + backward time of the same number of crops (target <= 2%). The process runs with
 ``components.tune_allocator()`` as the bundle does with ``--tune_allocator true`` (``--plain-allocator`` to
@@ -36,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from components import aug_rand, rot_rand, ssl_views, tune_allocator
 from components.augment import _apply_aug, _draw_aug
@@ -219,6 +222,52 @@ def timings(size: int, batch: int, reps: int, seed: int) -> dict:
     }
 
 
+class _KernelTally(TorchDispatchMode):
+    """Counts the aten operators that launch work (views of tensors excluded) and the bytes of their outputs."""
+
+    NO_KERNEL = {"aten.view", "aten.unsqueeze", "aten.select", "aten.slice", "aten.expand", "aten._unsafe_view",
+                 "aten.detach", "aten.permute", "aten.transpose", "aten.as_strided", "aten.alias"}  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels, self.bytes_written = 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if str(func.overloadpacket) not in self.NO_KERNEL:
+            self.kernels += 1
+            outputs = out if isinstance(out, (tuple, list)) else [out]
+            self.bytes_written += sum(o.numel() * o.element_size() for o in outputs if isinstance(o, torch.Tensor))
+        return out
+
+
+def traffic(size: int, batch: int, reps: int, seed: int) -> dict:
+    """Kernels and bytes written by the two views of an SSL step (``ssl_views``) on each of its paths, counted at
+    the dispatcher (device-independent: the same operators run on a GPU). ``accelerator``: boxes drawn on the
+    device with every slot of the budget (no host read); ``host_boxes``: boxes drawn and trimmed on the host
+    (``box_generator``), as the trainer does on an accelerator; ``cpu``: drawn and trimmed on the host."""
+    x = torch.rand(batch, 1, size, size, size, generator=torch.Generator().manual_seed(seed))
+    paths = {
+        "accelerator": lambda g: ssl_views(x, g, sync=False),
+        "host_boxes": lambda g: ssl_views(x, g, sync=False, box_generator=torch.Generator().manual_seed(g.initial_seed())),
+        "cpu": lambda g: ssl_views(x, g, sync=True),
+    }
+    result = {}
+    for name, views in paths.items():
+        kernels, written = [], []
+        for rep in range(reps):
+            with _KernelTally() as tally:
+                views(torch.Generator().manual_seed(seed + rep))
+            kernels.append(tally.kernels)
+            written.append(tally.bytes_written)
+        result[name] = {"kernels_median": int(statistics.median(kernels)),
+                        "gb_written_median": round(statistics.median(written) / 1e9, 3)}  # fmt: skip
+    result["host_boxes_over_accelerator_bytes"] = round(
+        result["host_boxes"]["gb_written_median"] / result["accelerator"]["gb_written_median"], 3
+    )
+    return result
+
+
 def share_of_step(views_s: float, batch: int, ssl_step_json: Path) -> dict:
     """The two-view time of ``batch`` crops as a share of the paper-size forward + backward of as many crops."""
     saved = json.loads(ssl_step_json.read_text())
@@ -259,6 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
         "batch": args.batch,
         "timing": timings(args.size, args.batch, args.reps, args.seed),
         "distributions": distributions(args.size, args.batch, args.dist_reps, args.seed),
+        "traffic": traffic(args.size, args.batch, args.reps, args.seed),
     }
     if args.ssl_step_json is not None:
         views_s = result["timing"]["ssl_views_two_views"]["ours"]["median_s"]

@@ -274,7 +274,7 @@ def use_per_box_views(trainer) -> None:
 
     rng = np.random.RandomState(0)
 
-    def views(image: torch.Tensor, generator: torch.Generator) -> _Views:
+    def views(image: torch.Tensor, generator: torch.Generator, host_generator: torch.Generator | None = None) -> _Views:
         inputs, labels, targets = reference_ssl_views(image, rng)
         return _Views(image, inputs, labels.to(image.device), targets)
 

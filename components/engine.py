@@ -11,6 +11,7 @@ optionally, an update after each optimizer step (a teacher's EMA).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,7 +47,9 @@ class Recipe(Protocol):
     """What a pretraining recipe gives :class:`PretrainingTrainer` (and :class:`PretrainingEvaluator`).
 
     - ``views(image, generator)``: the network inputs (and targets) of a batch of crops ``image`` (B, C, *spatial),
-      already on the device, drawn from ``generator`` only (reseeded per (seed, epoch, rank) by the trainer).
+      already on the device, drawn from ``generator`` only (reseeded per (seed, epoch, rank) by the trainer). A
+      ``views`` with a ``host_generator`` parameter also gets a CPU generator, reseeded alike, on accelerators (None
+      on CPU): small draws made there can be read on the host without a device sync.
     - ``forward(network, views)``: the network outputs; runs under autocast when AMP is on.
     - ``loss(outputs, views)``: ``(total, {name: part})``, scalar tensors; the trainer logs every part as
       ``loss_<name>``, averaged over ranks.
@@ -141,6 +144,13 @@ class _RecipeEngineMixin:
         self.use_amp = bool(amp)
         self.amp_dtype = resolve_amp_dtype(self.device, amp_dtype)
         self.view_generator = torch.Generator(device=self.device)
+        self.host_generator = torch.Generator() if self.device.type != "cpu" else None
+        self._views_take_host = "host_generator" in inspect.signature(recipe.views).parameters
+
+    def _seed_views(self, seed: int) -> None:
+        self.view_generator.manual_seed(seed)
+        if self.host_generator is not None:
+            self.host_generator.manual_seed(seed)
 
     def _views(self, batchdata: dict) -> Any:
         if not isinstance(batchdata, Mapping) or Keys.IMAGE not in batchdata:
@@ -148,6 +158,8 @@ class _RecipeEngineMixin:
         image = batchdata[Keys.IMAGE]
         image = image.as_tensor() if hasattr(image, "as_tensor") else image
         image = image.to(self.device, non_blocking=True)
+        if self._views_take_host:
+            return self.recipe.views(image, self.view_generator, host_generator=self.host_generator)
         return self.recipe.views(image, self.view_generator)
 
     def _forward(self, views: Any) -> Any:
@@ -236,7 +248,7 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         """Views, crops and worker seeds of an epoch depend on (seed, epoch, rank) only: resuming at an epoch
         boundary replays the uninterrupted run."""
         seed = epoch_seed(self.seed, engine.state.epoch, get_rank())
-        self.view_generator.manual_seed(seed)
+        self._seed_views(seed)
         reseed_data(self.data_loader, seed)
 
     def _optimizer_step(self) -> bool:
@@ -305,7 +317,7 @@ class PretrainingEvaluator(_RecipeEngineMixin, SupervisedEvaluator):
 
     def _seed_evaluation(self, engine: Engine) -> None:
         seed = epoch_seed(self.seed, 0, get_rank())
-        self.view_generator.manual_seed(seed)
+        self._seed_views(seed)
         reseed_data(self.data_loader, seed)
 
     def _iteration(self, engine: PretrainingEvaluator, batchdata: dict) -> dict:

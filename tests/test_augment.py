@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import components.augment as augment
+from components import InpaintingContrastRecipe
 from components.augment import (
     SSLViews,
     _apply_aug,
@@ -382,6 +383,38 @@ def test_aug_rand_without_sync_reads_nothing_from_the_device():
     assert views.inputs.shape == (4, 1, 64, 64, 64) and views.rot_labels.shape == (4,)
 
 
+def test_host_drawn_boxes_are_trimmed_and_the_result_equals_the_reference():
+    """box_generator: boxes and partners from the CPU generator, trimmed as the CPU path trims them (the draws a
+    sync=True CPU call makes from that generator), noise from the device generator; the result is the recipe's."""
+    x = torch.rand(4, 1, 32, 32, 32)
+    draws = _draw_aug(x, gen(1), 0.3, 0.25, 0.05, sync=False, box_generator=gen(2))
+    host = gen(2)  # the host stream: inner boxes, partners, paste boxes, each drawn and trimmed with sync
+    options = dict(max_drop=0.3, max_block=0.25, min_block=0.05, generator=host, sync=True)
+    inner = _draw_boxes(4, (32, 32, 32), **options)
+    partner = torch.randint(0, 4, (4,), generator=host)
+    paste = _draw_boxes(4, (32, 32, 32), enabled=partner != torch.arange(4), **options)
+    for name in ("start", "stop", "active"):
+        assert torch.equal(getattr(draws.inner, name), getattr(inner, name))
+        assert torch.equal(getattr(draws.paste, name), getattr(paste, name))
+    assert torch.equal(draws.partner, partner)
+    untrimmed = _draw_aug(x, gen(2), 0.3, 0.25, 0.05, sync=False)
+    assert draws.inner.active.shape[1] < untrimmed.inner.active.shape[1]  # fewer slots, fewer words
+    noise = torch.randn(draws.noise.shape, generator=gen(1))  # the device stream draws the noise only
+    assert torch.equal(draws.noise, noise)
+    out = _apply_aug(x, draws)
+    assert torch.equal(out, reference_aug(x, draws))
+    assert torch.equal(aug_rand(x, gen(1), sync=False, box_generator=gen(2)), out)
+
+
+def test_host_drawn_boxes_read_nothing_from_the_device():
+    """On the meta device any read of a value fails: the boxes come from the host, the device only draws noise."""
+    x = torch.empty(2, 1, 64, 64, 64, device="meta")
+    views = ssl_views(x, box_generator=gen(0))
+    assert views.inputs.shape == (4, 1, 64, 64, 64) and views.inputs.device.type == "meta"
+    recipe_views = InpaintingContrastRecipe(None).views(x, None, host_generator=gen(0))
+    assert recipe_views.inputs.device.type == "meta"
+
+
 def test_aug_rand_errors():
     x = torch.rand(2, 1, 32, 32, 32)
     with pytest.raises(ValueError, match="5D"):
@@ -404,8 +437,10 @@ def test_aug_rand_errors():
         aug_rand(torch.rand(1, 1, 16, 32, 32))
     with pytest.raises(ValueError, match="empty box side range on axis W=10"):
         aug_rand(torch.rand(1, 1, 40, 10, 40), min_block=0.2, max_block=0.25)
-    with pytest.raises(ValueError, match="generator is on device cpu"):
+    with pytest.raises(ValueError, match="generator is on device cpu but must be on meta"):
         aug_rand(torch.empty(1, 1, 32, 32, 32, device="meta"), generator=gen(0))
+    with pytest.raises(TypeError, match="box_generator must be a torch.Generator or None, got int"):
+        aug_rand(x, box_generator=0)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -78,6 +78,11 @@ def test_augment_small():
     for kind in ("one_view", "ssl_views_two_views"):
         assert timing[kind]["ours"]["median_s"] > 0 and timing[kind]["reference"]["median_s"] > 0
     assert timing["speedup_one_view"] > 0 and timing["speedup_two_views"] > 0
+    traffic = result["traffic"]
+    for path in ("accelerator", "host_boxes", "cpu"):
+        assert traffic[path]["kernels_median"] > 100 and traffic[path]["gb_written_median"] > 0
+    # the host-drawn boxes are trimmed as on the CPU: far fewer bytes than every slot of the budget
+    assert traffic["host_boxes_over_accelerator_bytes"] < 0.8
     dist = result["distributions"]
     assert set(dist) == {"changed_fraction", "box_volume", "box_side", "boxes_per_inner_pass", "paste_passes"}
     for stats in dist.values():

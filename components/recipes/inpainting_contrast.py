@@ -50,8 +50,10 @@ class InpaintingContrastRecipe:
     def __init__(self, loss_function: Callable) -> None:
         self.loss_function = loss_function
 
-    def views(self, image: torch.Tensor, generator: torch.Generator) -> _Views:
-        return _Views(image, *ssl_views(image, generator=generator))
+    def views(self, image: torch.Tensor, generator: torch.Generator, host_generator: torch.Generator | None = None) -> _Views:
+        """The two views of every crop; on an accelerator the cutout boxes are drawn and trimmed on the host
+        (``host_generator``, see :func:`~components.augment.aug_rand`'s ``box_generator``)."""
+        return _Views(image, *ssl_views(image, generator=generator, box_generator=host_generator))
 
     def forward(self, network: torch.nn.Module, views: _Views) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return network(views.inputs)
