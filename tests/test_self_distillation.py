@@ -77,6 +77,21 @@ def test_multi_crop_views_shapes_order_and_replay():
         MultiCrop((32, 32, 32), (24, 24, 24))
 
 
+def test_multi_crop_boxes_from_the_host_generator_need_no_device_read():
+    """On the meta device any read of a value fails: with a CPU host_generator the boxes never come from it. On
+    the CPU the host generator's crops equal the ones the same stream draws as the device generator."""
+    crop = MultiCrop((32, 32, 32), (32, 32, 32), num_local=2)
+    views = crop(torch.empty(2, 1, 48, 48, 48, device="meta"), None, torch.Generator().manual_seed(3))
+    assert views.global_crops.shape == (4, 1, 32, 32, 32) and views.global_crops.device.type == "meta"
+    x = torch.rand(2, 1, 48, 40, 56)
+    crops_only = MultiCrop((32, 32, 32), (32, 32, 32), num_local=2, intensity_scale=0.0, intensity_shift=0.0,
+                           contrast_prob=0.0, noise_prob=0.0, flip_prob=0.0)  # fmt: skip
+    from_host = crops_only(x, torch.Generator().manual_seed(9), torch.Generator().manual_seed(3))
+    from_device = crops_only(x, torch.Generator().manual_seed(3))
+    assert torch.equal(from_host.global_crops, from_device.global_crops)
+    assert torch.equal(from_host.local_crops, from_device.local_crops)
+
+
 def test_loss_is_the_mean_cross_entropy_over_pairs_and_updates_the_centre():
     torch.manual_seed(0)
     b, g, v = 3, 2, 4

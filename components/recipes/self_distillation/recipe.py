@@ -121,8 +121,11 @@ class SelfDistillationRecipe(nn.Module):
         return cosine_schedule(*self.weight_decay_range, step, self.total_iterations)
 
     # ----------------------------------------------------------------------------------------- the recipe
-    def views(self, image: torch.Tensor, generator: torch.Generator) -> MultiCropViews:
-        return self.multi_crop(image, generator)
+    def views(
+        self, image: torch.Tensor, generator: torch.Generator, host_generator: torch.Generator | None = None
+    ) -> MultiCropViews:
+        """Multi-crop views; on an accelerator the crop boxes come from the trainer's CPU ``host_generator``."""
+        return self.multi_crop(image, generator, host_generator)
 
     def forward(self, network: nn.Module, views: MultiCropViews) -> _Outputs:  # type: ignore[override]
         embeddings, logits = network([views.global_crops, views.local_crops])

@@ -67,7 +67,9 @@ class MultiCrop:
         global_scale, local_scale: (min, max) volume fractions of the input covered by a crop.
         flip_prob, intensity_scale, intensity_shift, contrast, contrast_prob, noise_std, noise_prob: as above.
 
-    Call with ``(x, generator)``: ``x`` of shape ``(B, C, *spatial)`` floating, ``generator`` on ``x``'s device.
+    Call with ``(x, generator, host_generator=None)``: ``x`` of shape ``(B, C, *spatial)`` floating, ``generator``
+    on ``x``'s device. The crop boxes are read on the host to slice them; with a CPU ``host_generator`` they are
+    drawn there, so an accelerator is never asked for them (no device sync), else from ``generator``.
 
     Example::
 
@@ -108,28 +110,32 @@ class MultiCrop:
         self.intensity_scale, self.intensity_shift = float(intensity_scale), float(intensity_shift)
         self.noise_std = float(noise_std)
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> MultiCropViews:
+    def __call__(
+        self, x: torch.Tensor, generator: torch.Generator | None = None, host_generator: torch.Generator | None = None
+    ) -> MultiCropViews:
         if x.ndim != len(self.global_size) + 2 or not x.is_floating_point():
             raise ValueError(f"x must be a floating (B, C, {len(self.global_size)} spatial dims) tensor, got {tuple(x.shape)}.")
         x = x.detach()
-        global_crops = self._crops(x, self.num_global, self.global_size, self.global_scale, generator)
-        local_crops = self._crops(x, self.num_local, self.local_size, self.local_scale, generator)
+        boxes_from = host_generator if host_generator is not None else generator
+        global_crops = self._crops(x, self.num_global, self.global_size, self.global_scale, boxes_from)
+        local_crops = self._crops(x, self.num_local, self.local_size, self.local_scale, boxes_from)
         return MultiCropViews(self._augment(global_crops, generator), self._augment(local_crops, generator))
 
     def _crops(
         self, x: torch.Tensor, n: int, size: tuple[int, ...], scale: tuple[float, float], generator: torch.Generator | None
     ) -> torch.Tensor:
-        """``(n * B, C, *size)`` random resized crops, crop-major."""
+        """``(n * B, C, *size)`` random resized crops, crop-major; boxes drawn from ``generator`` on its device."""
         b, c, *spatial = x.shape
         if n == 0:
             return x.new_zeros((0, c, *size))
-        dims, device = len(spatial), x.device
+        dims = len(spatial)
+        device = generator.device if generator is not None else x.device
         fraction = torch.empty((n, b), device=device).uniform_(*scale, generator=generator) ** (1.0 / dims)
         position = torch.rand((n, b, dims), device=device, generator=generator)
         shape = torch.tensor(spatial, device=device, dtype=torch.float32)
         sides = (fraction[..., None] * shape).round().clamp(min=1).long()  # (n, B, dims)
         starts = (position * (shape.long() - sides + 1)).floor().long()
-        sides, starts = sides.tolist(), starts.tolist()  # one host read for all crops
+        sides, starts = sides.tolist(), starts.tolist()  # one read for all crops (no device sync from the host)
         mode = "trilinear" if dims == 3 else "bilinear"
         crops = []
         for k in range(n):
