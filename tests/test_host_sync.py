@@ -11,26 +11,21 @@ indexing) are not visible here; the CUDA test at the end, with ``torch.cuda.set_
 
 from __future__ import annotations
 
-import os
 import sys
-import traceback
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from ignite.engine import Events
 
 from components import NonFiniteLossError, ResumableCheckpointSaver, SSLLoss, SSLTrainer, StopOnNonFiniteLoss
-from components import distributed as D
-from tests.ranks import run_ranks
+from tests.ranks import run_scenario
 from tests.test_engine import TinySSLNet, _batches, _one_thread  # noqa: F401 (autouse fixture)
 
 HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "broadcast")
 WORLD = 2
-LAUNCH_TIMEOUT_S = 120
 
 
 #: (file, function) of the readers that read CPU tensors only on CUDA (see above)
@@ -160,27 +155,9 @@ def _scenario(rank: int) -> dict:
     return out
 
 
-def _child(rank: int, port: int, out_dir: str) -> None:
-    try:
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(port))  # fmt: skip
-        torch.set_num_threads(1)
-        D.init_distributed(backend="gloo", timeout_s=60)
-        result = _scenario(rank)
-        D.cleanup_distributed()
-        torch.save(result, Path(out_dir, f"rank{rank}.pt"))
-    except BaseException:
-        Path(out_dir, f"rank{rank}.err").write_text(traceback.format_exc())
-        os._exit(1)
-
-
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("host_sync_ranks")
-    codes = run_ranks(mp.get_context("spawn"), _child, lambda rank, port: (rank, port, str(out)), WORLD, LAUNCH_TIMEOUT_S)
-    errors = "\n".join(p.read_text() for p in sorted(out.glob("*.err")))
-    assert codes == [0] * WORLD, errors or f"exit codes {codes}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_scenario(_scenario, tmp_path_factory.mktemp("host_sync_ranks"), WORLD)
 
 
 def test_collectives_per_iteration_under_ddp(ranks):

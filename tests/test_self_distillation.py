@@ -4,13 +4,10 @@ stop, resume equality and (2 gloo processes) the DDP equalities of shared/notes/
 from __future__ import annotations
 
 import math
-import os
-import traceback
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from ignite.engine import Engine, Events
 
 from components import (
@@ -25,14 +22,12 @@ from components import (
     TeacherCollapseError,
     weight_decay_groups,
 )
-from components import distributed as D
 from components.recipes.self_distillation import koleo_loss
-from tests.ranks import run_ranks
+from tests.ranks import run_scenario
 from tests.test_engine import _one_thread  # noqa: F401 (autouse fixture: one thread here too)
 
 K = 32  # prototypes of the tiny head
 WORLD = 2
-PG_TIMEOUT_S = 60
 LAUNCH_TIMEOUT_S = 240
 
 
@@ -247,7 +242,7 @@ def _gradient_step(network, student, recipe, rows: slice) -> dict:
     }
 
 
-def _scenario(rank: int, out_dir: str) -> None:
+def _scenario(rank: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     result: dict = {}
@@ -273,30 +268,12 @@ def _scenario(rank: int, out_dir: str) -> None:
     result["teacher_grads"] = [p.grad for p in recipe.teacher.parameters() if p.grad is not None]
     result["teacher_wrapped"] = isinstance(recipe.teacher, DDP) or any(isinstance(m, DDP) for m in recipe.teacher.modules())
     result["center"] = recipe.criterion.center.clone()
-    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-
-
-def _child(rank: int, port: int, out_dir: str) -> None:
-    try:
-        torch.set_num_threads(1)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        from datetime import timedelta
-
-        torch.distributed.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=PG_TIMEOUT_S))
-        _scenario(rank, out_dir)
-        D.cleanup_distributed()
-    except BaseException:
-        Path(out_dir, f"error{rank}.txt").write_text(traceback.format_exc())
-        raise
+    return result
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sd_ranks")
-    codes = run_ranks(mp.get_context("spawn"), _child, lambda rank, port: (rank, port, str(out)), WORLD, LAUNCH_TIMEOUT_S)
-    errors = "\n".join(p.read_text() for p in sorted(out.glob("error*.txt")))
-    assert codes == [0] * WORLD, errors or f"exit codes {codes}"
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return run_scenario(_scenario, tmp_path_factory.mktemp("sd_ranks"), WORLD, LAUNCH_TIMEOUT_S)
 
 
 def test_ddp_gradient_and_centre_equal_one_process_on_the_global_batch(ranks):
