@@ -66,6 +66,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "item_sources",
         "resolve_resume",
     ),
+    "loader": ("PersistentWorkerLoader",),
     "losses": ("SSLLoss",),
     "networks": ("SSLHead", "check_roi_size", "prepare_network"),
     "package": ("extract_zip_safely", "fetch", "fetch_bundle", "metadata_schema", "package_bundle", "schema_path"),
