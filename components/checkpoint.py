@@ -43,13 +43,15 @@ kept; they are never *required* and show up as missing-but-allowed.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import pickle
 import re
 import stat
 import tempfile
+import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -60,6 +62,7 @@ from monai.handlers import CheckpointSaver
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from .distributed import broadcast_from_rank0
 from .faults import CheckpointEvents, register_checkpoint_events, resolve_resume
 from .runtime import as_bool, optional_path
 
@@ -975,7 +978,17 @@ class ResumableCheckpointSaver:
         filename: file name in ``ckpt_dir``.
         epoch_interval: save every this many epochs (None: not on epochs).
         iteration_interval: save every this many iterations (None: not on iterations).
+        time_interval_s: save when about this many seconds have passed since the last save (or the start), by rank
+            0's clock (None: not by time). Every rank must save at the same iteration (the save's guards run
+            collectives), so no rank reads its clock per iteration: rank 0 times the first
+            ``calibration_iterations`` iterations, and from its seconds per iteration and the time left chooses the
+            iteration of the next look at the clock, where it measures again (one small broadcast per look):
+            it saves there once the interval has passed, never early, else looks again later.
+        calibration_iterations: iterations timed before the first look at the clock.
         save_final: save when the run completes (a later run with a larger ``max_epochs`` can continue from it).
+
+    With an ``evaluator`` the file is also written whenever a validation becomes the best, so the best metric it
+    holds always describes ``model.pt`` (a resumed run replaces ``model.pt`` only by a strictly better one).
 
     Attach it *after* the validation handler of the same event, so that the best metric of the epoch just
     validated is in the file (ignite calls handlers of one event in the order they were attached).
@@ -1001,6 +1014,8 @@ class ResumableCheckpointSaver:
         save_final: bool = True,
         sampler: Any = None,
         recipe: nn.Module | None = None,
+        time_interval_s: float | None = None,
+        calibration_iterations: int = 10,
     ) -> None:
         if not isinstance(network, nn.Module):
             raise TypeError(
@@ -1015,9 +1030,15 @@ class ResumableCheckpointSaver:
             raise ValueError(f"ResumableCheckpointSaver: filename must be a plain file name, got {filename!r}.")
         self.epoch_interval = _check_interval("epoch_interval", epoch_interval)
         self.iteration_interval = _check_interval("iteration_interval", iteration_interval)
-        if self.epoch_interval is None and self.iteration_interval is None and not save_final:
+        self.calibration_iterations = _check_interval("calibration_iterations", calibration_iterations)
+        if time_interval_s is not None and not (isinstance(time_interval_s, (int, float)) and time_interval_s > 0):
+            raise ValueError(f"time_interval_s must be a positive number of seconds or None, got {time_interval_s!r}.")
+        self.time_interval_s = None if time_interval_s is None else float(time_interval_s)
+        intervals = (self.epoch_interval, self.iteration_interval, self.time_interval_s)
+        if all(i is None for i in intervals) and not save_final and evaluator is None:
             raise ValueError(
-                "ResumableCheckpointSaver: nothing to do (no epoch_interval, iteration_interval or save_final)."
+                "ResumableCheckpointSaver: nothing to do (no epoch_interval, iteration_interval, time_interval_s, "
+                "save_final or evaluator)."
             )
         self.path = Path(ckpt_dir) / filename
         self.network = network
@@ -1032,6 +1053,10 @@ class ResumableCheckpointSaver:
         self.recipe = recipe
         self._last_saved: tuple | None = None
         self._trainer: Engine | None = None
+        self._clock: tuple[int, float] | None = None  # (iteration, time) of the last time-based decision
+        self._last_save_time: float | None = None  # rank 0's clock at the last save (or the run's first iteration)
+        self._next_timed_save: int | None = None
+        self.clock: Callable[[], float] = time.monotonic
 
     def attach(self, engine: Engine) -> None:
         self._trainer = engine
@@ -1043,8 +1068,37 @@ class ResumableCheckpointSaver:
             engine.add_event_handler(Events.EPOCH_COMPLETED(every=self.epoch_interval), self.save)
         if self.iteration_interval is not None:
             engine.add_event_handler(Events.ITERATION_COMPLETED(every=self.iteration_interval), self.save)
+        if self.time_interval_s is not None:
+            engine.add_event_handler(Events.ITERATION_COMPLETED, self._save_on_time)
         if self.save_final:
             engine.add_event_handler(Events.COMPLETED, self.save)
+
+    def _save_on_time(self, engine: Engine) -> None:
+        """At the iteration chosen last time, measures again (rank 0's clock, one broadcast) and saves when the
+        interval has passed (within half an iteration), else chooses a later iteration. Every rank runs the same
+        iterations and receives the same numbers, so all ranks save together."""
+        iteration = engine.state.iteration
+        if self._clock is None:  # the first iteration of this run (it includes start-up): the clock starts after it
+            self._clock = (iteration, self.clock())
+            self._last_save_time = self._last_save_time or self._clock[1]
+            self._next_timed_save = iteration + self.calibration_iterations
+            return
+        if iteration < self._next_timed_save:
+            return
+        per_iteration, left = self._measure(iteration)
+        if left <= per_iteration / 2:
+            self.save(engine)
+            left = self.time_interval_s
+        self._next_timed_save = iteration + max(1, math.ceil(left / max(per_iteration, 1e-9)))
+
+    def _measure(self, iteration: int) -> tuple[float, float]:
+        """(seconds per iteration since the last measurement, seconds left of the interval), rank 0's, broadcast."""
+        start_iteration, start = self._clock
+        now = self.clock()
+        self._clock = (iteration, now)
+        per_iteration = (now - start) / max(iteration - start_iteration, 1)
+        per_iteration, left = broadcast_from_rank0([per_iteration, self.time_interval_s - (now - self._last_save_time)])
+        return per_iteration, left
 
     def _remove_stale_temps(self, engine: Engine | None = None) -> None:
         if not _is_rank0() or not self.path.parent.is_dir():
@@ -1057,10 +1111,12 @@ class ResumableCheckpointSaver:
                 pass
 
     def _note_best_iteration(self, evaluator: Engine) -> None:
-        """The trainer iteration of a validation that just became the best (MONAI sets best_metric_epoch to it)."""
+        """The trainer iteration of a validation that just became the best (MONAI sets best_metric_epoch to it);
+        the file is written at once, so its best metric describes the ``model.pt`` saved for that validation."""
         state = evaluator.state
         if self._trainer is not None and getattr(state, "best_metric_epoch", None) == state.epoch:
             state.best_metric_iteration = int(self._trainer.state.iteration)
+            self.save(self._trainer)
 
     def _best(self) -> tuple[Any, Any, Any]:
         state = self.evaluator.state  # type: ignore[union-attr]
@@ -1122,6 +1178,7 @@ class ResumableCheckpointSaver:
             return None  # same iteration and best metric already on disk (e.g. EPOCH_COMPLETED then COMPLETED)
         save_atomic(self.checkpoint_dict(engine), self.path)
         self._last_saved = marker
+        self._last_save_time = self.clock()
         logger.info(
             "saved resumable checkpoint %s (epoch %s, iteration %s)",
             self.path,

@@ -33,6 +33,7 @@ __all__ = [
     "all_gather_with_grad",
     "all_reduce_mean",
     "barrier",
+    "broadcast_from_rank0",
     "check_equal_shapes",
     "cleanup_distributed",
     "collective_device",
@@ -386,3 +387,13 @@ def all_reduce_mean(x: torch.Tensor | float, weight: torch.Tensor | float | None
     packed = torch.cat([(x * w).reshape(-1), w.reshape(1)])
     dist.all_reduce(packed, op=dist.ReduceOp.SUM)
     return (packed[:-1] / packed[-1]).reshape(x.shape)
+
+
+def broadcast_from_rank0(values: list[float]) -> list[float]:
+    """Rank 0's ``values`` on every rank (one broadcast, read back to the host): for decisions that every rank must
+    take alike, such as when to save by rank 0's clock. Returns ``values`` itself on one process."""
+    if not is_distributed() or dist.get_world_size() == 1:
+        return list(values)
+    packed = torch.tensor(values, dtype=torch.float64, device=collective_device())
+    dist.broadcast(packed, src=0)
+    return packed.tolist()

@@ -31,6 +31,7 @@ from components.checkpoint import (
     save_atomic,
 )
 from components.networks import SSLHead
+from tests.ranks import run_scenario
 
 FS = 12  # feature size of the small test models (16 * FS = 192 channels in the last stage)
 N_ENCODER = 126  # swinViT.* tensors: 118 parameters + 8 relative_position_index buffers
@@ -931,3 +932,124 @@ def test_window_size_mismatch_names_the_window():
     for key, value in source.items():
         if key.startswith("swinViT."):
             assert torch.equal(model.state_dict()[key], value), key
+
+
+# ------------------------------------------------------------------------------------------------------------
+# saving by time
+# ------------------------------------------------------------------------------------------------------------
+
+
+class FakeClock:
+    """Seconds that advance by ``per_iteration(iteration)`` at every trainer iteration (attached first)."""
+
+    def __init__(self, per_iteration) -> None:
+        self.now, self.per_iteration = 0.0, per_iteration
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: setattr(self, "now", self.now + self.per_iteration(e.state.iteration)))
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _timed_saver(tmp_path, model, opt, sched, clock: FakeClock, **kwargs) -> tuple[ResumableCheckpointSaver, list]:
+    saver = ResumableCheckpointSaver(tmp_path, model, opt, sched, epoch_interval=None, save_final=False, **kwargs)
+    saver.clock = clock
+    saved: list = []
+    save = saver.save
+    saver.save = lambda engine: (saved.append(engine.state.iteration), save(engine))[1]  # every call, on every rank
+    return saver, saved
+
+
+@pytest.mark.parametrize(
+    "per_iteration, expected",
+    [
+        (lambda it: 1.0, [6, 11, 16, 21]),  # 5 s: every 5 iterations after the first (the clock starts after it)
+        (lambda it: 1.0 if it <= 11 else 0.5, [6, 11, 21]),  # faster after 11: at 16 only 2.5 s passed, look again
+    ],
+)
+def test_saves_by_time_at_the_iterations_of_the_interval(tmp_path, per_iteration, expected):
+    model, opt, sched, _, _ = _objects(1)
+    trainer = _trainer(model, opt, sched, [])
+    clock = FakeClock(per_iteration)
+    clock.attach(trainer)
+    saver, saved = _timed_saver(tmp_path, model, opt, sched, clock, time_interval_s=5.0, calibration_iterations=2)
+    saver.attach(trainer)
+    trainer.run(_data(), max_epochs=6)  # 24 iterations
+    assert saved == expected
+
+
+def _ranks_with_their_own_clocks(rank: int) -> dict:
+    """Rank r's clock runs 1 + 2r seconds per iteration: only rank 0's decides."""
+    import tempfile
+
+    model, opt, sched, _, _ = _objects(1)
+    trainer = _trainer(model, opt, sched, [])
+    clock = FakeClock(lambda it: 1.0 + 2 * rank)
+    clock.attach(trainer)
+    with tempfile.TemporaryDirectory() as tmp:
+        saver, saved = _timed_saver(tmp, model, opt, sched, clock, time_interval_s=5.0, calibration_iterations=2)
+        saver.attach(trainer)
+        trainer.run(_data(), max_epochs=6)
+    return {"saved": saved}
+
+
+def test_every_rank_saves_at_rank_zeros_times(tmp_path):
+    first, second = run_scenario(_ranks_with_their_own_clocks, tmp_path, world=2)
+    assert first["saved"] == second["saved"] == [6, 11, 16, 21]
+
+
+def test_a_time_saved_checkpoint_resumes_mid_epoch_with_the_uninterrupted_lr(tmp_path):
+    data = _data()
+    model, opt, sched, _, _ = _objects(1)
+    full_log: list = []
+    _trainer(model, opt, sched, full_log).run(data, max_epochs=3)
+
+    model1, opt1, sched1, _, _ = _objects(1)
+    log1: list = []
+    trainer1 = _trainer(model1, opt1, sched1, log1)
+    clock = FakeClock(lambda it: 1.0)
+    clock.attach(trainer1)
+    saver, saved = _timed_saver(tmp_path, model1, opt1, sched1, clock, time_interval_s=5.0, calibration_iterations=2)
+    saver.attach(trainer1)
+    trainer1.add_event_handler(Events.ITERATION_COMPLETED(once=7), lambda e: e.terminate())  # killed after 7
+    trainer1.run(data, max_epochs=3)
+    assert saved == [6]  # in the middle of epoch 2
+
+    model2, opt2, sched2, _, _ = _objects(7)
+    log2: list = []
+    trainer2 = _trainer(model2, opt2, sched2, log2)
+    ResumeHandler(saver.path, model2, opt2, sched2).attach(trainer2)
+    trainer2.run(data, max_epochs=3)
+    assert [it for it, _ in log2] == list(range(7, 13))
+    assert log1[:6] + log2 == full_log
+
+
+def test_a_new_best_validation_is_saved_at_once(tmp_path):
+    model, opt, sched, _, evaluator = _objects(1)
+    trainer = _trainer(model, opt, sched, [])
+    scores = iter([0.5, 0.4, 0.7])
+
+    @trainer.on(Events.EPOCH_COMPLETED)
+    def _validate(engine):  # stands for MONAI's validation: best_metric_epoch is the trainer epoch of a new best
+        evaluator.state.epoch = engine.state.epoch
+        score = next(scores)
+        if score > evaluator.state.best_metric:
+            evaluator.state.best_metric, evaluator.state.best_metric_epoch = score, engine.state.epoch
+        evaluator.fire_event(Events.EPOCH_COMPLETED)
+
+    saver, saved = _timed_saver(tmp_path, model, opt, sched, FakeClock(lambda it: 1.0), evaluator=evaluator)
+    saver.attach(trainer)
+    trainer.run(_data(), max_epochs=3)
+    assert saved == [4, 12]  # epochs 1 and 3 improved; epoch 2 did not
+    ckpt = torch.load(saver.path, weights_only=True)
+    assert ckpt["best_metric"] == 0.7 and ckpt["best_metric_iteration"] == 12
+
+
+def test_time_interval_errors(tmp_path):
+    model = nn.Linear(1, 1)
+    for bad in (0, -1.0, "600"):
+        with pytest.raises(ValueError, match="time_interval_s must be a positive number"):
+            ResumableCheckpointSaver(tmp_path, model, time_interval_s=bad)
+    with pytest.raises(ValueError, match="nothing to do"):
+        ResumableCheckpointSaver(tmp_path, model, epoch_interval=None, save_final=False)
