@@ -70,6 +70,21 @@ def test_ssl_step_small():
     assert ci["reference_over_bundle"] == pytest.approx(reference["ms_per_step"] / ci["ms_per_step"], rel=0.01)
 
 
+def test_finetune_step_small():
+    """Both configurations run the BTCV trainer: before (fresh workers, a checkpoint every epoch) and the bundle's
+    defaults (persistent workers, checkpoints by time: only the final one in a run this short)."""
+    result = _run("finetune_step.py", "--small")
+    assert result["benchmark"] == "finetune_step" and result["size"] == "ci"
+    _machine_ok(result["machine"])
+    before, bundle = result["configurations"]["fresh_workers_epoch_checkpoints"], result["configurations"]["bundle"]
+    assert (before["persistent_workers"], bundle["persistent_workers"]) == (False, True)
+    assert before["checkpoint_saves_at_iterations"] == [2, 4, 6, 8] and bundle["checkpoint_saves_at_iterations"] == [8]
+    for run in (before, bundle):
+        assert run["epochs"] == 4 and run["iterations_per_epoch"] == 2 and run["num_workers"] == 1
+        assert run["ms_per_iteration"] > 0 and run["epoch_s_median"] > run["epoch_overhead_s_median"] >= 0
+        assert run["crops_per_s"] == pytest.approx(1000 / run["ms_per_iteration"], rel=0.01)
+
+
 def test_augment_small():
     result = _run("augment.py", "--small")
     assert result["benchmark"] == "augment" and result["size"] == 32 and result["batch"] == 4
