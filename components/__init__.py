@@ -29,6 +29,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "load_pretrained",
         "save_atomic",
     ),
+    "compilation": ("CompileMonitor", "compiled_graphs"),
     "data": (
         "EpochShuffleSampler",
         "MissingDatalist",

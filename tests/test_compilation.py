@@ -1,0 +1,137 @@
+"""torch.compile in the bundles' trainers: the same numbers as eager, no recompiles after the first epoch (validation
+and a resume included), DDP, and the monitor that reports the compile cost and late recompiles.
+
+On this CPU the tests compile with ``backend="aot_eager"`` (dynamo's graph capture and AOTAutograd's joint graph,
+run by eager kernels; inductor's C++ code generation takes minutes on 2 cores); the inductor kernels are compared
+on a GPU in tests/test_cuda.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from ignite.engine import Events
+from monai.bundle import ConfigParser
+from monai.handlers import ValidationHandler
+
+import components
+from components import CompileMonitor, SSLEvaluator, SSLLoss, SSLTrainer, compiled_graphs
+from components.checkpoint import ResumableCheckpointSaver, ResumeHandler
+from tests.ranks import run_scenario
+from tests.test_engine import TinySSLNet, _batches, _one_thread  # noqa: F401 (autouse fixture)
+
+BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
+AOT = {"backend": "aot_eager"}
+RTOL = 1e-5  # aot_eager runs the same kernels after AOTAutograd's decompositions: equal to rounding
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _trainer(loader, compile: bool, max_epochs: int = 1, handlers=None, network=None, **kwargs) -> SSLTrainer:
+    torch.manual_seed(0)
+    network = network or TinySSLNet()
+    return SSLTrainer(
+        device="cpu", max_epochs=max_epochs, train_data_loader=loader, network=network,
+        optimizer=torch.optim.AdamW(network.parameters(), lr=1e-3), loss_function=SSLLoss(), seed=3,
+        compile=compile, compile_kwargs=AOT, train_handlers=handlers, **kwargs,
+    )  # fmt: skip
+
+
+def _losses(trainer: SSLTrainer) -> list[torch.Tensor]:
+    losses: list[torch.Tensor] = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(e.state.output[0]["loss"]))
+    trainer.run()
+    return losses
+
+
+def test_compiled_steps_equal_eager():
+    eager, compiled = _trainer(_batches(3), False), _trainer(_batches(3), True)
+    assert isinstance(compiled.network, torch._dynamo.eval_frame.OptimizedModule)
+    losses_e, losses_c = _losses(eager), _losses(compiled)
+    torch.testing.assert_close(torch.stack(losses_c), torch.stack(losses_e), rtol=RTOL, atol=1e-7)
+    for (name, p_e), p_c in zip(eager.network.named_parameters(), components.engine.unwrap(compiled.network).parameters()):
+        torch.testing.assert_close(p_c, p_e, rtol=RTOL, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
+
+def test_no_recompile_after_the_first_epoch_with_validation_and_resume(tmp_path, caplog):
+    """3 epochs with a validation after each (the evaluator runs the uncompiled network, as in the bundles), then a
+    resumed run in the same process: graphs are compiled in the first epoch only, and the resumed run's own first
+    epoch compiles nothing new (the restored weights go into the same parameters)."""
+    network = TinySSLNet()
+    evaluator = SSLEvaluator(device="cpu", val_data_loader=_batches(1), network=network)
+    monitor = CompileMonitor()
+    trainer = _trainer(_batches(3), True, max_epochs=3, network=network, handlers=[monitor])
+    ValidationHandler(validator=evaluator, interval=1, epoch_level=True).attach(trainer)
+    ResumableCheckpointSaver(tmp_path, network, trainer.optimizer).attach(trainer)
+    per_epoch: list[int] = []
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: per_epoch.append(compiled_graphs()))
+    with caplog.at_level(logging.INFO, logger="components.compilation"):
+        trainer.run()
+    assert per_epoch[0] >= 1 and per_epoch == [per_epoch[0]] * 3, per_epoch
+    assert monitor.late_graphs == 0 and len(monitor.iteration_s) == 2
+    assert any("compiling about" in r.getMessage() for r in caplog.records)
+
+    resumed = _trainer(_batches(3), True, max_epochs=5, network=network, handlers=[CompileMonitor()])
+    ResumeHandler(tmp_path / "checkpoint.pt", network, resumed.optimizer).attach(resumed)
+    before = compiled_graphs()
+    resumed.run()
+    assert resumed.state.epoch == 5 and compiled_graphs() == before  # the cached graphs serve the resumed run
+
+
+def test_monitor_warns_about_a_recompile_after_the_warm_up(caplog):
+    """The check above can fail: a batch of another size in epoch 3 compiles a new graph, and the monitor says so."""
+    batches = _batches(2)
+    monitor = CompileMonitor()
+    trainer = _trainer(batches, True, max_epochs=3, handlers=[monitor])
+    trainer.add_event_handler(Events.EPOCH_COMPLETED(once=2), lambda e: batches.append(_batches(1, crops=3)[0]))
+    with caplog.at_level(logging.WARNING, logger="components.compilation"):
+        trainer.run()
+    assert monitor.late_graphs >= 1
+    assert any("epoch 3" in r.getMessage() and "TORCH_LOGS=recompiles" in r.getMessage() for r in caplog.records)
+
+
+def _ddp_steps(rank: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = {}
+    for compile in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        network = DDP(TinySSLNet())
+        trainer = _trainer(_batches(3, seed=rank), compile, network=network)
+        out[compile] = {"losses": torch.stack(_losses(trainer)), "params": [p.detach().clone() for p in network.parameters()]}
+    return out
+
+
+def test_compiled_ddp_steps_equal_eager_ddp_steps(tmp_path):
+    """compile(DDP(model)), the order the bundles use: 2 gloo ranks, 3 steps, the same losses and weights."""
+    for result in run_scenario(_ddp_steps, tmp_path, world=2):
+        torch.testing.assert_close(result[True]["losses"], result[False]["losses"], rtol=RTOL, atol=1e-7)
+        for p_c, p_e in zip(result[True]["params"], result[False]["params"]):
+            torch.testing.assert_close(p_c, p_e, rtol=RTOL, atol=1e-7)
+
+
+@pytest.mark.parametrize("bundle", sorted(p.name for p in BUNDLES.iterdir() if (p / "configs" / "train.json").is_file()))
+def test_every_bundle_compiles_its_trainer_on_request(bundle):
+    """``--compile true``: the trainer gets compile=True and the bundle's compile_kwargs, and the monitor is
+    attached; off by default."""
+    train = json.loads((BUNDLES / bundle / "configs" / "train.json").read_text())
+    assert train["compile"] is False and train["compile_kwargs"] == {}
+    trainer = train["train"]["trainer"]
+    assert trainer["compile"] == "$components.as_bool(@compile, 'compile')"
+    assert trainer["compile_kwargs"] == "@compile_kwargs"
+    monitors = [h for h in train["train"]["handlers"] if h["_target_"] == "components.CompileMonitor"]
+    assert len(monitors) == 1
+    parser = ConfigParser(train)
+    for compile, disabled in (("true", False), (False, True)):
+        parser["compile"] = compile
+        assert parser.get_parsed_content(f"train#handlers#{train['train']['handlers'].index(monitors[0])}#_disabled_") is disabled
