@@ -78,7 +78,8 @@ DEFAULT_ITERS = {"ci": 2, "tiny": 10, "paper": 10, "gpu": 30}
 # how each configuration differs from the bundle's defaults; "reference_style" is the research code's way
 CONFIGS = {
     "bundle": dict(),
-    "reference_style": dict(fused_attention=False, per_box_views=True, amp=True, amp_dtype="float16", use_checkpoint=True),
+    "reference_style": dict(fused_attention=False, per_box_views=True, amp=True, amp_dtype="float16", use_checkpoint=True,
+                            compile=False),
 }
 # datasheet dense (no sparsity) bf16 tensor-core peaks, TFLOP/s; the first name contained in the device name wins
 BF16_PEAK_TFLOPS = (
@@ -430,10 +431,11 @@ def measure_size(
             "feature_size": size["feature_size"],
             "crops_per_step": crops,
             "views_per_step": 2 * crops,
-            "configuration": {k: overrides.get(k) for k in ("fused_attention", "amp", "amp_dtype", "use_checkpoint")}
+            "configuration": {k: overrides.get(k) for k in ("fused_attention", "amp", "amp_dtype", "use_checkpoint", "compile")}
             | {"views": "per_box" if config.get("per_box_views") else "batched"},
             "use_checkpoint_applied": _checkpointing_applied(trainer.network),
             "ms_per_step": round(step_s * 1000, 2),
+            "first_iteration_s": round(timer.records[0]["total"], 3),  # with --compile: the compile is in it
             "crops_per_s": round(crops / step_s, 3),
             "volumes_per_s": round(size["batch_size"] / step_s, 3),
             "flops_per_step": flops,
@@ -552,6 +554,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="autocast as the bundle's default (bf16 where supported; default: on CUDA only)")
     parser.add_argument("--explicit-attention", action="store_true", help="MONAI's explicit window attention "
                         "(the bundle's fused_attention false) instead of scaled_dot_product_attention")
+    parser.add_argument("--compile", action="store_true", help="the bundle's compile true (torch.compile, inductor)")
     parser.add_argument("--reference-style", action=argparse.BooleanOptionalAction, default=None,
                         help="also measure the research code's configuration (default: on CUDA only)")
     parser.add_argument("--peak-tflops", type=float, default=None,
@@ -588,7 +591,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     result: dict = {"benchmark": "ssl_step", "machine": machine_info(), "sizes": {}}
     result["fused_attention"] = not args.explicit_attention
-    bundle_config = {**CONFIGS["bundle"], "fused_attention": not args.explicit_attention}
+    bundle_config = {**CONFIGS["bundle"], "fused_attention": not args.explicit_attention, "compile": args.compile}
     start = time.perf_counter()
     for name in names:
         size, iters = SIZES[name], args.iters or DEFAULT_ITERS[name]

@@ -57,9 +57,9 @@ def test_ssl_step_small():
     # throughput and FLOPs of the bundle and of the research code's configuration, measured in the same run
     reference = result["reference_style"]["ci"]
     assert ci["configuration"] == {"fused_attention": True, "amp": False, "amp_dtype": None, "use_checkpoint": False,
-                                   "views": "batched"}  # fmt: skip
+                                   "compile": False, "views": "batched"}  # fmt: skip
     assert reference["configuration"] == {"fused_attention": False, "amp": True, "amp_dtype": "float16",
-                                          "use_checkpoint": True, "views": "per_box"}  # fmt: skip
+                                          "use_checkpoint": True, "compile": False, "views": "per_box"}  # fmt: skip
     assert reference["use_checkpoint_applied"] is True and ci["use_checkpoint_applied"] is False
     for run in (ci, reference):
         assert run["crops_per_s"] == pytest.approx(1000 / run["ms_per_step"], rel=0.01)  # one crop per step
