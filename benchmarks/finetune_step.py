@@ -23,9 +23,7 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import statistics
 import sys
 import tempfile
@@ -34,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from machine import machine_info
+from machine import bundle_parser, machine_info, write_result
 from ssl_step import json_stdout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,8 +59,6 @@ def _median(values: list[float]) -> float:
 
 def build_trainer(size: dict, workdir: Path, config: dict, epochs: int, num_workers: int | None):
     """The bundle's train#trainer on synthetic CT for ``size`` and the overrides of ``config`` (no validation)."""
-    from monai.bundle import ConfigParser
-
     import components
 
     data = workdir.parent / "data"
@@ -72,12 +68,7 @@ def build_trainer(size: dict, workdir: Path, config: dict, epochs: int, num_work
     overrides.update(bundle_root=str(BUNDLE), dataset_dir=str(data), output_dir=str(workdir / "eval"),
                      ckpt_dir=str(workdir / "models"), max_epochs=epochs, val_interval=10**6, batch_size=1,
                      auto_resume=False, pretrained_path=None, **config)  # fmt: skip
-    if num_workers is not None:
-        overrides["num_workers"] = num_workers
-    parser = ConfigParser()
-    parser.read_config(str(BUNDLE / "configs" / "train.json"))
-    parser.read_meta(str(BUNDLE / "configs" / "metadata.json"))
-    parser.update(overrides)
+    parser = bundle_parser(BUNDLE, overrides, num_workers)
     parser.get_parsed_content("initialize")
     return parser.get_parsed_content("train#trainer")
 
@@ -174,11 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
             result["configurations"][name] = measure(name, size, Path(tmp) / "runs", config, args.epochs, args.num_workers)
     before, now = (result["configurations"][k]["epoch_overhead_s_median"] for k in CONFIGS)
     result["epoch_overhead_bundle_over_before"] = round(now / before, 4) if before > 0 else None
-    result["machine"]["load_avg_1_5_15_at_end"] = [round(v, 2) for v in os.getloadavg()]
-    result["wall_s"] = round(time.perf_counter() - start, 1)
-    out.write(json.dumps(result, indent=2) + "\n")
-    out.flush()
-    return result
+    return write_result(result, out, start)
 
 
 if __name__ == "__main__":

@@ -23,3 +23,30 @@ def machine_info() -> dict:
         "monai": monai.__version__,
         "cuda": torch.cuda.is_available(),
     }
+
+
+def write_result(result: dict, out, started: float) -> dict:
+    """Adds the load at the end and the wall time since ``started`` (``time.perf_counter``), and writes ``result``
+    as indented JSON to ``out``."""
+    import json
+    import time
+
+    result["machine"]["load_avg_1_5_15_at_end"] = [round(v, 2) for v in os.getloadavg()]
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    out.write(json.dumps(result, indent=2) + "\n")
+    out.flush()
+    return result
+
+
+def bundle_parser(bundle, overrides: dict, num_workers: int | None = None):
+    """A bundle's ``configs/train.json`` (with its metadata) and ``overrides`` (plus ``num_workers`` when given), as
+    a MONAI ``ConfigParser`` ready to parse: the benchmarks time the bundles' own objects."""
+    from pathlib import Path
+
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser()
+    parser.read_config(str(Path(bundle) / "configs" / "train.json"))
+    parser.read_meta(str(Path(bundle) / "configs" / "metadata.json"))
+    parser.update({**overrides, **({} if num_workers is None else {"num_workers": num_workers})})
+    return parser

@@ -58,7 +58,7 @@ from pathlib import Path
 
 import torch
 
-from machine import machine_info
+from machine import bundle_parser, machine_info, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
@@ -228,8 +228,6 @@ def instrument(trainer) -> PhaseTimer:
 def build_trainer(size: dict, workdir: Path, num_workers: int | None, amp: bool, tune: bool, config: dict):
     """The bundle's train#trainer on synthetic CT for ``size`` and a configuration of :data:`CONFIGS` (validation
     and checkpoint saves off: they are per epoch, not per step)."""
-    from monai.bundle import ConfigParser
-
     import components
 
     data = workdir / "data"
@@ -247,12 +245,7 @@ def build_trainer(size: dict, workdir: Path, num_workers: int | None, amp: bool,
         tune_allocator=tune,
     )
     overrides.update({k: v for k, v in config.items() if k != "per_box_views"})
-    if num_workers is not None:
-        overrides["num_workers"] = num_workers
-    parser = ConfigParser()
-    parser.read_config(str(BUNDLE / "configs" / "train.json"))
-    parser.read_meta(str(BUNDLE / "configs" / "metadata.json"))
-    parser.update(overrides)
+    parser = bundle_parser(BUNDLE, overrides, num_workers)
     # no checkpoint saves: an epoch of these few volumes is a few iterations, a real one thousands per save
     for index, handler in enumerate(parser["train"]["handlers"]):
         if handler.get("_target_", "").endswith("ResumableCheckpointSaver"):
@@ -623,11 +616,7 @@ def main(argv: list[str] | None = None) -> dict:
             "views_share_max_0.02_met": shares["views"] <= 0.02,
             "bundle_over_bare_max_1.05_met": gpu["overhead_ratio"] <= 1.05,
         }
-    result["machine"]["load_avg_1_5_15_at_end"] = [round(v, 2) for v in os.getloadavg()]
-    result["wall_s"] = round(time.perf_counter() - start, 1)
-    out.write(json.dumps(result, indent=2) + "\n")
-    out.flush()
-    return result
+    return write_result(result, out, start)
 
 
 if __name__ == "__main__":
