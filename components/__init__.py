@@ -72,6 +72,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "networks": ("SSLHead", "check_roi_size", "prepare_network"),
     "package": ("extract_zip_safely", "fetch", "fetch_bundle", "metadata_schema", "package_bundle", "schema_path"),
     "quiet": ("install_filters", "log_from_rank_zero"),
+    "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
     "recipes": (
         "InpaintingContrastRecipe",
         "MultiCrop",

@@ -110,12 +110,13 @@ def finetune_overrides(
     }
 
 
-def training_class_weights(datalist: Path) -> list[float]:
+def training_class_weights(datalist: Path, label_names: list[str] | None = None) -> list[float]:
     """The finetuning loss's class weights from the labels of the datalist's ``training`` list
-    (:func:`~components.segmentation.balanced_class_weights`): the organs are 0.1-2 % of a volume each and the
-    small ones stay at Dice 0 for the first hundreds of iterations with an unweighted loss."""
+    (:func:`~components.segmentation.balanced_class_weights`) for ``label_names`` (default: the demo's): the organs
+    are 0.1-2 % of a volume each and the small ones stay at Dice 0 for the first hundreds of iterations with an
+    unweighted loss."""
     items = json.loads(datalist.read_text())["training"]
-    return balanced_class_weights([datalist.parent / item["label"] for item in items], len(_LABEL_NAMES))
+    return balanced_class_weights([datalist.parent / item["label"] for item in items], len(label_names or _LABEL_NAMES))
 
 
 def _last_image(events_dir: Path, tag: str) -> Any:

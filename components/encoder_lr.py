@@ -110,6 +110,7 @@ class FreezeEncoder:
         if int(iterations) < 0:
             raise ValueError(f"freeze_encoder_iterations must be >= 0, got {iterations}.")
         self.iterations = int(iterations)
+        self.network = network
         self.params = [param for name, param in network.named_parameters() if _name(name).startswith(prefix)]
         if self.iterations and not self.params:
             raise ValueError(f"freeze_encoder_iterations {iterations}: no parameter of {type(network).__name__} starts with {prefix!r}.")
@@ -117,6 +118,13 @@ class FreezeEncoder:
     def attach(self, engine: Engine) -> None:
         """Registers on MONAI's ``BACKWARD_COMPLETED`` (every MONAI ``Workflow`` has ``IterationEvents``)."""
         if not self.iterations:
+            return
+        total = (engine.state.max_epochs or 0) * (engine.state.epoch_length or 0)
+        if self.iterations >= total > 0 and not isinstance(self.network, torch.nn.parallel.DistributedDataParallel):
+            for param in self.params:
+                param.requires_grad_(False)
+            logger.info("FreezeEncoder: %d encoder tensors frozen for the whole run (%d iterations; no gradients "
+                        "through the encoder)", len(self.params), total)  # fmt: skip
             return
         engine.add_event_handler(IterationEvents.BACKWARD_COMPLETED, self)
         logger.info("FreezeEncoder: %d encoder tensors frozen for the first %d iterations", len(self.params), self.iterations)

@@ -92,6 +92,34 @@ def test_frozen_encoder_does_not_change_until_the_warm_up_ends():
     assert seen == [(True, True), (True, True), (False, True)]
 
 
+def _train_frozen(iterations: int, planned_epochs: int) -> tuple[dict, SwinUNETR]:
+    """6 iterations (2 epochs of 3) with the encoder frozen for ``iterations``; the handler attaches while the trainer
+    plans ``planned_epochs`` epochs (more than 2: the run looks longer than the freeze, which takes the
+    gradient-dropping path)."""
+    net = _net()
+    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=0.1)
+    torch.manual_seed(1)
+    data = [{"image": torch.rand(1, 1, 64, 32, 32), "label": torch.randint(0, 2, (1, 1, 64, 32, 32)).float()} for _ in range(3)]
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    trainer = SupervisedTrainer(device="cpu", max_epochs=planned_epochs, train_data_loader=data, network=net, optimizer=opt,
+                                loss_function=lambda pred, label: (pred.softmax(1)[:, 1:] - label).abs().mean(),
+                                train_handlers=[components.FreezeEncoder(net, iterations=iterations)])  # fmt: skip
+    trainer.state.max_epochs = 2
+    trainer.run()
+    return before, net
+
+
+def test_an_encoder_frozen_for_the_whole_run_gets_no_gradients_and_trains_the_rest_identically():
+    before, whole = _train_frozen(6, planned_epochs=2)
+    assert all(not p.requires_grad for n, p in whole.named_parameters() if n.startswith("swinViT."))
+    _, dropping = _train_frozen(6, planned_epochs=3)
+    assert all(p.requires_grad for p in dropping.parameters())
+    whole_state, dropping_state = whole.state_dict(), dropping.state_dict()
+    assert all(torch.equal(whole_state[k], v) for k, v in before.items() if k.startswith("swinViT."))
+    assert any(not torch.equal(whole_state[k], v) for k, v in before.items() if k.startswith("decoder1."))
+    assert all(torch.equal(whole_state[k], v) for k, v in dropping_state.items()), "the two freezes trained differently"
+
+
 def test_freeze_encoder_rejects_a_negative_count_or_a_network_without_encoder():
     with pytest.raises(ValueError, match="freeze_encoder_iterations must be >= 0"):
         components.FreezeEncoder(_net(), iterations=-1)
