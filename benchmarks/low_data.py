@@ -415,7 +415,7 @@ def run_finetuning(arm: str, k: int, seed: int, key: str, overrides: dict, data:
     _fresh(run_dir)
     seconds = run_bundle(CT_BUNDLE, overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
     # one volume per iteration: epoch e ends at iteration e * k
-    curve = [(epoch * k, value) for epoch, value in read_scalars(run_dir / "eval").get("val_mean_dice", [])]
+    curve = [[epoch * k, value] for epoch, value in read_scalars(run_dir / "eval").get("val_mean_dice", [])]
     if not curve:
         raise RuntimeError(f"finetuning run {run_dir} logged no validation Dice (see {run_dir / 'train.log'}).")
     best = max(value for _, value in curve)

@@ -139,7 +139,7 @@ def test_tiny_run_writes_tensorboard_scalars_and_view_images(trained):
         acc.Reload()
         scalars |= set(acc.Tags()["scalars"])
         images |= set(acc.Tags()["images"])
-    assert {"loss", "loss_rot", "loss_contrast", "loss_recon", "lr", "val_recon_l1"} <= scalars
+    assert {"loss", "loss_rot", "loss_contrast", "loss_recon", "lr", "val_recon_l1", "val_rankme"} <= scalars
     assert "ssl_views" in images
 
 

@@ -1,0 +1,287 @@
+"""The low-data protocol (benchmarks/low_data.py): fixed pools and held-out sets, arms that differ only in their
+starting weights, results keyed by their settings, the statistics, a user's datalists, and a killed-and-resumed run.
+
+The fast tests replace the bundle runs below the protocol by stand-ins that record what they were asked to run; the
+slow one runs the real ``--small`` plan twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+import low_data  # noqa: E402
+
+from components import write_dataset  # noqa: E402
+
+
+def _fake_data(root: Path, plan: low_data.Plan, seed: int) -> low_data.Data:
+    """The synthetic splits' shape without writing volumes: pool, validation, in-domain and shifted items."""
+    labeled = [{"image": f"labeled/imagesTr/case_{i:03d}.nii.gz", "label": f"labeled/labelsTr/case_{i:03d}.nii.gz"}
+               for i in range(plan.pool_size + 1 + plan.num_in_domain)]  # fmt: skip
+    shifted = [{"image": f"shifted/imagesTr/case_{i:03d}.nii.gz", "label": f"shifted/labelsTr/case_{i:03d}.nii.gz"}
+               for i in range(plan.num_shifted)]  # fmt: skip
+    unlabeled = root / "unlabeled" / "dataset.json"
+    unlabeled.parent.mkdir(parents=True, exist_ok=True)
+    unlabeled.write_text(json.dumps({"training": [{"image": "a.nii.gz"}], "validation": [{"image": "b.nii.gz"}]}))
+    return low_data.Data(root, labeled[: plan.pool_size], labeled[plan.pool_size : plan.pool_size + 1],
+                         labeled[plan.pool_size + 1 :], shifted, ["background", "spleen"], unlabeled)  # fmt: skip
+
+
+@pytest.fixture
+def fake_protocol(monkeypatch):
+    """run() with every bundle run replaced: pretraining returns a record, finetuning a Dice drawn from (arm, k,
+    seed); the calls (arm, k, seed, overrides, datalist content) are recorded."""
+    calls: list[dict] = []
+    monkeypatch.setattr(low_data, "synthetic_data", _fake_data)
+    monkeypatch.setattr(low_data, "training_class_weights", lambda datalist, names=None: [0.1, 1.0])
+    monkeypatch.setattr(low_data, "_bundle_hash", lambda bundle, configs: "configs")
+    monkeypatch.setattr(low_data, "encoder_rankme", lambda data, weights, plan, seed: {"crops": 0, "encoders": {}})
+    monkeypatch.setattr(low_data, "_plots", lambda *args: None)
+
+    def pretrain(recipe, key, overrides, results, threads):
+        return {"recipe": recipe, "key": key, "sha256": f"weights-of-{recipe}", "commit": "c", "model": f"/w/{recipe}.pt"}
+
+    def finetune(arm, k, seed, key, overrides, data, results, threads):
+        datalist = json.loads(Path(overrides["datalist"]).read_text())
+        calls.append({"arm": arm, "k": k, "seed": seed, "key": key, "overrides": overrides, "datalist": datalist})
+        rng = np.random.default_rng([k, seed, list(low_data.ARMS).index(arm)])
+        score = {h: {"mean": float(rng.uniform(0.2, 0.8)), "per_image": {}} for h in low_data.HELD_OUT_SETS}
+        return {"arm": arm, "k": k, "seed": seed, "key": key, "commit": "c", "dice": {"selected": score, "last": score},
+                "validation_curve": [(k, 0.1), (2 * k, 0.2)], "selected_iteration": 2 * k, "training_files": [i["image"] for i in datalist["training"]],
+                "held_out_files": datalist["heldout"]}  # fmt: skip
+
+    monkeypatch.setattr(low_data, "run_pretraining", pretrain)
+    monkeypatch.setattr(low_data, "run_finetuning", finetune)
+    return calls
+
+
+PLAN = replace(low_data.PLANS["cpu"], ks=(1, 2, 4, 8), min_seeds=2, max_seeds=2, finetune_iterations=8, val_every=8)
+
+
+def _files(calls: list[dict], k: int) -> dict:
+    return {(c["seed"], c["arm"]): (c["datalist"]["training"], c["datalist"]["heldout"], c["datalist"]["validation"])
+            for c in calls if c["k"] == k}  # fmt: skip
+
+
+def test_held_out_sets_and_pools_do_not_depend_on_ks_or_seeds(fake_protocol, tmp_path):
+    calls = fake_protocol
+    low_data.run(replace(PLAN, ks=(1,)), tmp_path / "a", "cpu")
+    only_k1 = _files(calls, 1)
+    calls.clear()
+    low_data.run(PLAN, tmp_path / "b", "cpu")
+    assert _files(calls, 1) == only_k1  # --ks 1 and --ks 1,2,4,8 train and score on identical files
+    calls.clear()
+    low_data.run(replace(PLAN, ks=(1,), min_seeds=1, max_seeds=1), tmp_path / "c", "cpu")
+    assert _files(calls, 1) == {key: files for key, files in only_k1.items() if key[0] == 0}  # --seeds 1: seed 0 alike
+    held_out = {json.dumps(files[1]) for files in only_k1.values()}
+    assert len(held_out) == 1 and len(json.loads(held_out.pop())) == PLAN.num_in_domain + PLAN.num_shifted
+
+
+def test_pools_are_nested_and_never_overlap_validation_or_held_out(fake_protocol, tmp_path):
+    low_data.run(PLAN, tmp_path, "cpu")
+    for seed in (0, 1):
+        pools = [{i["image"] for i in _files(fake_protocol, k)[(seed, "scratch")][0]} for k in (1, 2, 4, 8)]
+        assert [len(p) for p in pools] == [1, 2, 4, 8]
+        assert pools[0] < pools[1] < pools[2] < pools[3]
+        _, held_out, validation = _files(fake_protocol, 8)[(seed, "scratch")]
+        assert not pools[3] & {i["image"] for i in held_out + validation}
+    first = {seed: _files(fake_protocol, 1)[(seed, "scratch")][0] for seed in (0, 1)}
+    assert first[0] != first[1]  # the seeds draw other volumes
+
+
+def test_arms_of_a_pair_differ_only_in_the_starting_weights(fake_protocol, tmp_path):
+    low_data.run(PLAN, tmp_path, "cpu")
+    own = {"output_dir", "ckpt_dir"}  # each run's own folders
+    commands = {c["arm"]: {k: v for k, v in c["overrides"].items() if k not in own} for c in fake_protocol if (c["k"], c["seed"]) == (2, 1)}
+    assert set(commands) == set(low_data.ARMS)
+
+    def differing(a: str, b: str) -> set[str]:
+        return {k for k in commands[a].keys() | commands[b].keys() if commands[a].get(k) != commands[b].get(k)}
+
+    for arm in ("ssl", "dino"):
+        assert differing(arm, "scratch") == {"pretrained_path"}
+        assert differing(f"frozen_{arm}", "frozen_random") == {"pretrained_path"}
+    assert differing("frozen_random", "scratch") == {"freeze_encoder_iterations"}
+    assert commands["frozen_ssl"]["freeze_encoder_iterations"] == PLAN.finetune_iterations
+    assert commands["ssl"]["pretrained_path"] == "/w/ssl.pt" and commands["scratch"]["pretrained_path"] is None
+
+
+def test_a_result_is_keyed_by_every_setting_of_its_run(fake_protocol, tmp_path):
+    low_data.run(PLAN, tmp_path, "cpu")
+    keys = {(c["arm"], c["k"], c["seed"]): c["key"] for c in fake_protocol}
+    assert len(set(keys.values())) == len(keys)
+    fake_protocol.clear()
+    low_data.run(replace(PLAN, finetune_iterations=16), tmp_path, "cpu")
+    assert not {c["key"] for c in fake_protocol} & set(keys.values())  # another budget: no key in common
+    fake_protocol.clear()
+    low_data.run(PLAN, tmp_path / "elsewhere", "cpu")
+    assert {(c["arm"], c["k"], c["seed"]): c["key"] for c in fake_protocol} == keys  # the same settings in another folder
+
+
+def _stand_in_bundle(calls: list):
+    """A bundle run stand-in for run_finetuning: writes the evaluation's per-image CSV and records the call."""
+
+    def run_bundle(bundle, configs=("train.json",), overrides=None, log=None, echo=True, threads=None):
+        calls.append((configs, overrides))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("")
+        if "eval_list" in overrides:
+            out = Path(overrides["output_dir"])
+            out.mkdir(parents=True, exist_ok=True)
+            datalist = Path(overrides["datalist"])
+            rows = [f"{(datalist.parent / i['image']).resolve()},0.5,nan,0.5" for i in json.loads(datalist.read_text())["heldout"]]
+            (out / "val_mean_dice_raw.csv").write_text("filename,class0,class1,mean\n" + "\n".join(rows) + "\n")
+        return 1.0
+
+    return run_bundle
+
+
+def test_a_finished_run_is_reused_and_a_result_of_other_settings_is_never_read(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setattr(low_data, "run_bundle", _stand_in_bundle(calls))
+    monkeypatch.setattr(low_data, "read_scalars", lambda folder: {"val_mean_dice": [(1, 0.3), (2, 0.4), (3, 0.35)]})
+    plan = replace(PLAN, ks=(1,))
+    data = _fake_data(tmp_path / "data", plan, 0)
+    datalist = low_data.write_datalist(data, 1, 0, 0)
+    results = tmp_path / "results"
+    overrides = {"datalist": str(datalist), "output_dir": str(tmp_path / "run" / "eval"), "ckpt_dir": str(tmp_path / "run" / "models")}
+    record = low_data.run_finetuning("scratch", 1, 0, "keyA", overrides, data, results, None)
+    assert len(calls) == 3  # training, then the selected (iteration 2) and the last model on the held-out sets
+    assert record["selected_iteration"] == 2 and record["dice"]["selected"]["in_domain"]["mean"] == 0.5
+    assert record["held_out_files"]["shifted"] == [i["image"] for i in data.shifted]
+    assert json.loads((results / "scratch_k1_seed0_keyA.json").read_text()) == record
+    assert low_data.run_finetuning("scratch", 1, 0, "keyA", overrides, data, results, None) == record and len(calls) == 3
+    stale = tmp_path / "run" / "eval" / "events.out.tfevents.stale"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("an older run's events")
+    low_data.run_finetuning("scratch", 1, 0, "keyB", overrides, data, results, None)
+    assert len(calls) == 6 and not stale.exists()  # other settings: run again, in an emptied folder
+
+
+def test_bootstrap_interval_and_the_seed_rule():
+    assert low_data.bootstrap_interval([0.1]) is None
+    low, high = low_data.bootstrap_interval([0.05, 0.05, 0.05])
+    assert low == pytest.approx(0.05) and high == pytest.approx(0.05)
+    low, high = low_data.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3)
+    assert 0.0 <= low < 0.15 < high <= 0.3
+    assert low_data.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3) == (low, high)  # seeded: reproducible
+
+
+def test_seeds_are_added_at_the_narrow_ks_until_the_interval_is_narrow(fake_protocol, tmp_path):
+    plan = replace(PLAN, ks=(1, 2, 4), min_seeds=2, max_seeds=5, target_half_width=0.0001)
+    result = low_data.run(plan, tmp_path, "cpu")
+    assert result["seeds_run"] == {"1": 5, "2": 5, "4": 2} and result["half_width_target_met"] is False
+    assert max(c["seed"] for c in fake_protocol if c["k"] == 4) == 1
+    fake_protocol.clear()
+    result = low_data.run(replace(plan, target_half_width=1.0), tmp_path / "wide", "cpu")
+    assert result["seeds_run"] == {"1": 2, "2": 2, "4": 2} and result["half_width_target_met"] is True
+    entry = result["paired"]["in_domain"]["selected"]["ssl - scratch"]["1"]
+    assert entry["n"] == 2 and entry["mean"] == pytest.approx(np.mean(entry["differences"]))
+
+
+def test_bad_plans_fail_before_any_run(fake_protocol, tmp_path):
+    with pytest.raises(ValueError, match="outside 1..8"):
+        low_data.run(replace(PLAN, ks=(16,)), tmp_path, "cpu")
+    with pytest.raises(ValueError, match="multiple of every k"):
+        low_data.run(replace(PLAN, ks=(3,)), tmp_path, "cpu")
+    with pytest.raises(ValueError, match="go together"):
+        low_data.run(PLAN, tmp_path, "cpu", labeled=tmp_path / "x.json")
+    assert not fake_protocol
+
+
+def _user_lists(root: Path) -> tuple[Path, Path, Path]:
+    """Lists as a user writes them: an MSD-style labeled dataset.json (training with labels, test as plain path
+    strings), an unlabeled corpus with images only, and another site's labeled list."""
+    write_dataset(root / "site_a", num=8, seed=3, organs=("spleen", "liver"))
+    write_dataset(root / "corpus", num=3, seed=4, varied=True, labels=False)
+    write_dataset(root / "site_b", num=3, seed=5, organs=("spleen", "liver"), varied=True)
+    labeled = json.loads((root / "site_a" / "dataset.json").read_text())
+    msd = {"name": "mine", "labels": labeled["labels"], "training": labeled["training"] + labeled["validation"],
+           "test": [f"./{i['image']}" for i in labeled["test"]]}  # fmt: skip
+    (root / "site_a" / "msd.json").write_text(json.dumps(msd))
+    corpus = json.loads((root / "corpus" / "dataset.json").read_text())
+    (root / "corpus" / "list.json").write_text(json.dumps({"training": corpus["training"] + corpus["validation"], "test": corpus["test"]}))
+    return root / "site_a" / "msd.json", root / "corpus" / "list.json", root / "site_b" / "dataset.json"
+
+
+def test_a_users_datalists_are_split_by_the_data_seed_alone(tmp_path):
+    labeled, unlabeled, shifted = _user_lists(tmp_path)
+    plan = replace(low_data.PLANS["small"], ks=(1, 2), num_in_domain=2, pool_size=8, finetune_iterations=2)
+    data = low_data.user_data(tmp_path / "out", plan, 0, labeled, unlabeled, shifted)
+    # 7 labeled entries (training + validation; the test list holds plain paths without labels)
+    assert len(data.in_domain) == 2 and len(data.validation) == 1 and len(data.pool) == 4
+    assert all(Path(i["label"]).is_file() for i in data.pool + data.in_domain + data.validation)
+    assert not {i["image"] for i in data.pool} & {i["image"] for i in data.in_domain + data.validation}
+    assert len(data.shifted) == 3 and data.label_names == ["background", "spleen", "liver"]
+    corpus = json.loads(data.unlabeled.read_text())
+    assert len(corpus["training"]) + len(corpus["validation"]) == 3 and corpus["validation"]
+    again = low_data.user_data(tmp_path / "again", plan, 0, labeled, unlabeled, shifted)
+    assert (again.pool, again.in_domain, again.validation) == (data.pool, data.in_domain, data.validation)
+    datalist = json.loads(low_data.write_datalist(data, 2, 0, 0).read_text())
+    assert datalist["labels"] == {"0": "background", "1": "spleen", "2": "liver"} and len(datalist["heldout"]) == 5
+
+
+def test_a_users_lists_that_cannot_serve_the_plan_are_named(tmp_path):
+    labeled, unlabeled, _ = _user_lists(tmp_path)
+    with pytest.raises(ValueError, match="needs at least 11"):
+        low_data.user_data(tmp_path / "o", replace(low_data.PLANS["cpu"], ks=(1, 2, 4, 6)), 0, labeled, unlabeled, None)
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({"labels": {"0": "background"}, "training": [{"image": "nope.nii.gz", "label": "nope.nii.gz"}]}))
+    with pytest.raises(FileNotFoundError, match="nope.nii.gz"):
+        low_data.user_data(tmp_path / "o", low_data.PLANS["small"], 0, broken, unlabeled, None)
+
+
+def _comparable(result: dict) -> dict:
+    """The summary without what depends on the invocation: timings, the machine, the output folder."""
+    drop = {"machine", "total_seconds", "plots"}
+    out = {k: v for k, v in result.items() if k not in drop}
+    out["runs"] = [{k: v for k, v in r.items() if k != "seconds"} for r in result["runs"]]
+    out["pretraining"] = {r: {k: v for k, v in p.items() if k != "seconds"} for r, p in result["pretraining"].items()}
+    return out
+
+
+@pytest.mark.slow
+def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
+    """The real --small plan (every arm, two pretraining recipes, one k and seed): uninterrupted, and killed once its
+    first finetuning result is written, then run again into the same folder."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, str(REPO / "benchmarks" / "low_data.py"), "--small", "--device", "cpu", "--parallel", "1"]
+    whole = subprocess.run([*command, "--out", str(tmp_path / "whole")], capture_output=True, text=True, env=env, timeout=1200)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    uninterrupted = json.loads(whole.stdout)
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 900
+    while not list((out / "results").glob("scratch_k1_seed0_*.json")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = list((out / "results").glob("*_k1_seed0_*.json"))
+    assert 1 <= len(finished) < len(low_data.ARMS)  # killed part way: some runs done, some not
+    resumed = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = json.loads(resumed.stdout)
+    assert _comparable(result) == _comparable(uninterrupted)
+
+    assert {r["arm"] for r in result["runs"]} == set(low_data.ARMS)
+    for run in result["runs"]:
+        assert run["encoder_tensors_loaded"] == ([126, 126] if low_data.ARMS[run["arm"]].recipe else None)
+        assert run["held_out_files"] == {"in_domain": result["data"]["in_domain"], "shifted": result["data"]["shifted"]}
+        for model in low_data.MODELS:
+            assert all(0.0 <= run["dice"][model][h]["mean"] <= 1.0 for h in low_data.HELD_OUT_SETS)
+    assert set(result["rankme"]["encoders"]) == {"random", "ssl", "dino"}
+    assert Path(result["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
