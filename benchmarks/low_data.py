@@ -48,7 +48,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -69,7 +68,7 @@ from components import synthetic  # noqa: E402
 from components.demo import (  # noqa: E402
     CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, pyplot, save_plot, ssl_overrides, training_class_weights,
 )
-from components.runner import BUNDLES_DIR, read_scalars, run_bundle  # noqa: E402
+from components.runner import BUNDLES_DIR, fresh_run_dir, read_scalars, run_bundle  # noqa: E402
 
 DINO_BUNDLE = "swin_unetr_dino_pretrain"
 HELD_OUT_SETS = ("in_domain", "shifted")
@@ -371,22 +370,23 @@ def _per_image_dice(csv: Path, data_root: Path) -> dict[str, float]:
     return out
 
 
-def _fresh(run_dir: Path) -> None:
-    """A run starts in an empty folder: a killed run's events or checkpoints must not mix into the new one."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
+def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threads: int | None, report_only: bool = False) -> dict:
+    """Runs (or reuses) one pretraining; returns its record (model path and sha256, final losses, last RankMe). With
+    ``report_only`` the recorded run is used as it is (its weights may be absent: no RankMe then).
 
-
-def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threads: int | None) -> dict:
-    """Runs (or reuses) one pretraining; returns its record (model path and sha256, final losses, last RankMe)."""
+    Raises:
+        FileNotFoundError: with ``report_only``, for a pretraining that has no record.
+    """
     run_dir = Path(overrides["ckpt_dir"]).parent
     record_path = results / f"pretrain_{recipe}_{key}.json"
     model = run_dir / "models" / "model.pt"
     if record_path.is_file():
         record = json.loads(record_path.read_text())
-        if model.is_file() and file_sha256(model) == record["sha256"]:
+        if report_only or (model.is_file() and file_sha256(model) == record["sha256"]):
             return {**record, "model": str(model)}
-    _fresh(run_dir)
+    if report_only:
+        raise FileNotFoundError(f"no record of the {recipe} pretraining with these settings ({record_path}): nothing to report.")
+    fresh_run_dir(run_dir)  # a killed run's events or checkpoints must not mix into the new one
     seconds = run_bundle(PRETRAINING[recipe][0], overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
     scalars = read_scalars(run_dir / "eval")
     record = {"recipe": recipe, "key": key, "sha256": file_sha256(model), "seconds": round(seconds, 1), "commit": _git_commit(),
@@ -406,13 +406,18 @@ def _write_json(path: Path, value: Any) -> None:
     tmp.replace(path)
 
 
-def run_finetuning(arm: str, k: int, seed: int, key: str, overrides: dict, data: Data, results: Path, threads: int | None) -> dict:
-    """Runs (or reuses) one finetuning run and scores its selected and last models on both held-out sets."""
+def run_finetuning(
+    arm: str, k: int, seed: int, key: str, overrides: dict, data: Data, results: Path, threads: int | None, report_only: bool = False,
+) -> dict | None:
+    """Runs (or reuses) one finetuning run and scores its selected and last models on both held-out sets; with
+    ``report_only`` a run without a result is not run (None)."""
     record_path = results / f"{arm}_k{k}_seed{seed}_{key}.json"
     if record_path.is_file():
         return json.loads(record_path.read_text())
+    if report_only:
+        return None
     run_dir = Path(overrides["ckpt_dir"]).parent
-    _fresh(run_dir)
+    fresh_run_dir(run_dir)  # a killed run's events or checkpoints must not mix into the new one
     seconds = run_bundle(CT_BUNDLE, overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
     # one volume per iteration: epoch e ends at iteration e * k
     curve = [[epoch * k, value] for epoch, value in read_scalars(run_dir / "eval").get("val_mean_dice", [])]
@@ -583,7 +588,7 @@ def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int) 
     batch = torch.stack(crops)
     out = {"crops": len(crops), "encoders": {}}
     for name, recipe in (("random", None), ("ssl", "ssl"), ("dino", "dino")):
-        if recipe is not None and recipe not in weights:
+        if recipe is not None and (recipe not in weights or not Path(weights[recipe]["model"]).is_file()):
             continue
         torch.manual_seed(1000)
         network = parser.get_parsed_content("network_def", instantiate=True, lazy=False)
@@ -618,6 +623,44 @@ def rankme_agreement(rankme: dict, intervals: dict, plan: Plan) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------------------------------------- tables
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.3f}"
+
+
+def markdown_tables(result: dict, model: str = "selected") -> str:
+    """The result's tables in Markdown, as README.md and benchmarks/README.md show them (a test compares them):
+    held-out mean Dice per arm and k (mean +- sd, seeds), then the paired differences with their 95 % bootstrap
+    interval, for both held-out sets, for ``model`` ("selected" or "last")."""
+    ks = [str(k) for k in result["settings"]["ks"]]
+    header = "| " + " | ".join(["", *(f"k = {k}" for k in ks)]) + " |\n| " + " | ".join(["---"] * (len(ks) + 1)) + " |"
+    lines = []
+    for held_out in HELD_OUT_SETS:
+        lines += [f"Held-out mean Dice, {held_out.replace('_', '-')} set, {model} models (mean +- sd over seeds, n seeds):", "",
+                  header.replace("|  |", f"| {held_out.replace('_', '-')} |", 1)]  # fmt: skip
+        for arm, per_k in result["table"].get(held_out, {}).get(model, {}).items():
+            cells = [f"{per_k[k]['mean']:.3f} +- {per_k[k]['sd']:.3f} ({per_k[k]['n']})" if k in per_k else "not run" for k in ks]
+            lines.append("| " + " | ".join([arm, *cells]) + " |")
+        lines += ["", f"Paired differences, {held_out.replace('_', '-')} set, {model} models (mean [95 % bootstrap interval], n pairs):", "",
+                  header.replace("|  |", "| contrast |", 1)]  # fmt: skip
+        for contrast, per_k in result["paired"].get(held_out, {}).get(model, {}).items():
+            cells = []
+            for k in ks:
+                entry = per_k.get(k)
+                if entry is None:
+                    cells.append("not run")
+                elif entry["ci95"] is None:
+                    cells.append(f"{_signed(entry['mean'])} (n = {entry['n']}: no interval)")
+                else:
+                    low, high = entry["ci95"]
+                    cells.append(f"{_signed(entry['mean'])} [{_signed(low)}, {_signed(high)}] ({entry['n']})")
+            lines.append("| " + " | ".join([contrast, *cells]) + " |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
 # ----------------------------------------------------------------------------------------------------------- plots
 
 
@@ -645,9 +688,10 @@ def _plots(tables: dict, intervals: dict, curves: dict, out: Path) -> None:
 
 def run(
     plan: Plan, out: Path, device: str, seed: int = 0, parallel: int = 1, results: Path | None = None,
-    labeled: Path | None = None, unlabeled: Path | None = None, shifted: Path | None = None,
+    labeled: Path | None = None, unlabeled: Path | None = None, shifted: Path | None = None, report_only: bool = False,
 ) -> dict:
-    """Runs (or completes) the protocol and returns its summary; see the module's docstring."""
+    """Runs (or completes) the protocol and returns its summary; see the module's docstring. With ``report_only``
+    nothing runs: the summary covers the finished runs and lists the missing ones (``missing_runs``)."""
     unknown = [a for a in plan.arms if a not in ARMS]
     if unknown or "scratch" not in plan.arms and "frozen_random" not in plan.arms:
         raise ValueError(f"arms must be a subset of {list(ARMS)} with a baseline (scratch or frozen_random), got {list(plan.arms)}.")
@@ -668,12 +712,16 @@ def run(
     recipes = sorted({ARMS[a].recipe for a in plan.arms if ARMS[a].recipe})
     jobs = {recipe: pretraining_job(recipe, plan, data, out, device, seed) for recipe in recipes}
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(jobs)))) as pool:
-        weights = dict(zip(jobs, pool.map(lambda r: run_pretraining(r, *jobs[r], results, threads), jobs)))
+        weights = dict(zip(jobs, pool.map(lambda r: run_pretraining(r, *jobs[r], results, threads, report_only), jobs)))
+    missing: list[str] = []
 
-    def one(job: tuple[str, int, int]) -> dict:
+    def one(job: tuple[str, int, int]) -> dict | None:
         arm, k, s = job
         key, overrides = finetune_job(arm, k, s, plan, data, write_datalist(data, k, s, seed), out, device, weights)
-        record = run_finetuning(arm, k, s, key, overrides, data, results, threads)
+        record = run_finetuning(arm, k, s, key, overrides, data, results, threads, report_only)
+        if record is None:
+            missing.append(f"{arm} k={k} seed={s}")
+            return None
         sel = record["dice"]["selected"]
         print(f"k={k} seed={s} {arm}: selected (iteration {record['selected_iteration']}) in-domain {sel['in_domain']['mean']:.4f}"
               f", shifted {sel['shifted']['mean']:.4f}", file=sys.stderr, flush=True)  # fmt: skip
@@ -689,7 +737,7 @@ def run(
                 ks = tuple(k for k in plan.ks if k in plan.narrow_ks)
             else:
                 break
-            runs += list(pool.map(one, [(arm, k, s) for k in ks for arm in plan.arms]))
+            runs += [r for r in pool.map(one, [(arm, k, s) for k in ks for arm in plan.arms]) if r is not None]
             for k in ks:
                 seeds_run[k] = s + 1
     intervals = paired(runs, plan, seed)
@@ -707,6 +755,7 @@ def run(
         "pretraining": {r: {k: v for k, v in w.items() if k != "model"} for r, w in weights.items()},
         "seeds_run": {str(k): n for k, n in seeds_run.items()},
         "half_width_target_met": not needs_more_seeds(intervals, plan),
+        "missing_runs": sorted(missing),
         "table": tables,
         "paired": intervals,
         "convergence": curves,
@@ -736,7 +785,13 @@ def main() -> None:
     parser.add_argument("--shifted", default=None, help="optional: a labeled datalist of another site (shifted held-out set)")
     parser.add_argument("--pretrain_overrides", type=json.loads, default={}, help="JSON overrides of the pretraining runs")
     parser.add_argument("--finetune_overrides", type=json.loads, default={}, help="JSON overrides of every finetuning run")
+    parser.add_argument("--report_only", action="store_true", help="run nothing: summarise the finished runs, list the missing")
+    parser.add_argument("--markdown", default=None, help="print the Markdown tables of this summary JSON and exit")
     args = parser.parse_args()
+    if args.markdown:
+        summary = json.loads(Path(args.markdown).read_text())
+        print(markdown_tables(summary, "selected") + "\n" + markdown_tables(summary, "last"), end="")
+        return
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     plan = PLANS["small" if args.small else device]
     if args.ks:
@@ -748,7 +803,8 @@ def main() -> None:
     plan = replace(plan, pretrain_overrides=args.pretrain_overrides, finetune_overrides=args.finetune_overrides)
     parallel = args.parallel or (2 if device == "cpu" else 1)
     paths = {name: Path(getattr(args, name)).resolve() if getattr(args, name) else None for name in ("labeled", "unlabeled", "shifted")}
-    result = run(plan, Path(args.out), device, args.seed, parallel, Path(args.results) if args.results else None, **paths)
+    result = run(plan, Path(args.out), device, args.seed, parallel, Path(args.results) if args.results else None, **paths,
+                 report_only=args.report_only)
     text = json.dumps(result, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")

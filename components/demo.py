@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from . import synthetic
-from .runner import bundle_command, read_scalars, run_bundle
+from .runner import bundle_command, fresh_run_dir, read_scalars, run_bundle
 from .segmentation import balanced_class_weights
 
 __all__ = [
@@ -306,7 +306,7 @@ def run_demo(
     synthetic.write_dataset(unlabeled, num=budget.num_unlabeled, seed=seed, varied=True, labels=False)
     steps.append({"step": "synthesise", "seconds": round(time.perf_counter() - start, 1)})
 
-    ssl_dir = out_dir / "ssl_pretrain"
+    ssl_dir = fresh_run_dir(out_dir / "ssl_pretrain")
     announce(f"SSL pretraining ({SSL_BUNDLE}), {budget.ssl_epochs} epochs on {device} -> {ssl_dir}")
     bundle_step("SSL pretraining", SSL_BUNDLE, ("train.json",), ssl_overrides(budget, unlabeled, ssl_dir, device, seed),
                 ssl_dir / "train.log")
@@ -317,7 +317,7 @@ def run_demo(
     class_weights = training_class_weights(datalist)
     results: dict[str, dict[str, Any]] = {}
     for arm, folder in arms.items():
-        run_dir = out_dir / folder
+        run_dir = fresh_run_dir(out_dir / folder)
         pretrained = ssl_dir / "models" / "model.pt" if arm == "SSL init" else None
         overrides = finetune_overrides(budget, datalist, run_dir, device, finetune_seed, pretrained, class_weights)
         announce(f"finetuning {CT_BUNDLE}, {arm}, {budget.finetune_epochs} epochs; held-out evaluation -> {run_dir}")

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["BUNDLES_DIR", "bundle_command", "run_bundle", "read_scalars"]
+__all__ = ["BUNDLES_DIR", "bundle_command", "fresh_run_dir", "run_bundle", "read_scalars"]
 
 BUNDLES_DIR = Path(__file__).resolve().parent.parent / "bundles"
 
@@ -89,8 +90,19 @@ def run_bundle(
     return time.perf_counter() - start
 
 
+def fresh_run_dir(run_dir: Path) -> Path:
+    """Empties ``run_dir`` (created if missing) before a run that must start fresh: :func:`read_scalars` merges every
+    events file of a folder, so an earlier run's events left there would mix into the new run's (a longer earlier
+    run's last Dice would even win, having the highest step)."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
 def read_scalars(events_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar a bundle run logged to TensorBoard under ``events_dir``: tag -> [(step, value)] by step."""
+    """Every scalar the bundle runs logged to TensorBoard under ``events_dir``: tag -> [(step, value)] by step, merged
+    over the folder's events files (a resumed run continues in a new file); see :func:`fresh_run_dir`."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out: dict[str, dict[int, float]] = {}

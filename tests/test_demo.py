@@ -19,6 +19,11 @@ PNG = b"\x89PNG\r\n\x1a\n"
 def quick_demo(tmp_path_factory):
     """``demo --budget quick --compare``: both arms, every step, the pictures (about 2 minutes on 2 cores)."""
     out = tmp_path_factory.mktemp("demo")
+    stale = out / "finetune_ssl" / "eval"  # an earlier, longer demo's events in the same --out
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=str(stale)) as writer:
+        writer.add_scalar("val_mean_dice", 0.99, 1000)
     result = subprocess.run(
         [sys.executable, "-m", "components", "demo", "--out", str(out), "--budget", "quick", "--compare", "--seed", "3"],
         capture_output=True, text=True, timeout=1200,
@@ -55,6 +60,9 @@ def test_every_training_evaluation_and_inference_step_is_a_bundle_run(quick_demo
 @pytest.mark.slow
 def test_summary_json_and_pictures(quick_demo):
     out, stdout = quick_demo
+    from components.runner import read_scalars
+
+    assert max(step for step, _ in read_scalars(out / "finetune_ssl" / "eval")["val_mean_dice"]) < 1000  # stale run gone
     summary = json.loads((out / "summary.json").read_text())
     assert summary["device"] == "cpu" and summary["seed"] == 3
     assert summary["settings"]["organs"] == list(DEMO_ORGANS) and summary["settings"]["budget"]["finetune_epochs"] == 1

@@ -50,10 +50,10 @@ def fake_protocol(monkeypatch):
     monkeypatch.setattr(low_data, "encoder_rankme", lambda data, weights, plan, seed: {"crops": 0, "encoders": {}})
     monkeypatch.setattr(low_data, "_plots", lambda *args: None)
 
-    def pretrain(recipe, key, overrides, results, threads):
+    def pretrain(recipe, key, overrides, results, threads, report_only=False):
         return {"recipe": recipe, "key": key, "sha256": f"weights-of-{recipe}", "commit": "c", "model": f"/w/{recipe}.pt"}
 
-    def finetune(arm, k, seed, key, overrides, data, results, threads):
+    def finetune(arm, k, seed, key, overrides, data, results, threads, report_only=False):
         datalist = json.loads(Path(overrides["datalist"]).read_text())
         calls.append({"arm": arm, "k": k, "seed": seed, "key": key, "overrides": overrides, "datalist": datalist})
         rng = np.random.default_rng([k, seed, list(low_data.ARMS).index(arm)])
