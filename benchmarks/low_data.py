@@ -33,6 +33,8 @@ The protocol (all of it decided by the plan and its data seed, never by ``--ks``
 Every training and evaluation step is a real ``python -m monai.bundle run`` with command-line overrides.
 
     python benchmarks/low_data.py                        # the device's plan (cpu or cuda), resumable
+    python benchmarks/low_data.py --device cuda          # pieces of at most ~9 min: repeat until "complete": true
+    python benchmarks/low_data.py --report_only          # the summary of the finished runs, running nothing
     python benchmarks/low_data.py --small                # CI: one k, one seed, a few iterations (learns nothing)
     python benchmarks/low_data.py --labeled my_labeled.json --unlabeled my_corpus.json [--shifted other_site.json]
 
@@ -689,9 +691,12 @@ def _plots(tables: dict, intervals: dict, curves: dict, out: Path) -> None:
 def run(
     plan: Plan, out: Path, device: str, seed: int = 0, parallel: int = 1, results: Path | None = None,
     labeled: Path | None = None, unlabeled: Path | None = None, shifted: Path | None = None, report_only: bool = False,
+    stop_after_s: float | None = None,
 ) -> dict:
     """Runs (or completes) the protocol and returns its summary; see the module's docstring. With ``report_only``
-    nothing runs: the summary covers the finished runs and lists the missing ones (``missing_runs``)."""
+    nothing runs; with ``stop_after_s`` no run starts after that many seconds (the runs under way finish): the
+    summary then covers the finished runs and lists the missing ones (``missing_runs``, ``complete`` false), and the
+    same command run again continues."""
     unknown = [a for a in plan.arms if a not in ARMS]
     if unknown or "scratch" not in plan.arms and "frozen_random" not in plan.arms:
         raise ValueError(f"arms must be a subset of {list(ARMS)} with a baseline (scratch or frozen_random), got {list(plan.arms)}.")
@@ -718,7 +723,8 @@ def run(
     def one(job: tuple[str, int, int]) -> dict | None:
         arm, k, s = job
         key, overrides = finetune_job(arm, k, s, plan, data, write_datalist(data, k, s, seed), out, device, weights)
-        record = run_finetuning(arm, k, s, key, overrides, data, results, threads, report_only)
+        late = stop_after_s is not None and time.perf_counter() - started > stop_after_s
+        record = run_finetuning(arm, k, s, key, overrides, data, results, threads, report_only or late)
         if record is None:
             missing.append(f"{arm} k={k} seed={s}")
             return None
@@ -755,6 +761,7 @@ def run(
         "pretraining": {r: {k: v for k, v in w.items() if k != "model"} for r, w in weights.items()},
         "seeds_run": {str(k): n for k, n in seeds_run.items()},
         "half_width_target_met": not needs_more_seeds(intervals, plan),
+        "complete": not missing,
         "missing_runs": sorted(missing),
         "table": tables,
         "paired": intervals,
@@ -786,6 +793,8 @@ def main() -> None:
     parser.add_argument("--pretrain_overrides", type=json.loads, default={}, help="JSON overrides of the pretraining runs")
     parser.add_argument("--finetune_overrides", type=json.loads, default={}, help="JSON overrides of every finetuning run")
     parser.add_argument("--report_only", action="store_true", help="run nothing: summarise the finished runs, list the missing")
+    parser.add_argument("--stop_after_s", type=float, default=None,
+                        help="start no run after this many seconds (default: the cuda plan's 420, none on CPU); run again to continue")
     parser.add_argument("--markdown", default=None, help="print the Markdown tables of this summary JSON and exit")
     args = parser.parse_args()
     if args.markdown:
@@ -803,8 +812,9 @@ def main() -> None:
     plan = replace(plan, pretrain_overrides=args.pretrain_overrides, finetune_overrides=args.finetune_overrides)
     parallel = args.parallel or (2 if device == "cpu" else 1)
     paths = {name: Path(getattr(args, name)).resolve() if getattr(args, name) else None for name in ("labeled", "unlabeled", "shifted")}
+    stop_after_s = args.stop_after_s if args.stop_after_s is not None else (420.0 if device == "cuda" else None)
     result = run(plan, Path(args.out), device, args.seed, parallel, Path(args.results) if args.results else None, **paths,
-                 report_only=args.report_only)
+                 report_only=args.report_only, stop_after_s=stop_after_s)
     text = json.dumps(result, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")

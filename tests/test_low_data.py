@@ -54,6 +54,8 @@ def fake_protocol(monkeypatch):
         return {"recipe": recipe, "key": key, "sha256": f"weights-of-{recipe}", "commit": "c", "model": f"/w/{recipe}.pt"}
 
     def finetune(arm, k, seed, key, overrides, data, results, threads, report_only=False):
+        if report_only:  # the stand-in keeps no results: nothing to report
+            return None
         datalist = json.loads(Path(overrides["datalist"]).read_text())
         calls.append({"arm": arm, "k": k, "seed": seed, "key": key, "overrides": overrides, "datalist": datalist})
         rng = np.random.default_rng([k, seed, list(low_data.ARMS).index(arm)])
@@ -189,6 +191,15 @@ def test_seeds_are_added_at_the_narrow_ks_until_the_interval_is_narrow(fake_prot
     assert result["seeds_run"] == {"1": 2, "2": 2, "4": 2} and result["half_width_target_met"] is True
     entry = result["paired"]["in_domain"]["selected"]["ssl - scratch"]["1"]
     assert entry["n"] == 2 and entry["mean"] == pytest.approx(np.mean(entry["differences"]))
+
+
+def test_a_time_limited_piece_starts_no_run_after_its_limit_and_the_next_piece_continues(fake_protocol, tmp_path):
+    first = low_data.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", stop_after_s=0.0)
+    assert first["complete"] is False and first["runs"] == [] and len(first["missing_runs"]) == 2 * 2 * len(low_data.ARMS)
+    report = low_data.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", report_only=True)
+    assert report["missing_runs"] == first["missing_runs"] and not fake_protocol
+    whole = low_data.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu")
+    assert whole["complete"] is True and whole["missing_runs"] == [] and len(whole["runs"]) == 2 * 2 * len(low_data.ARMS)
 
 
 def test_bad_plans_fail_before_any_run(fake_protocol, tmp_path):
