@@ -663,6 +663,33 @@ def markdown_tables(result: dict, model: str = "selected") -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+DOC_BLOCK = "<!-- low_data {model} tables: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
+DOC_BLOCK_END = "<!-- /low_data {model} tables -->"
+
+
+def write_doc_tables(doc: Path, summary: Path) -> bool:
+    """Replaces the generated table blocks of ``doc`` (between :data:`DOC_BLOCK` and :data:`DOC_BLOCK_END` markers,
+    one per model) by the tables of ``summary``; True when the file changed.
+
+    Raises:
+        ValueError: for a document without any block of this summary.
+    """
+    text = original = doc.read_text()
+    result = json.loads(summary.read_text())
+    found = False
+    for model in MODELS:
+        begin, end = DOC_BLOCK.format(model=model, summary=summary.as_posix()), DOC_BLOCK_END.format(model=model)
+        if begin in text:
+            head, rest = text.split(begin, 1)
+            _, tail = rest.split(end, 1)
+            text = f"{head}{begin}\n\n{markdown_tables(result, model)}\n{end}{tail}"
+            found = True
+    if not found:
+        raise ValueError(f"{doc} has no block of {summary.as_posix()} (a line {DOC_BLOCK.format(model='selected', summary=summary.as_posix())!r}).")
+    doc.write_text(text)
+    return text != original
+
+
 # ----------------------------------------------------------------------------------------------------------- plots
 
 
@@ -796,8 +823,13 @@ def main() -> None:
     parser.add_argument("--stop_after_s", type=float, default=None,
                         help="start no run after this many seconds (default: the cuda plan's 420, none on CPU); run again to continue")
     parser.add_argument("--markdown", default=None, help="print the Markdown tables of this summary JSON and exit")
+    parser.add_argument("--write_docs", nargs="+", default=None, help="with --markdown: rewrite these files' table blocks")
     args = parser.parse_args()
     if args.markdown:
+        if args.write_docs:
+            for doc in args.write_docs:
+                print(f"{doc}: {'updated' if write_doc_tables(Path(doc), Path(args.markdown)) else 'unchanged'}")
+            return
         summary = json.loads(Path(args.markdown).read_text())
         print(markdown_tables(summary, "selected") + "\n" + markdown_tables(summary, "last"), end="")
         return
