@@ -676,16 +676,17 @@ def write_doc_tables(doc: Path, summary: Path) -> bool:
     """
     text = original = doc.read_text()
     result = json.loads(summary.read_text())
+    name = summary.resolve().relative_to(REPO).as_posix() if summary.resolve().is_relative_to(REPO) else summary.as_posix()
     found = False
     for model in MODELS:
-        begin, end = DOC_BLOCK.format(model=model, summary=summary.as_posix()), DOC_BLOCK_END.format(model=model)
+        begin, end = DOC_BLOCK.format(model=model, summary=name), DOC_BLOCK_END.format(model=model)
         if begin in text:
             head, rest = text.split(begin, 1)
             _, tail = rest.split(end, 1)
             text = f"{head}{begin}\n\n{markdown_tables(result, model)}\n{end}{tail}"
             found = True
     if not found:
-        raise ValueError(f"{doc} has no block of {summary.as_posix()} (a line {DOC_BLOCK.format(model='selected', summary=summary.as_posix())!r}).")
+        raise ValueError(f"{doc} has no block of {name} (a line {DOC_BLOCK.format(model='selected', summary=name)!r}).")
     doc.write_text(text)
     return text != original
 

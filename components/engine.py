@@ -175,8 +175,10 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
     (seed, epoch, rank)), its forward under autocast, its loss, backward (scaled under fp16 AMP), gradient clipping
     after unscaling, optimizer step, then -- only when the optimizer really stepped (GradScaler skips steps on
     overflow) -- the LR scheduler and the recipe's ``after_step``. MONAI's ``IterationEvents`` fire in MONAI's
-    order (FORWARD_COMPLETED, LOSS_COMPLETED, BACKWARD_COMPLETED, MODEL_COMPLETED), so a recipe or handler can act
-    between backward and the optimizer step (e.g. drop the gradients of a frozen layer).
+    order (FORWARD_COMPLETED, LOSS_COMPLETED, BACKWARD_COMPLETED, MODEL_COMPLETED), each with this iteration's
+    values already in ``engine.state.output`` (as MONAI fills it), so a recipe or handler can act between backward
+    and the optimizer step (e.g. drop the gradients of a frozen layer). Gradient accumulation is not supported:
+    ``accumulation_steps`` other than 1 is refused at construction.
 
     Args:
         recipe: the :class:`Recipe`; its ``loss`` is also the engine's ``loss_function``.
@@ -216,6 +218,10 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         epoch_length: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if int(kwargs.pop("accumulation_steps", 1)) != 1:
+            raise ValueError("PretrainingTrainer does not accumulate gradients (accumulation_steps must be 1): one "
+                             "optimizer step per iteration keeps the scheduler, the scaler and the recipe's after_step "
+                             "(e.g. a teacher's EMA) in step; raise batch_size or num_samples instead.")  # fmt: skip
         kwargs.setdefault("loss_function", getattr(recipe, "loss", None))
         self.log_due = log_filter(log_interval)
         super().__init__(
@@ -262,12 +268,20 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         return scale_before is None or self.scaler.get_scale() >= scale_before
 
     def _iteration(self, engine: PretrainingTrainer, batchdata: dict) -> list[dict]:
+        """One step. ``engine.state.output`` is this iteration's before each ``IterationEvents`` fires, as in MONAI's
+        SupervisedTrainer: the recipe's outputs from FORWARD_COMPLETED on, ``loss`` and ``loss_parts`` from
+        LOSS_COMPLETED on, ``log`` at MODEL_COMPLETED."""
         views = self._views(batchdata)
         self.network.train()
         self.optimizer.zero_grad(set_to_none=True)
         outputs = self._forward(views)
+        # a one-item list: the shape MONAI handlers read with from_engine([...], first=True) (their decollated
+        # outputs); the views of a batch have no per-sample meaning to decollate
+        state = {**self.recipe.outputs(outputs, views), LOG_KEY: None}
+        engine.state.output = [state]
         engine.fire_event(IterationEvents.FORWARD_COMPLETED)
         total, parts = self.loss_function(outputs, views)
+        state.update({Keys.LOSS: total.detach(), LOSS_PARTS_KEY: {name: part.detach() for name, part in parts.items()}})
         engine.fire_event(IterationEvents.LOSS_COMPLETED)
         self.scaler.scale(total).backward()
         engine.fire_event(IterationEvents.BACKWARD_COMPLETED)
@@ -276,12 +290,10 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
                 self.lr_scheduler.step()
             if callable(getattr(self.recipe, "after_step", None)):
                 self.recipe.after_step(engine)
+        if self.log_due(engine, engine.state.iteration):
+            state[LOG_KEY] = self._log(outputs, views, total, parts)
         engine.fire_event(IterationEvents.MODEL_COMPLETED)
-        log = self._log(outputs, views, total, parts) if self.log_due(engine, engine.state.iteration) else None
-        # a one-item list: the shape MONAI handlers read with from_engine([...], first=True) (their decollated
-        # outputs); the views of a batch have no per-sample meaning to decollate
-        detached = {name: part.detach() for name, part in parts.items()}
-        return [{**self.recipe.outputs(outputs, views), Keys.LOSS: total.detach(), LOSS_PARTS_KEY: detached, LOG_KEY: log}]
+        return engine.state.output
 
     def _log(self, outputs: Any, views: Any, total: torch.Tensor, parts: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """The logged values, averaged over ranks in one all-reduce and read back to the host (one sync)."""

@@ -162,3 +162,40 @@ def test_few_iterations_on_a_fixed_batch_lower_the_loss():
     trainer.run()
     assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_iteration_events_see_this_iterations_output():
+    """FORWARD_COMPLETED sees this iteration's outputs, LOSS_COMPLETED and BACKWARD_COMPLETED its loss and parts,
+    MODEL_COMPLETED its log, as MONAI's SupervisedTrainer fills ``state.output`` before firing them."""
+    from monai.engines.utils import IterationEvents
+
+    torch.manual_seed(0)
+    net = TinySSLNet()
+    trainer = _trainer(net, torch.optim.AdamW(net.parameters(), lr=1e-3), _batches(3), log_interval=1)
+    seen: dict = {}
+
+    def record(event):
+        def handler(engine):
+            output = engine.state.output[0]
+            seen.setdefault(engine.state.iteration, {})[event] = (output.get("pred"), output.get("loss"), output.get("log"))
+
+        return handler
+
+    for event in (IterationEvents.FORWARD_COMPLETED, IterationEvents.LOSS_COMPLETED, IterationEvents.BACKWARD_COMPLETED,
+                  IterationEvents.MODEL_COMPLETED, Events.ITERATION_COMPLETED):  # fmt: skip
+        trainer.add_event_handler(event, record(event))
+    trainer.run()
+    for iteration, events in seen.items():
+        pred, loss, log = events[Events.ITERATION_COMPLETED]
+        assert loss is not None and log is not None
+        assert events[IterationEvents.FORWARD_COMPLETED][0] is pred and events[IterationEvents.FORWARD_COMPLETED][1] is None
+        for event in (IterationEvents.LOSS_COMPLETED, IterationEvents.BACKWARD_COMPLETED, IterationEvents.MODEL_COMPLETED):
+            assert events[event][0] is pred and events[event][1] is loss, f"iteration {iteration}: {event} saw another output"
+        assert events[IterationEvents.MODEL_COMPLETED][2] is log and events[IterationEvents.BACKWARD_COMPLETED][2] is None
+
+
+def test_gradient_accumulation_is_refused_at_construction():
+    net = TinySSLNet()
+    with pytest.raises(ValueError, match="accumulation_steps must be 1"):
+        _trainer(net, torch.optim.AdamW(net.parameters(), lr=1e-3), _batches(1), accumulation_steps=4)
+    _trainer(net, torch.optim.AdamW(net.parameters(), lr=1e-3), _batches(1), accumulation_steps=1)  # 1 is fine

@@ -296,3 +296,18 @@ def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
             assert all(0.0 <= run["dice"][model][h]["mean"] <= 1.0 for h in low_data.HELD_OUT_SETS)
     assert set(result["rankme"]["encoders"]) == {"random", "ssl", "dino"}
     assert Path(result["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_documented_tables_equal_their_committed_json(tmp_path):
+    """README.md, benchmarks/README.md and the SSL bundle's docs show the tables of the committed CPU summary."""
+    summary = Path("benchmarks/results/low_data_cpu.json")
+    assert (REPO / summary).is_file(), "the CPU plan's summary is not committed"
+    result = json.loads((REPO / summary).read_text())
+    assert result["settings"]["device"] == "cpu" and result["runs"] and all(r["commit"] for r in result["runs"])
+    docs = ["README.md", "benchmarks/README.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md"]
+    for doc in docs:
+        copy = tmp_path / doc.replace("/", "_")
+        copy.write_text((REPO / doc).read_text())
+        assert not low_data.write_doc_tables(copy, REPO / summary), f"{doc}: its tables differ from {summary} (python benchmarks/low_data.py --markdown {summary} --write_docs {doc})"
+    runs = {p.name for p in (REPO / "benchmarks" / "results" / "low_data_cpu").glob("*_k*_seed*.json")}
+    assert {f"{r['arm']}_k{r['k']}_seed{r['seed']}_{r['key']}.json" for r in result["runs"]} <= runs  # raw records committed
