@@ -47,8 +47,6 @@ import math
 import os
 import pickle
 import re
-import stat
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -62,6 +60,7 @@ from monai.handlers import CheckpointSaver
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
+from .atomic import atomic_write, temp_prefix
 from .distributed import broadcast_from_rank0
 from .faults import CheckpointEvents, register_checkpoint_events, resolve_resume
 from .runtime import as_bool, optional_path
@@ -816,54 +815,18 @@ def convert_checkpoint(
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _temp_prefix(path: Path) -> str:
-    return f".{path.name}."
-
-
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save(obj, path)`` so that ``path`` holds either the previous file or the complete new one.
 
-    The object is written to a temporary file in the same directory, flushed and ``fsync``-ed, then moved over
-    ``path`` with ``os.replace`` (atomic on POSIX and Windows) and the directory is ``fsync``-ed. An exception
-    during the write removes the temporary file; a killed process leaves it behind as ``.<name>.<random>.tmp``
-    (never ``path`` itself; :class:`ResumableCheckpointSaver` removes such leftovers of its file at start).
-
-    Why not ignite's ``DiskSaver(atomic=True)``: it does the temp-file-and-replace too but neither ``fsync``-s the
-    data before the rename nor the directory after it, so a crash shortly after a save can leave an empty file
-    under the final name on some file systems; and through ``Checkpoint`` it also insists on its own file naming
-    and retention. The permissions of an existing ``path`` are kept (0644 for a new file).
+    Written through :func:`components.atomic.atomic_write` (temporary file, ``fsync``, ``os.replace``, directory
+    ``fsync``). A killed process leaves a ``.<name>.<random>.tmp`` behind, never a partial ``path``
+    (:class:`ResumableCheckpointSaver` removes such leftovers of its file at start). Why not ignite's
+    ``DiskSaver(atomic=True)``: see :mod:`components.atomic`; through ``Checkpoint`` it also insists on its own
+    file naming and retention.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else 0o644
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
+    with atomic_write(path) as f:
+        torch.save(obj, f)
     return path
 
 
@@ -1103,7 +1066,7 @@ class ResumableCheckpointSaver:
     def _remove_stale_temps(self, engine: Engine | None = None) -> None:
         if not _is_rank0() or not self.path.parent.is_dir():
             return
-        for leftover in self.path.parent.glob(f"{_temp_prefix(self.path)}*.tmp"):
+        for leftover in self.path.parent.glob(f"{temp_prefix(self.path)}*.tmp"):
             try:
                 leftover.unlink()
                 logger.info("ResumableCheckpointSaver: removed the leftover of an interrupted save: %s", leftover)

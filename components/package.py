@@ -42,11 +42,12 @@ import stat
 import tempfile
 import urllib.parse
 import urllib.request
-import uuid
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from .atomic import atomic_write
 
 __all__ = [
     "SEMVER_RE",
@@ -342,9 +343,8 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     zip_path = out / f"{name}_v{version}.zip"
-    tmp = out / f".{zip_path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        with zipfile.ZipFile(tmp, "w") as zf:
+    with atomic_write(zip_path) as archive:
+        with zipfile.ZipFile(archive, "w") as zf:
             for arcname, rel in entries:
                 if rel is None:
                     zf.writestr(_zip_info(arcname, _DIR_MODE, zipfile.ZIP_STORED), b"")
@@ -357,15 +357,11 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
                 large = src.stat().st_size >= zipfile.ZIP64_LIMIT
                 with open(src, "rb") as fin, zf.open(info, "w", force_zip64=large) as fout:
                     shutil.copyfileobj(fin, fout, _CHUNK)
-        os.replace(tmp, zip_path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
     digest = sha256_file(zip_path)
     sidecar = zip_path.with_name(zip_path.name + ".sha256")
-    tmp_sidecar = out / f".{sidecar.name}.{uuid.uuid4().hex}.tmp"
-    tmp_sidecar.write_text(f"{digest}  {zip_path.name}\n", encoding="ascii")
-    os.replace(tmp_sidecar, sidecar)
+    with atomic_write(sidecar, "w", encoding="ascii") as f:
+        f.write(f"{digest}  {zip_path.name}\n")
     weights = [f for f in files if f.startswith("models/")]
     logger.info(
         "package_bundle: wrote %s (%d files, weights: %s), sha256 %s",
@@ -477,22 +473,19 @@ def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str |
         return target
 
     created = _make_dirs(target.parent)
-    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex}.part"
     try:
         digest = hashlib.sha256()
-        with _open_source(src) as fin, open(tmp, "wb") as fout:
+        with _open_source(src) as fin, atomic_write(target) as fout:
             for chunk in iter(lambda: fin.read(_CHUNK), b""):
                 digest.update(chunk)
                 fout.write(chunk)
-        actual = digest.hexdigest()
-        if actual != expected:
-            raise HashMismatchError(
-                f"sha256 of {src} is {actual}, expected {expected}; the download was discarded "
-                "(corrupt, truncated or not the published file)."
-            )
-        os.replace(tmp, target)
+            actual = digest.hexdigest()
+            if actual != expected:
+                raise HashMismatchError(
+                    f"sha256 of {src} is {actual}, expected {expected}; the download was discarded "
+                    "(corrupt, truncated or not the published file)."
+                )
     except BaseException:
-        tmp.unlink(missing_ok=True)
         _remove_empty(created)
         raise
     logger.info("fetch: %s -> %s (sha256 %s verified)", src, target, expected)

@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
+from .atomic import atomic_write
 from .distributed import get_rank
 
 __all__ = ["PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"]
@@ -187,19 +187,10 @@ class PerClassMetrics:
             self._write(summary)
 
     def _write(self, summary: dict[str, Any]) -> None:
-        path = self.json_path
-        path.parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # type: ignore[union-attr]
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(summary, f, indent=4)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        logger.info("PerClassMetrics: wrote %s", path)
+        with atomic_write(self.json_path, "w") as f:  # type: ignore[arg-type]
+            json.dump(summary, f, indent=4)
+            f.write("\n")
+        logger.info("PerClassMetrics: wrote %s", self.json_path)
 
 
 def brats_labels_from_regions(regions: torch.Tensor, et_label: int = 4) -> torch.Tensor:

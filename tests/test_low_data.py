@@ -311,3 +311,24 @@ def test_the_documented_tables_equal_their_committed_json(tmp_path):
         assert not low_data.write_doc_tables(copy, REPO / summary), f"{doc}: its tables differ from {summary} (python benchmarks/low_data.py --markdown {summary} --write_docs {doc})"
     runs = {p.name for p in (REPO / "benchmarks" / "results" / "low_data_cpu").glob("*_k*_seed*.json")}
     assert {f"{r['arm']}_k{r['k']}_seed{r['seed']}_{r['key']}.json" for r in result["runs"]} <= runs  # raw records committed
+
+
+@pytest.mark.slow
+def test_the_small_plan_runs_on_a_users_msd_lists(tmp_path):
+    """--labeled / --unlabeled / --shifted with lists as a user writes them: every arm trains on the user's files and
+    is scored on the user's held-out and other-site volumes."""
+    labeled, unlabeled, shifted = _user_lists(tmp_path / "lists")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "low_data.py"), "--small", "--device", "cpu", "--parallel", "1",
+         "--out", str(tmp_path / "out"), "--labeled", str(labeled), "--unlabeled", str(unlabeled), "--shifted", str(shifted)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["settings"]["data"] == "user datalists" and result["complete"] is True
+    assert result["data"]["label_names"] == ["background", "spleen", "liver"]
+    assert len(result["data"]["shifted"]) == 3 and all("site_b" in f for f in result["data"]["shifted"])
+    for run in result["runs"]:
+        assert all("site_a" in f for f in run["training_files"])
+        assert run["held_out_files"]["in_domain"] == result["data"]["in_domain"]
+        assert 0.0 <= run["dice"]["selected"]["shifted"]["mean"] <= 1.0
