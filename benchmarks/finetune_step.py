@@ -77,7 +77,7 @@ def measure(name: str, size: dict, workdir: Path, config: dict, epochs: int, num
     """Runs ``epochs`` epochs and splits each into its iterations and the rest."""
     from ignite.engine import Events
 
-    import components.checkpoint as checkpoint_module
+    import components.checkpoint.saver as checkpoint_module  # the saver's own reference to save_atomic
 
     save_atomic = checkpoint_module.save_atomic
 

@@ -1,4 +1,4 @@
-"""Per-iteration self-supervised views for Swin UNETR pretraining (recipe.md s1): rotation and cutout/paste.
+"""Per-iteration self-supervised views for Swin UNETR pretraining (Tang et al., CVPR 2022): rotation and cutout/paste.
 
 Pure tensor operations on batched ``(B, C, H, W, D)`` tensors on any device. All randomness comes from
 one optional ``torch.Generator`` (``None``: torch's default generator of the tensor's device), drawn
@@ -477,7 +477,7 @@ def aug_rand(
 ) -> torch.Tensor:
     """Corrupt every sample with random noise boxes ("inner cutout") and boxes copied from another sample.
 
-    Semantics per sample ``i`` (recipe.md s1): one inner-cutout pass; then ``j ~ U{0..B-1}`` and, if
+    Semantics per sample ``i`` (Tang et al., CVPR 2022): one inner-cutout pass; then ``j ~ U{0..B-1}`` and, if
     ``j != i``, a paste pass copying boxes (all channels, same location) from sample ``j`` of the batch
     *after the inner pass*. (The original sequential loop pasted from a partly augmented batch: samples
     before ``i`` fully augmented, samples after ``i`` still clean; we paste from the inner-augmented batch

@@ -9,7 +9,7 @@ All helpers degrade to single-process behaviour when no process group is initial
 gathers and reductions return their input, barriers return at once), so the same code path runs under
 ``python -m ...`` and under ``torchrun``.
 
-Why the pieces exist (see ``shared/notes/distributed-pitfalls.md`` f):
+Why the pieces exist:
 
 - ``torch.distributed.all_gather`` is not differentiable: the gathered copies are leaves without history, so
   the gradient of a loss that uses the other ranks' embeddings never reaches them and, after DDP averages

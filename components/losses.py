@@ -1,4 +1,4 @@
-"""Losses of the Swin UNETR self-supervised pretraining recipe (``shared/notes/recipe.md`` s1).
+"""Losses of the Swin UNETR self-supervised pretraining recipe (Tang et al., CVPR 2022).
 
 ``SSLLoss`` = a1 * rotation cross-entropy + a2 * NT-Xent contrastive loss + a3 * L1 reconstruction, with the
 contrastive term optionally computed over the global (all-ranks) batch. The gathering itself lives in

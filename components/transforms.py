@@ -1,4 +1,4 @@
-"""A compact, exact cache for the SSL pretraining pipeline (recipe.md s1).
+"""A compact, exact cache for the SSL pretraining pipeline (Tang et al., CVPR 2022).
 
 The recipe caches what ``ScaleIntensityRanged -> SpatialPadd(roi) -> CropForegroundd(k_divisible=roi)`` produce:
 float32 values in [0, 1], padded with zeros up to a multiple of the ROI along every axis. On CT that is mostly

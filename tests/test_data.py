@@ -25,7 +25,7 @@ from components.data import (
 )
 from components.synthetic import split_sizes
 from components.datacheck import DataCheckError
-from components.faults import DataItemError
+from components.data import DataItemError
 
 
 def _items(n: int) -> list[dict]:

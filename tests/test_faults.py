@@ -13,7 +13,7 @@ from monai.data import MetaTensor
 from monai.engines import SupervisedTrainer
 
 from components import NonFiniteLossError, SSLLoss, SSLTrainer, StopOnNonFiniteLoss, batch_filenames, resolve_resume
-from components.faults import item_sources
+from components.data import item_sources
 from tests.probes import read_volumes
 from tests.test_engine import TinySSLNet, _one_thread  # noqa: F401 (autouse fixture: one thread here too)
 
@@ -50,7 +50,7 @@ def test_nan_loss_stops_at_its_iteration_with_parts_and_files(kind, caplog):
     trainer = _ssl_trainer(_ssl_batches(kind), [StopOnNonFiniteLoss()])
     # attached after the stop handler, like the checkpoint saver in the bundles: never sees the NaN iteration
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.iteration))
-    with caplog.at_level(logging.ERROR, logger="components.faults"), pytest.raises(NonFiniteLossError) as err:
+    with caplog.at_level(logging.ERROR, logger="components.engine"), pytest.raises(NonFiniteLossError) as err:
         trainer.run()
     message = str(err.value)
     assert "at epoch 1, iteration 2 (iteration 2/3 of the epoch)" in message
@@ -124,7 +124,7 @@ def test_item_sources_before_and_after_transforms():
 
 def test_resolve_resume(tmp_path, caplog):
     ckpt = tmp_path / "checkpoint.pt"
-    with caplog.at_level(logging.INFO, logger="components.faults"):
+    with caplog.at_level(logging.INFO, logger="components.engine"):
         assert resolve_resume(None, tmp_path, True) is None  # nothing saved yet: from scratch
         ckpt.write_bytes(b"x")
         assert resolve_resume(None, tmp_path, True) == str(ckpt)

@@ -267,7 +267,7 @@ def test_intensity_scaler_reproduces_monai_bit_for_bit(args, fast):
 def test_crops_still_name_their_file_with_the_loaders_meta_dict(ct_items):
     """With LoadImaged(image_only=False), as the bundles load, a NaN report can name the batch's files in both
     pipelines: the compact transforms keep the image_meta_dict key although they drop the image's own meta data."""
-    from components.faults import batch_filenames
+    from components.data import batch_filenames
 
     names = {}
     for name, make in (("recipe", _recipe), ("compact", _compact)):

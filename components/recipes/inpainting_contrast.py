@@ -1,4 +1,4 @@
-"""The Swin UNETR self-supervised recipe (recipe.md s1): rotation prediction, contrastive coding and inpainting.
+"""The Swin UNETR self-supervised recipe (Tang et al., CVPR 2022): rotation prediction, contrastive coding and inpainting.
 
 The recipe's pieces live in :mod:`components.networks` (``SSLHead``), :mod:`components.augment` (``ssl_views``)
 and :mod:`components.losses` (``SSLLoss``); this module gives them to the recipe-agnostic engines

@@ -1,0 +1,395 @@
+"""Checkpoint layouts and key mapping: which published layout a state dict is in, and what each key becomes.
+
+This module is the only place that knows checkpoint layouts. The published Swin UNETR / SSL checkpoints come in
+several layouts (``LAYOUTS``); every key is mapped explicitly and whatever does not map is named in a
+:class:`LoadReport`.
+
+Layouts detected (after unwrapping a container and stripping ``module.`` / ``_orig_mod.``):
+
+========================== ==================================================================================
+``model_swinvit``          the CVPR release encoder: bare ``patch_embed.*`` / ``layers{1..4}.*`` keys (``module.``
+                           in the file), ``mlp.fc1`` / ``mlp.fc2``, and an extra final ``norm.*`` (dropped)
+``ssl_original``           the original SSL code's checkpoints: ``swinViT.*`` with a ``module.`` prefix in the file
+                           or the older ``swin_vit.*`` spelling, plus ``rotation_head`` / ``contrastive_head`` /
+                           ``conv``
+``ssl_collection``         this collection's :class:`~components.networks.SSLHead`: ``swinViT.*`` plus heads, no
+                           wrapper prefix (a ``_orig_mod.`` from torch.compile is allowed)
+``monai_ssl_autoencoder``  MONAI's disruptive-autoencoder ``ssl_pretrained_weights.pth``: ``encoder.*`` with an
+                           extra nesting level ``encoder.layersN.0.0.*`` (what ``filter_swinunetr`` collapses),
+                           plus ``encoder.mask_token``, ``encoder.norm.*`` and ``out.conv.conv.*`` (all dropped)
+``swinunetr``              a full MONAI SwinUNETR: ``swinViT.*`` plus ``encoder1..``, ``decoder1..``, ``out.*``
+``swinvit_encoder``        ``swinViT.*`` keys only (e.g. a file written by :func:`convert_checkpoint` with
+                           ``full_state=False``)
+========================== ==================================================================================
+
+``relative_position_index`` buffers: MONAI registers them as persistent buffers, so they are in every MONAI state
+dict, and the CVPR release contains them too (``SwinUNETR.load_from`` copies them). They are a deterministic
+function of the window size: when a checkpoint has them they are loaded like any other tensor (keeping the index
+the bias table was trained with), when it lacks them the model's own (identical for the same window size) are
+kept; they are never *required* and show up as missing-but-allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+#: layouts :func:`detect_layout` can name (see the module docstring).
+LAYOUTS: tuple[str, ...] = (
+    "model_swinvit",
+    "ssl_original",
+    "ssl_collection",
+    "monai_ssl_autoencoder",
+    "swinunetr",
+    "swinvit_encoder",
+)
+#: kinds of target model: MONAI ``SwinUNETR``, :class:`~components.networks.SSLHead`, or any other module that
+#: holds the encoder as attribute ``swinViT``.
+TARGETS: tuple[str, ...] = ("swinunetr", "sslhead", "encoder")
+CHANNEL_POLICIES: tuple[str, ...] = ("error", "repeat", "skip")
+REQUIRED_POLICIES: tuple[str, ...] = ("encoder", "all", "none")
+
+#: the one tensor whose input-channel count may differ between checkpoint and model (``channel_policy``).
+PATCH_EMBED_WEIGHT = "swinViT.patch_embed.proj.weight"
+
+_CONTAINER_KEYS = ("state_dict", "model", "network", "net", "model_state_dict")
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+_ENCODER_PREFIX = "swinViT."
+_REL_INDEX_SUFFIX = ".relative_position_index"
+
+_MLP_FC = re.compile(r"\.mlp\.fc([12])\.")
+_BARE_ENCODER = re.compile(r"^(patch_embed|layers[1-4]c?)\.")
+_SSL_HEADS = re.compile(r"^(rotation_head|contrastive_head|conv)\.")
+_SEG_DECODER = re.compile(r"^(encoder\d+|decoder\d+|out)\.")
+_DAE_LAYER_NESTED = re.compile(r"^encoder\.(layers[1-4]c?)\.0\.0\.(.+)$")
+_DAE_LAYER_FLAT = re.compile(r"^encoder\.(layers[1-4]c?)\.0\.(\D.*)$")
+_DAE_ENCODER = re.compile(r"^encoder\.(patch_embed|layers[1-4]c?)\.")
+
+
+class CheckpointLoadError(ValueError):
+    """A checkpoint could not be read, recognised or mapped onto the model as required."""
+
+
+class UnusedKey(NamedTuple):
+    """Why a source tensor was not used: ``kind`` is ``"dropped"`` (by design) or ``"unknown"``."""
+
+    kind: str
+    reason: str
+
+
+@dataclass
+class LoadReport:
+    """What :func:`convert_state_dict` / :func:`load_pretrained` did with each tensor.
+
+    Attributes:
+        layout: the detected source layout (one of ``LAYOUTS``).
+        target: the kind of target model (one of ``TARGETS``).
+        source: the file read, or ``"<mapping>"`` for an in-memory state dict.
+        container: the path of container keys unwrapped, e.g. ``"state_dict"`` or ``"model"`` (``""`` if bare).
+        stripped_prefixes: wrapper prefixes removed from the source keys (``module.``, ``_orig_mod.``).
+        loaded: target keys that receive a tensor from the checkpoint.
+        missing: target keys that keep the model's current value.
+        allowed_missing: the subset of ``missing`` that ``required`` does not ask for.
+        unexpected: source key (as in the file) -> :class:`UnusedKey` for every source tensor not loaded.
+        shape_mismatched: target key -> (checkpoint shape, model shape) for tensors not loaded for their shape.
+        adapted: target key -> what the channel policy did (``repeat``: adapted and loaded; ``skip``: left as is).
+        encoder_keys: the target's encoder keys (``swinViT.*``), for the counts of :meth:`summary`.
+        required: the ``required`` policy that was checked.
+    """
+
+    layout: str
+    target: str
+    source: str = "<mapping>"
+    container: str = ""
+    stripped_prefixes: list[str] = field(default_factory=list)
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    allowed_missing: list[str] = field(default_factory=list)
+    unexpected: dict[str, UnusedKey] = field(default_factory=dict)
+    shape_mismatched: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    adapted: dict[str, str] = field(default_factory=dict)
+    encoder_keys: list[str] = field(default_factory=list)
+    required: str = "encoder"
+
+    @property
+    def dropped(self) -> dict[str, str]:
+        """Source keys dropped by design (final release norm, SSL heads into SwinUNETR, ...) -> reason."""
+        return {k: u.reason for k, u in self.unexpected.items() if u.kind == "dropped"}
+
+    @property
+    def unknown(self) -> dict[str, str]:
+        """Source keys this module could not place -> reason; worth a look when not empty."""
+        return {k: u.reason for k, u in self.unexpected.items() if u.kind == "unknown"}
+
+    @property
+    def encoder_loaded(self) -> list[str]:
+        loaded = set(self.loaded)
+        return [k for k in self.encoder_keys if k in loaded]
+
+    @property
+    def encoder_missing(self) -> list[str]:
+        loaded = set(self.loaded)
+        return [k for k in self.encoder_keys if k not in loaded]
+
+    def summary(self) -> str:
+        """One line, e.g. ``layout=model_swinvit target=swinunetr: loaded 126/126 encoder tensors, ...``."""
+        n_target = len(self.loaded) + len(self.missing)
+        return (
+            f"layout={self.layout} target={self.target}: loaded {len(self.encoder_loaded)}/{len(self.encoder_keys)} "
+            f"encoder tensors ({len(self.loaded)}/{n_target} model tensors), {len(self.missing)} missing "
+            f"({len(self.encoder_missing)} encoder; {len(self.allowed_missing)} allowed by "
+            f"required={self.required!r}), "
+            f"{len(self.unexpected)} unused ({len(self.dropped)} dropped by design, {len(self.unknown)} unknown), "
+            f"{len(self.shape_mismatched)} shape-mismatched, {len(self.adapted)} adapted"
+        )
+
+    def details(self, max_keys: int = 20) -> str:
+        """A multi-line listing of the report for a CLI or a log (at most ``max_keys`` keys per section)."""
+
+        def _section(title: str, items: list[str]) -> list[str]:
+            if not items:
+                return []
+            shown = [f"  {s}" for s in items[:max_keys]]
+            if len(items) > max_keys:
+                shown.append(f"  ... and {len(items) - max_keys} more")
+            return [f"{title} ({len(items)}):", *shown]
+
+        lines = [self.summary(), f"source: {self.source}" + (f" [{self.container}]" if self.container else "")]
+        if self.stripped_prefixes:
+            lines.append(f"stripped prefixes: {', '.join(self.stripped_prefixes)}")
+        allowed = set(self.allowed_missing)
+        lines += _section(
+            "missing", [k + (" (allowed)" if k in allowed else "") for k in self.missing]
+        )
+        lines += _section("dropped by design", [f"{k}: {r}" for k, r in self.dropped.items()])
+        lines += _section("unknown", [f"{k}: {r}" for k, r in self.unknown.items()])
+        lines += _section(
+            "shape mismatched",
+            [f"{k}: checkpoint {list(s)} vs model {list(d)}" for k, (s, d) in self.shape_mismatched.items()],
+        )
+        lines += _section("adapted", [f"{k}: {r}" for k, r in self.adapted.items()])
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable view of the report."""
+        return {
+            "layout": self.layout,
+            "target": self.target,
+            "source": self.source,
+            "container": self.container,
+            "stripped_prefixes": list(self.stripped_prefixes),
+            "loaded": list(self.loaded),
+            "missing": list(self.missing),
+            "allowed_missing": list(self.allowed_missing),
+            "unexpected": {k: {"kind": u.kind, "reason": u.reason} for k, u in self.unexpected.items()},
+            "shape_mismatched": {k: [list(s), list(d)] for k, (s, d) in self.shape_mismatched.items()},
+            "adapted": dict(self.adapted),
+            "required": self.required,
+            "summary": self.summary(),
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading a checkpoint
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _weights_only_reason(exc: BaseException) -> str:
+    for line in str(exc).splitlines():
+        if "Unsupported global" in line or "WeightsUnpickler error" in line:
+            return line.strip()
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
+    """``torch.load(path, map_location, weights_only=True)`` with errors that name the file.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        CheckpointLoadError: ``path`` is not a file, cannot be read, is not a torch file, or holds objects that
+            ``weights_only=True`` refuses (a pickled class, a function, a numpy array, ...).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint file '{p}' does not exist.")
+    if not p.is_file():
+        raise CheckpointLoadError(f"checkpoint path '{p}' is not a file.")
+    try:
+        return torch.load(p, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        reason = _weights_only_reason(e)
+        if "Unsupported global" in reason:
+            raise CheckpointLoadError(
+                f"checkpoint '{p}' holds objects other than tensors, numbers, strings and containers, which "
+                f"torch.load(weights_only=True) refuses ({reason}). Only plain state dicts are accepted: re-save "
+                f"the weights in a trusted environment, e.g. torch.save({{'state_dict': model.state_dict()}}, path)."
+            ) from e
+        raise CheckpointLoadError(
+            f"checkpoint '{p}' is not a readable torch checkpoint (corrupt, truncated or another format): {reason}"
+        ) from e
+    except (OSError, RuntimeError, EOFError, ValueError) as e:
+        raise CheckpointLoadError(f"could not read checkpoint '{p}': {type(e).__name__}: {e}") from e
+
+
+def _is_state_dict(obj: Mapping) -> bool:
+    return bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
+
+
+def extract_state_dict(obj: Any, where: str = "<mapping>") -> tuple[dict[str, Any], str]:
+    """Unwrap a checkpoint container down to its state dict.
+
+    Accepts a bare state dict or one nested under ``state_dict`` / ``model`` / ``network`` / ``net`` /
+    ``model_state_dict`` (also next to ``optimizer``, ``epoch``, ``global_step``, ...), at most 4 levels deep.
+
+    Returns:
+        ``(state_dict, container)`` where ``container`` is the path of keys unwrapped, e.g. ``"state_dict"``.
+    """
+    path: list[str] = []
+    for _ in range(5):
+        if not isinstance(obj, Mapping):
+            raise CheckpointLoadError(
+                f"checkpoint {where}: expected a state dict or a dict holding one, got {type(obj).__name__}"
+                + (f" under '{'/'.join(path)}'" if path else "")
+                + "."
+            )
+        if _is_state_dict(obj):
+            break
+        inner = next((k for k in _CONTAINER_KEYS if isinstance(obj.get(k), Mapping)), None)
+        if inner is None:
+            if any(isinstance(v, torch.Tensor) for v in obj.values()):
+                break  # a state dict with a few non-tensor entries: they are reported as unknown
+            raise CheckpointLoadError(
+                f"checkpoint {where}: found no state dict"
+                + (f" under '{'/'.join(path)}'" if path else "")
+                + f"; its entries are {sorted(map(str, obj))[:12]}. Expected a bare state dict or one under one of "
+                f"{list(_CONTAINER_KEYS)}."
+            )
+        path.append(inner)
+        obj = obj[inner]
+    else:
+        raise CheckpointLoadError(f"checkpoint {where}: containers nested too deep ({'/'.join(path)}).")
+    bad = [k for k in obj if not isinstance(k, str)]
+    if bad:
+        raise CheckpointLoadError(f"checkpoint {where}: state dict keys must be strings, got e.g. {bad[:3]!r}.")
+    return dict(obj), "/".join(path)
+
+
+def _strip_wrappers(key: str) -> tuple[str, list[str]]:
+    """Remove leading ``module.`` (DDP / DataParallel) and ``_orig_mod.`` (torch.compile), in any order and number,
+    and ``_orig_mod`` of a compiled submodule anywhere in the key."""
+    stripped: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _WRAPPER_PREFIXES:
+            if key.startswith(prefix):
+                key = key[len(prefix) :]
+                stripped.append(prefix)
+                changed = True
+    if "._orig_mod." in key:
+        key = key.replace("._orig_mod.", ".")
+        stripped.append("_orig_mod.")
+    return key, stripped
+
+
+def _strip_all(state: Mapping[str, Any], where: str) -> tuple[dict[str, tuple[str, Any]], list[str]]:
+    """stripped key -> (original key, value); raises when two source keys collapse onto one."""
+    out: dict[str, tuple[str, Any]] = {}
+    prefixes: set[str] = set()
+    for key, value in state.items():
+        new, stripped = _strip_wrappers(key)
+        prefixes.update(stripped)
+        if new in out:
+            raise CheckpointLoadError(
+                f"checkpoint {where}: keys '{out[new][0]}' and '{key}' both become '{new}' once the wrapper prefixes "
+                f"(module., _orig_mod.) are removed; the file mixes two models."
+            )
+        out[new] = (key, value)
+    return out, sorted(prefixes)
+
+
+def detect_layout(keys: Any, had_module_prefix: bool = False) -> str | None:
+    """Name the layout of state-dict keys with the wrapper prefixes already stripped (None if unknown).
+
+    ``had_module_prefix`` tells whether the keys carried ``module.`` in the file: this is what distinguishes the
+    original SSL code's DDP checkpoints (``ssl_original``) from this collection's (``ssl_collection``).
+    """
+    keys = [str(k) for k in keys]
+    if any(_DAE_ENCODER.match(k) for k in keys):
+        return "monai_ssl_autoencoder"
+    swin_new = any(k.startswith(_ENCODER_PREFIX) for k in keys)
+    swin_old = any(k.startswith("swin_vit.") for k in keys)
+    if swin_new or swin_old:
+        if any(_SEG_DECODER.match(k) for k in keys):
+            return "swinunetr"
+        has_heads = any(_SSL_HEADS.match(k) for k in keys)
+        if swin_old or (has_heads and had_module_prefix):
+            return "ssl_original"
+        if has_heads:
+            return "ssl_collection"
+        return "swinvit_encoder"
+    if any(_BARE_ENCODER.match(k) for k in keys):
+        return "model_swinvit"
+    return None
+
+
+def _rename_mlp(key: str) -> str:
+    return _MLP_FC.sub(lambda m: f".mlp.linear{m.group(1)}.", key)
+
+
+def _canonical(layout: str, key: str) -> tuple[str | None, UnusedKey | None]:
+    """Map a (prefix-stripped) source key to the collection's key space, or say why it is not used."""
+    if layout == "model_swinvit":
+        if key in ("norm.weight", "norm.bias"):
+            return None, UnusedKey(
+                "dropped",
+                "final LayerNorm of the CVPR release encoder; MONAI's SwinTransformer has none "
+                "(it normalises each stage output without parameters)",
+            )
+        if _BARE_ENCODER.match(key):
+            return _ENCODER_PREFIX + _rename_mlp(key), None
+        return None, UnusedKey("unknown", "not a Swin ViT encoder tensor of the CVPR release layout")
+    if layout == "monai_ssl_autoencoder":
+        if key == "encoder.mask_token":
+            return None, UnusedKey("dropped", "mask token of the disruptive autoencoder (pretraining only)")
+        if key.startswith("encoder.norm."):
+            return None, UnusedKey(
+                "dropped", "final LayerNorm of the autoencoder's encoder; MONAI's SwinTransformer has none"
+            )
+        if key.startswith("encoder.patch_embed."):
+            return _ENCODER_PREFIX + _rename_mlp(key[len("encoder.") :]), None
+        m = _DAE_LAYER_NESTED.match(key) or _DAE_LAYER_FLAT.match(key)
+        if m:
+            return _rename_mlp(f"{_ENCODER_PREFIX}{m.group(1)}.0.{m.group(2)}"), None
+        if key.startswith("encoder."):
+            return None, UnusedKey("unknown", "an encoder.* tensor with no Swin ViT counterpart")
+        return None, UnusedKey(
+            "dropped", "autoencoder part outside the encoder (reconstruction head); filter_swinunetr drops it too"
+        )
+    # ssl_original, ssl_collection, swinunetr, swinvit_encoder: already in (nearly) the collection's key space
+    if key.startswith("swin_vit."):
+        key = _ENCODER_PREFIX + key[len("swin_vit.") :]
+    if key.startswith(_ENCODER_PREFIX):
+        return _rename_mlp(key), None
+    if _SSL_HEADS.match(key) or _SEG_DECODER.match(key):
+        return key, None
+    return None, UnusedKey("unknown", f"not a tensor of the {layout} layout")
+
+
+def _category(key: str) -> str:
+    if key.startswith(_ENCODER_PREFIX):
+        return "encoder"
+    if _SSL_HEADS.match(key):
+        return "ssl_head"
+    if _SEG_DECODER.match(key):
+        return "seg_decoder"
+    return "other"
+
+

@@ -1,0 +1,487 @@
+"""Pretrained weights into a model, with a report: :func:`load_pretrained`, :func:`convert_state_dict`,
+:func:`convert_checkpoint` and the :class:`PretrainedLoader` handler.
+
+The common finetuning rule "strip ``module.``, rename ``swin_vit``, load with ``strict=False``" loads *zero*
+tensors of the CVPR release ``model_swinvit.pt`` and says nothing. Here the layout is detected and named
+(:mod:`components.checkpoint.layouts`), every key is mapped explicitly, and a :class:`LoadReport` lists what was
+loaded, what is missing, what was not used and why, and what did not fit. ``load_state_dict(strict=False)`` is only
+called with a state dict whose keys were all checked against the model, after the ``required`` check passed, so the
+model is never left half-loaded when an error is raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from ignite.engine import Engine, Events
+from torch import nn
+
+from ..runtime import optional_path
+from .layouts import (
+    _ENCODER_PREFIX,
+    _REL_INDEX_SUFFIX,
+    CHANNEL_POLICIES,
+    LAYOUTS,
+    PATCH_EMBED_WEIGHT,
+    REQUIRED_POLICIES,
+    TARGETS,
+    CheckpointLoadError,
+    LoadReport,
+    UnusedKey,
+    _canonical,
+    _category,
+    _strip_all,
+    detect_layout,
+    extract_state_dict,
+    read_checkpoint,
+)
+from .training_state import save_atomic
+
+logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
+
+# ---------------------------------------------------------------------------------------------------------------
+# the target model
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _unwrap_model(model: nn.Module) -> nn.Module:
+    """The module whose ``state_dict`` has no ``module.`` / ``_orig_mod.`` prefixes (DDP, DataParallel, compile)."""
+    for _ in range(8):
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+    return model
+
+
+def _detect_target(model: nn.Module) -> str:
+    from monai.networks.nets import SwinUNETR
+
+    if isinstance(model, SwinUNETR):
+        return "swinunetr"
+    if not isinstance(getattr(model, "swinViT", None), nn.Module):
+        raise TypeError(
+            f"load_pretrained: the target model ({type(model).__name__}) has no 'swinViT' submodule; expected "
+            f"MONAI's SwinUNETR, components.networks.SSLHead or another module holding the encoder as 'swinViT'."
+        )
+    if hasattr(model, "rotation_head") or hasattr(model, "contrastive_head"):
+        return "sslhead"
+    return "encoder"
+
+
+def _adapt_in_channels(weight: torch.Tensor, c_dst: int) -> torch.Tensor:
+    """Spread a patch-embedding kernel over ``c_dst`` input channels with the same response to a constant input.
+
+    ``c_dst`` a multiple of ``c_src``: the kernel is tiled over the channels and scaled by ``c_src / c_dst``
+    (1 -> 4 channels: ``w.repeat(1, 4, ...) / 4``). Otherwise the channel mean is used for every channel, scaled
+    the same way. In both cases the sum over input channels, i.e. the response to a constant image, is kept.
+    """
+    c_src = weight.shape[1]
+    reps = [1] * weight.ndim
+    if c_dst % c_src == 0:
+        reps[1] = c_dst // c_src
+        spread = weight.repeat(*reps)
+    else:
+        reps[1] = c_dst
+        spread = weight.mean(dim=1, keepdim=True).repeat(*reps)
+    # multiply then divide: for c_src = 1 this is exactly ``repeat / c_dst``
+    return ((spread * c_src) / c_dst).to(weight.dtype)
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
+    return value
+
+
+def _window_of(bias_table_shape: tuple[int, ...]) -> int | None:
+    """The attention window edge ``w`` of a relative position bias table of ``(2w - 1) ** d`` rows (d = 3 or 2)."""
+    rows = bias_table_shape[0]
+    for dims in (3, 2):
+        edge = round(rows ** (1 / dims))
+        if edge**dims == rows and edge % 2 == 1:
+            return (edge + 1) // 2
+    return None
+
+
+def _hint(report: LoadReport, missing_required: list[str], src_embed: int | None, dst_embed: int | None) -> str:
+    if src_embed is not None and dst_embed is not None and src_embed != dst_embed:
+        return (
+            f"the checkpoint's embedding size is {src_embed} but the model's is {dst_embed}: build the model with "
+            f"feature_size={src_embed}"
+        )
+    tables = [shapes for k, shapes in report.shape_mismatched.items() if k.endswith("relative_position_bias_table")]
+    if tables:
+        src_window, dst_window = (_window_of(shape) for shape in tables[0])
+        return (
+            f"the checkpoint's attention window is {src_window} but the model's is {dst_window}: build the model "
+            f"with window_size={src_window}"
+        )
+    if any(k in report.shape_mismatched for k in missing_required):
+        return "some tensors have other shapes: the checkpoint was made for a different configuration of the network"
+    if not report.encoder_loaded and report.encoder_keys:
+        return "no encoder tensor of the checkpoint matched the model: is it a checkpoint of another architecture?"
+    return (
+        "the checkpoint lacks these tensors (a partial or truncated encoder?); pass required='none' to accept a "
+        "partial load, which is then reported"
+    )
+
+
+def _source_name(source: Any) -> str:
+    return str(source) if isinstance(source, (str, os.PathLike)) else "<mapping>"
+
+
+def convert_state_dict(
+    source: str | os.PathLike | Mapping,
+    target_model: nn.Module,
+    *,
+    target: str | None = None,
+    channel_policy: str = "error",
+    required: str = "encoder",
+    map_location: Any = "cpu",
+) -> tuple[dict[str, torch.Tensor], LoadReport]:
+    """Map a checkpoint onto ``target_model``'s key space without loading it.
+
+    The returned state dict holds exactly the report's ``loaded`` keys, with the model's shapes (the patch
+    embedding adapted when ``channel_policy="repeat"``). Arguments are those of :func:`load_pretrained`, and the
+    same ``required`` check is applied, so a returned state dict is one :func:`load_pretrained` would load.
+
+    Returns:
+        ``(state_dict, report)``.
+    """
+    _check_choice("channel_policy", channel_policy, CHANNEL_POLICIES)
+    _check_choice("required", required, REQUIRED_POLICIES)
+    if target is not None:
+        _check_choice("target", target, TARGETS)
+    where = _source_name(source)
+    raw = read_checkpoint(source, map_location) if isinstance(source, (str, os.PathLike)) else source
+    state, container = extract_state_dict(raw, where)
+    model = _unwrap_model(target_model)
+    target = target or _detect_target(model)
+
+    stripped, prefixes = _strip_all(state, where)
+    layout = detect_layout(stripped, had_module_prefix="module." in prefixes)
+    if layout is None:
+        sample = list(state)[:6]
+        raise CheckpointLoadError(
+            f"checkpoint {where}: unknown layout; sample keys {sample} ({len(state)} keys in all). Known layouts: "
+            f"{', '.join(LAYOUTS)} (e.g. 'module.patch_embed.proj.weight', 'swinViT.layers1.0...', "
+            f"'encoder.layers1.0.0...')."
+        )
+
+    report = LoadReport(
+        layout=layout,
+        target=target,
+        source=where,
+        container=container,
+        stripped_prefixes=prefixes,
+        required=required,
+    )
+    tgt_state = model.state_dict()
+    report.encoder_keys = [k for k in tgt_state if k.startswith(_ENCODER_PREFIX)]
+    tgt_categories = {_category(k) for k in tgt_state}
+    category_names = {"ssl_head": "SSL pretraining head/decoder", "seg_decoder": "SwinUNETR segmentation decoder"}
+
+    mapped: dict[str, torch.Tensor] = {}
+    mapped_from: dict[str, str] = {}
+    skipped: set[str] = set()
+    src_embed: int | None = None
+    dst_embed = int(tgt_state[PATCH_EMBED_WEIGHT].shape[0]) if PATCH_EMBED_WEIGHT in tgt_state else None
+    for key, (orig, value) in stripped.items():
+        if not isinstance(value, torch.Tensor):
+            report.unexpected[orig] = UnusedKey("unknown", f"not a tensor ({type(value).__name__})")
+            continue
+        canon, unused = _canonical(layout, key)
+        if canon is None:
+            report.unexpected[orig] = unused  # type: ignore[assignment]
+            continue
+        if canon == PATCH_EMBED_WEIGHT and value.ndim >= 2:
+            src_embed = int(value.shape[0])
+        if canon not in tgt_state:
+            cat = _category(canon)
+            if cat in category_names and cat not in tgt_categories:
+                report.unexpected[orig] = UnusedKey("dropped", f"{category_names[cat]}; the {target} model has none")
+            else:
+                report.unexpected[orig] = UnusedKey("unknown", f"maps to '{canon}', which the model does not have")
+            continue
+        if canon in mapped_from:
+            raise CheckpointLoadError(
+                f"checkpoint {where}: keys '{mapped_from[canon]}' and '{orig}' both map to '{canon}' "
+                f"(layout={layout}); the file mixes two spellings of the same model."
+            )
+        mapped_from[canon] = orig
+        dst = tgt_state[canon]
+        if tuple(value.shape) == tuple(dst.shape):
+            mapped[canon] = value
+            continue
+        only_channels = (
+            canon == PATCH_EMBED_WEIGHT
+            and value.ndim == dst.ndim
+            and value.shape[0] == dst.shape[0]
+            and value.shape[2:] == dst.shape[2:]
+        )
+        if not only_channels:
+            report.shape_mismatched[canon] = (tuple(value.shape), tuple(dst.shape))
+            continue
+        c_src, c_dst = int(value.shape[1]), int(dst.shape[1])
+        if channel_policy == "error":
+            raise CheckpointLoadError(
+                f"checkpoint {where} (layout={layout}): the patch embedding '{canon}' has {c_src} input channel(s) "
+                f"in the checkpoint (shape {list(value.shape)}) but the model has {c_dst} (shape {list(dst.shape)}). "
+                f"Choose channel_policy='repeat' (repeat the kernel over the {c_dst} channels scaled by "
+                f"{c_src}/{c_dst}, so a constant input gives the same response) or channel_policy='skip' (keep the "
+                f"model's random patch embedding). The model was not modified."
+            )
+        if channel_policy == "repeat":
+            mapped[canon] = _adapt_in_channels(value, c_dst)
+            how = "tiled" if c_dst % c_src == 0 else "channel mean repeated"
+            report.adapted[canon] = (
+                f"repeat: input channels {c_src} -> {c_dst}, kernel {how} and scaled by {c_src}/{c_dst} "
+                f"(shape {list(value.shape)} -> {list(dst.shape)})"
+            )
+        else:
+            skipped.add(canon)
+            report.adapted[canon] = (
+                f"skip: checkpoint has {c_src} input channel(s) (shape {list(value.shape)}), model {c_dst} "
+                f"(shape {list(dst.shape)}); kept the model's initial weights"
+            )
+
+    report.loaded = [k for k in tgt_state if k in mapped]
+    report.missing = [k for k in tgt_state if k not in mapped]
+    exempt = {k for k in tgt_state if k.endswith(_REL_INDEX_SUFFIX)} | skipped
+    if required == "encoder":
+        required_keys = [k for k in report.encoder_keys if k not in exempt]
+    elif required == "all":
+        required_keys = [k for k in tgt_state if k not in exempt]
+    else:
+        required_keys = []
+    required_set = set(required_keys)
+    report.allowed_missing = [k for k in report.missing if k not in required_set]
+    missing_required = [k for k in required_keys if k not in mapped]
+    if missing_required:
+        parts = [
+            f"checkpoint {where} (layout={layout}) into {target}: {len(missing_required)} of {len(required_keys)} "
+            f"required tensors (required={required!r}) would not load, first: {missing_required[:5]}."
+        ]
+        mism = [k for k in missing_required if k in report.shape_mismatched]
+        if mism:
+            k0 = mism[0]
+            src_shape, dst_shape = report.shape_mismatched[k0]
+            parts.append(
+                f"{len(mism)} of them have another shape, e.g. '{k0}': checkpoint {list(src_shape)} "
+                f"vs model {list(dst_shape)}."
+            )
+        if report.unknown:
+            parts.append(f"Unused source keys of unknown role: {list(report.unknown)[:5]}.")
+        parts.append(f"Hint: {_hint(report, missing_required, src_embed, dst_embed)}. The model was not modified.")
+        raise CheckpointLoadError(" ".join(parts))
+    return {k: mapped[k] for k in report.loaded}, report
+
+
+def load_pretrained(
+    model: nn.Module,
+    source: str | os.PathLike | Mapping,
+    *,
+    target: str | None = None,
+    channel_policy: str = "error",
+    required: str = "encoder",
+    map_location: Any = "cpu",
+) -> LoadReport:
+    """Load pretrained Swin ViT weights of any known layout into ``model`` and report exactly what happened.
+
+    Args:
+        model: MONAI ``SwinUNETR``, :class:`~components.networks.SSLHead` or another module with a ``swinViT``
+            encoder; DDP / DataParallel / torch.compile wrappers are unwrapped.
+        source: a checkpoint path, or an already loaded checkpoint (a state dict or a dict holding one). Files
+            are read with ``torch.load(weights_only=True)``.
+        target: ``"swinunetr"``, ``"sslhead"`` or ``"encoder"``; None detects it (``isinstance`` of SwinUNETR,
+            then a ``swinViT`` attribute with or without SSL heads). Only used to classify dropped keys.
+        channel_policy: what to do when the patch embedding's input channels differ (e.g. 1-channel CT weights
+            into a 4-channel MRI model): ``"error"`` raises, ``"repeat"`` tiles the kernel over the channels
+            scaled by ``C_src / C_dst`` (same response to a constant input), ``"skip"`` keeps the model's weights.
+        required: ``"encoder"``: every ``swinViT.*`` tensor must load; ``"all"``: every tensor of the model;
+            ``"none"``: anything goes (still reported). ``relative_position_index`` buffers (deterministic) and a
+            patch embedding skipped by ``channel_policy="skip"`` are never required.
+        map_location: passed to ``torch.load``.
+
+    Returns:
+        the :class:`LoadReport`; its summary is logged at INFO (unknown keys and shape mismatches at WARNING).
+
+    Raises:
+        FileNotFoundError / CheckpointLoadError: unreadable file, unknown layout, channel mismatch with
+            ``channel_policy="error"``, or a ``required`` tensor that would not load. Raised before the model is
+            touched.
+
+    Example::
+
+        model = SwinUNETR(in_channels=4, out_channels=3, feature_size=48)
+        report = load_pretrained(model, "model_swinvit.pt", channel_policy="repeat")
+        print(report.summary())
+    """
+    state, report = convert_state_dict(
+        source, model, target=target, channel_policy=channel_policy, required=required, map_location=map_location
+    )
+    module = _unwrap_model(model)
+    # every key of `state` is a key of the model with the model's shape (checked above), so strict=False only
+    # tolerates the keys the report lists as missing; verify that torch agrees with the report.
+    result = module.load_state_dict(state, strict=False)
+    if result.unexpected_keys or set(result.missing_keys) != set(report.missing):
+        raise RuntimeError(
+            "load_pretrained: internal inconsistency between the report and torch's load_state_dict: "
+            f"unexpected {result.unexpected_keys[:5]}, "
+            f"missing differs on {sorted(set(result.missing_keys) ^ set(report.missing))[:5]}"
+        )
+    logger.info(report.summary())
+    for key, how in report.adapted.items():
+        logger.info("load_pretrained: adapted %s: %s", key, how)
+    if report.unknown:
+        logger.warning(
+            "load_pretrained: %d source tensors of unknown role were not used, e.g. %s",
+            len(report.unknown),
+            list(report.unknown)[:5],
+        )
+    if report.shape_mismatched:
+        logger.warning(
+            "load_pretrained: %d tensors not loaded for their shape (checkpoint vs model): %s",
+            len(report.shape_mismatched),
+            dict(list(report.shape_mismatched.items())[:5]),
+        )
+    return report
+
+
+def _build_target(target: str, in_channels: int, feature_size: int, out_channels: int, upsample: str) -> nn.Module:
+    if target == "swinunetr":
+        from monai.networks.nets import SwinUNETR
+
+        return SwinUNETR(in_channels=in_channels, out_channels=out_channels, feature_size=feature_size)
+    if target == "sslhead":
+        from components.networks import SSLHead
+
+        return SSLHead(in_channels=in_channels, feature_size=feature_size, upsample=upsample)
+    raise ValueError(f"convert_checkpoint: target must be 'swinunetr' or 'sslhead', got {target!r}.")
+
+
+def convert_checkpoint(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    target: str = "swinunetr",
+    in_channels: int = 1,
+    feature_size: int = 48,
+    channel_policy: str = "error",
+    required: str = "encoder",
+    out_channels: int = 14,
+    upsample: str = "vae",
+    full_state: bool = True,
+    seed: int = 0,
+) -> LoadReport:
+    """Convert a checkpoint of any known layout into a clean bare state dict of the target architecture.
+
+    The target model is built (``SwinUNETR(in_channels, out_channels, feature_size)`` or
+    ``SSLHead(in_channels, feature_size, upsample=upsample)``) with parameters initialised under
+    ``torch.manual_seed(seed)``, the checkpoint is loaded with :func:`load_pretrained`, and
+
+    - ``full_state=True`` (default): the model's *full* state dict is written, so the file loads with
+      ``strict=True`` into that architecture (``model.load_state_dict(torch.load(dst, weights_only=True))``).
+      Tensors the source did not provide (e.g. the SwinUNETR decoder) hold the seeded random initialisation;
+      the returned report lists them as ``missing``.
+    - ``full_state=False``: only the loaded tensors are written (layout ``swinvit_encoder`` or a partial model),
+      to be loaded with :func:`load_pretrained`.
+
+    The file is written with :func:`save_atomic`. ``out_channels`` only shapes the SwinUNETR decoder output.
+
+    Returns:
+        the :class:`LoadReport` of the conversion.
+    """
+    _check_choice("target", target, ("swinunetr", "sslhead"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = _build_target(target, in_channels, feature_size, out_channels, upsample)
+    report = load_pretrained(model, src, target=target, channel_policy=channel_policy, required=required)
+    state = model.state_dict()
+    if not full_state:
+        loaded = set(report.loaded)
+        state = {k: v for k, v in state.items() if k in loaded}
+    save_atomic({k: v.detach().clone() for k, v in state.items()}, dst)
+    logger.info("convert_checkpoint: wrote %d tensors to %s", len(state), dst)
+    return report
+
+
+
+class PretrainedLoader:
+    """Ignite handler around :func:`load_pretrained`: load pretrained weights when the trainer starts.
+
+    Args:
+        path: checkpoint file of any layout :func:`load_pretrained` knows; None, ``""``, ``"None"`` or ``"null"``
+            (``--pretrained_path null`` on a command line) mean none: the model keeps its random initialisation.
+        network: the model to load into (wrappers are unwrapped).
+        channel_policy, required, target: as for :func:`load_pretrained`.
+        warn_from_scratch: say at WARNING (else INFO) that the model trains from random initialisation when no path
+            is given: a finetuning run without its pretrained weights is a silent failure otherwise.
+        hint: appended to that message, e.g. where the default weights were looked for.
+
+    Every start says where the weights came from: the file and the load report at INFO, or the random
+    initialisation at WARNING (``warn_from_scratch``). The load happens once per handler (the first STARTED, or an
+    explicit call), so a second ``run()`` of the same trainer does not overwrite trained weights. Errors propagate
+    and stop the run. Independent of :class:`ResumeHandler`: if both are attached, the one attached later wins for
+    the weights.
+
+    Example::
+
+        PretrainedLoader("model_swinvit.pt", net, channel_policy="repeat").attach(trainer)
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None,
+        network: nn.Module,
+        channel_policy: str = "error",
+        required: str = "encoder",
+        target: str | None = None,
+        warn_from_scratch: bool = True,
+        hint: str | None = None,
+    ) -> None:
+        _check_choice("channel_policy", channel_policy, CHANNEL_POLICIES)
+        _check_choice("required", required, REQUIRED_POLICIES)
+        if target is not None:
+            _check_choice("target", target, TARGETS)
+        self.path = optional_path(path)
+        self.warn_from_scratch = bool(warn_from_scratch)
+        self.hint = hint
+        self.network = network
+        self.channel_policy = channel_policy
+        self.required = required
+        self.target = target
+        self.report: LoadReport | None = None
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.STARTED, self)
+
+    def __call__(self, engine: Engine | None = None) -> LoadReport | None:
+        name = type(_unwrap_model(self.network)).__name__
+        if self.path is None:
+            logger.log(
+                logging.WARNING if self.warn_from_scratch else logging.INFO,
+                "PretrainedLoader: no pretrained weights (pretrained_path is none): %s trains from random "
+                "initialisation%s",
+                name,
+                f"; {self.hint}" if self.hint else "",
+            )
+            return None
+        if self.report is not None:
+            return self.report
+        self.report = load_pretrained(
+            self.network,
+            self.path,
+            target=self.target,
+            channel_policy=self.channel_policy,
+            required=self.required,
+        )
+        logger.info("PretrainedLoader: %s starts from %s: %s", name, self.path, self.report.summary())
+        return self.report
+
