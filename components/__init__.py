@@ -17,6 +17,7 @@ __version__ = "0.2.0"
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "attention": ("FusedWindowAttention", "use_fused_attention"),
     "augment": ("aug_rand", "rot_rand", "ssl_views"),
+    "allocator": ("tune_allocator",),
     "atomic": ("atomic_write",),
     "checkpoint": (
         "BestModelSaver",
@@ -33,6 +34,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "save_atomic",
     ),
     "compilation": ("CompileMonitor", "compiled_graphs"),
+    "config_values": ("as_bool", "optional_path"),
     "data": (
         "DataItemError",
         "EpochShuffleSampler",
@@ -64,7 +66,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "encoder_lr": ("FreezeEncoder", "encoder_param_groups"),
     "engine": ("NonFiniteLossError", "PretrainingEvaluator", "PretrainingTrainer", "Recipe", "StopOnNonFiniteLoss", "log_filter"),
-    "loader": ("PersistentWorkerLoader",),
+    "loader": ("PersistentWorkerLoader", "default_num_workers"),
     "losses": ("SSLLoss",),
     "networks": ("SSLHead", "check_roi_size", "prepare_network"),
     "package": ("extract_zip_safely", "fetch", "fetch_bundle", "metadata_schema", "package_bundle", "schema_path"),
@@ -84,7 +86,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "TeacherCollapseError",
         "weight_decay_groups",
     ),
-    "runtime": ("as_bool", "default_num_workers", "optional_path", "tune_allocator"),
     "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
     "settings": ("check_settings",),
     "step_memory": ("checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"),

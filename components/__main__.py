@@ -52,7 +52,7 @@ def demo(out: str = "demo_out", seed: int = 0, compare: bool = False, device: st
     random draw; --compare adds the from-scratch arm with the same budget (always on with CUDA); --device
     cpu|cuda (default: CUDA where present); --budget cpu|cuda|quick (default: by device; quick learns nothing)."""
     from .demo import run_demo
-    from .runtime import as_bool
+    from .config_values import as_bool
 
     run_demo(out=out, seed=seed, compare=as_bool(compare, "compare"), device=device, budget=budget)
 
@@ -119,7 +119,7 @@ def fetch(url: str, dest: str = ".", sha256: str | None = None, extract: bool = 
     existing folder or the target file's name."""
     from .package import fetch as fetch_file
     from .package import fetch_bundle
-    from .runtime import as_bool
+    from .config_values import as_bool
 
     if as_bool(extract, "extract") and str(url).lower().endswith(".zip"):
         folder = fetch_bundle(url, dest, sha256=sha256, overwrite=as_bool(overwrite, "overwrite"))

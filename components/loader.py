@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import random
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,7 @@ from monai.data.utils import set_rnd
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.worker import _generate_state
 
-__all__ = ["PersistentWorkerLoader"]
+__all__ = ["PersistentWorkerLoader", "default_num_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,3 +114,24 @@ class PersistentWorkerLoader(DataLoader):
             # a fresh iterator would draw this base seed from the loader's generator: draw it the same way
             self._base_seed.value = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
         return super().__iter__()
+
+
+def default_num_workers(max_workers: int = 4) -> int:
+    """Data-loader worker processes per rank that this machine has room for: the CPUs this process may run on
+    (``os.sched_getaffinity``: a container's or Slurm's CPU set, not the host's count) shared by the ranks of this
+    node (``LOCAL_WORLD_SIZE``, set by torchrun), less one for the training process itself, at most
+    ``max_workers``. On 2 cores: 1 worker for one process, 0 (crops cut in the training process) for two ranks.
+
+    Example:
+        >>> default_num_workers()  # 16 CPUs, 4 ranks on the node: min(4, 16 // 4 - 1) = 3
+        3
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        cpus = os.cpu_count() or 1
+    try:
+        ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    except ValueError:
+        ranks = 1
+    return max(0, min(int(max_workers), cpus // ranks - 1))

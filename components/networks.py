@@ -21,7 +21,7 @@ from monai.networks.nets.swin_unetr import SwinTransformer
 from torch import nn
 
 from .attention import use_fused_attention
-from .runtime import as_bool
+from .config_values import as_bool
 from .step_memory import checkpointing_decision, set_checkpointing
 
 __all__ = ["SSLHead", "prepare_network", "swin_vit", "DEFAULT_WINDOW", "UPSAMPLE_MODES", "OUTPUT_MODES", "SPATIAL_REDUCTION", "check_roi_size"]

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .runtime import as_bool
+from .config_values import as_bool
 
 __all__ = ["checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"]
 

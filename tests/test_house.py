@@ -36,7 +36,7 @@ def test_checkpoint_is_a_package_of_small_modules_and_no_grab_bag_remains():
     modules = {p.stem: len(p.read_text().splitlines()) for p in (COMPONENTS / "checkpoint").glob("*.py")}
     assert {"layouts", "pretrained", "training_state", "saver", "resume"} <= set(modules)
     assert max(modules.values()) <= 700, modules
-    assert not (COMPONENTS / "faults.py").exists() and not (COMPONENTS / "checkpoint.py").exists()
+    assert not any((COMPONENTS / f"{name}.py").exists() for name in ("faults", "runtime", "checkpoint"))
 
 
 def test_no_module_points_to_files_outside_the_repository():

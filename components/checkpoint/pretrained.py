@@ -20,7 +20,7 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from ..runtime import optional_path
+from ..config_values import optional_path
 from .layouts import (
     _ENCODER_PREFIX,
     _REL_INDEX_SUFFIX,

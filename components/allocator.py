@@ -1,4 +1,5 @@
-"""Process-level settings applied at the start of a workflow."""
+"""The host allocator of a training process: glibc's malloc tuned so that repeated large allocations stop
+page-faulting (``tune_allocator``, opt-in per bundle)."""
 
 from __future__ import annotations
 
@@ -8,57 +9,9 @@ import logging
 import os
 import platform
 
-__all__ = ["tune_allocator", "as_bool", "optional_path", "default_num_workers"]
+__all__ = ["tune_allocator"]
 
 logger = logging.getLogger(__name__)
-
-_TRUE = ("true", "yes", "on", "1")
-_FALSE = ("false", "no", "off", "0")
-
-
-def as_bool(value: bool | int | str, name: str = "value") -> bool:
-    """A config flag as a bool: ``python -m monai.bundle run --amp false`` passes the string "false" (truthy),
-    so bundle configs read every flag through this. Anything but a clear yes/no raises, naming ``name``."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError(f"{name} must be true or false, got {value!r}.")
-
-
-_NONE = ("", "none", "null")
-
-
-def optional_path(value: str | os.PathLike | None) -> str | None:
-    """A config path that may be "none": ``None``, ``""``, ``"None"`` and ``"null"`` (what ``--pretrained_path null``
-    passes on a command line) are None; anything else is returned as a string."""
-    if value is None or str(value).strip().lower() in _NONE:
-        return None
-    return str(value)
-
-
-def default_num_workers(max_workers: int = 4) -> int:
-    """Data-loader worker processes per rank that this machine has room for: the CPUs this process may run on
-    (``os.sched_getaffinity``: a container's or Slurm's CPU set, not the host's count) shared by the ranks of this
-    node (``LOCAL_WORLD_SIZE``, set by torchrun), less one for the training process itself, at most
-    ``max_workers``. On 2 cores: 1 worker for one process, 0 (crops cut in the training process) for two ranks.
-
-    Example:
-        >>> default_num_workers()  # 16 CPUs, 4 ranks on the node: min(4, 16 // 4 - 1) = 3
-        3
-    """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cpus = os.cpu_count() or 1
-    try:
-        ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
-    except ValueError:
-        ranks = 1
-    return max(0, min(int(max_workers), cpus // ranks - 1))
-
 
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4

@@ -1,0 +1,39 @@
+"""Bundle settings as a command line passes them: ``python -m monai.bundle run --amp false`` gives the string
+"false" (truthy in Python) and ``--pretrained_path null`` the string "null". Configs read flags and optional paths
+through these, so a typed value means what it says.
+
+MONAI's ``monai.utils.str2bool`` parses the same words but raises a bare ``ValueError`` without the setting's name
+and accepts no integers; :func:`as_bool` names the setting at fault.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["as_bool", "optional_path"]
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def as_bool(value: bool | int | str, name: str = "value") -> bool:
+    """A config flag as a bool: ``python -m monai.bundle run --amp false`` passes the string "false" (truthy),
+    so bundle configs read every flag through this. Anything but a clear yes/no raises, naming ``name``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{name} must be true or false, got {value!r}.")
+
+
+_NONE = ("", "none", "null")
+
+
+def optional_path(value: str | os.PathLike | None) -> str | None:
+    """A config path that may be "none": ``None``, ``""``, ``"None"`` and ``"null"`` (what ``--pretrained_path null``
+    passes on a command line) are None; anything else is returned as a string."""
+    if value is None or str(value).strip().lower() in _NONE:
+        return None
+    return str(value)
