@@ -124,7 +124,7 @@ def test_item_sources_before_and_after_transforms():
 
 def test_resolve_resume(tmp_path, caplog):
     ckpt = tmp_path / "checkpoint.pt"
-    with caplog.at_level(logging.INFO, logger="components.engine"):
+    with caplog.at_level(logging.INFO, logger="components.checkpoint"):
         assert resolve_resume(None, tmp_path, True) is None  # nothing saved yet: from scratch
         ckpt.write_bytes(b"x")
         assert resolve_resume(None, tmp_path, True) == str(ckpt)

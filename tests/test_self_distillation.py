@@ -283,7 +283,8 @@ def test_ddp_gradient_and_centre_equal_one_process_on_the_global_batch(ranks):
     for step in [rank[key] for rank in ranks for key in ("step", "equal_step")]:
         assert step["grads"].keys() == reference["grads"].keys()
         for name, grad in reference["grads"].items():
-            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
+            # atol 5e-7: float32 sums in another order across ranks (an AVX2-only CPU left 1.2e-7 on 2 of 36864)
+            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=5e-7, msg=lambda m: f"{name}: {m}")
         torch.testing.assert_close(step["center"], reference["center"], rtol=1e-6, atol=1e-8)
     assert not torch.equal(reference["center"], torch.zeros_like(reference["center"]))
 
