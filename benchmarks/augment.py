@@ -3,7 +3,7 @@
 The reference below has the shape of the original recipe's code: a python loop over samples, per box a numpy
 ``randint`` for each start and side, one slice assignment per box (noise drawn and min-max normalised per box, or
 the box copied from the partner sample), and ``torch.rot90`` per sample. It implements the same semantics as
-``components.augment`` (recipe.md s1; the paste pass copies from the inner-augmented batch), so the two must agree
+``components.recipes.inpainting_contrast.views`` (recipe.md s1; the paste pass copies from the inner-augmented batch), so the two must agree
 in distribution, which is checked on:
 
 - the changed fraction of every sample (voxels that differ from the input, on continuous random inputs);
@@ -41,7 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from components import aug_rand, rot_rand, ssl_views, tune_allocator
-from components.augment import _apply_aug, _draw_aug
+from components.recipes.inpainting_contrast.views import _apply_aug, _draw_aug
 
 from machine import machine_info
 

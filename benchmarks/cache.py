@@ -62,12 +62,12 @@ def _rss_bytes() -> int | None:
 
 
 def bundle_preprocessing(compact: bool, roi: list[int], num_samples: int):
-    """The bundle's ``train#preprocessing`` with ``compact_cache`` set."""
+    """The bundle's ``train#preprocessing`` with ``loader#compact_cache`` set."""
     from monai.bundle import ConfigParser
 
     parser = ConfigParser()
     parser.read_config(str(BUNDLE / "configs" / "train.json"))
-    parser.update({"compact_cache": compact, "roi_size": roi, "num_samples": num_samples, "device": "cpu"})
+    parser.update({"loader#compact_cache": compact, "roi_size": roi, "training#num_samples": num_samples, "device": "cpu"})
     return parser.get_parsed_content("train#preprocessing")
 
 

@@ -7,7 +7,7 @@ configurations:
 - ``fresh_workers_epoch_checkpoints``: the loader's workers started anew every epoch and ``checkpoint.pt`` (network,
   optimizer, schedule) written after every epoch: what the bundle did before;
 - ``bundle``: the bundle's defaults: persistent workers (``components.PersistentWorkerLoader``) and
-  ``checkpoint.pt`` every ``ckpt_time_interval_s`` seconds.
+  ``checkpoint.pt`` every ``checkpointing#time_interval_s`` seconds.
 
 Per configuration: the median iteration (ITERATION_STARTED -> ITERATION_COMPLETED, the loader's wait excluded),
 crops/s, the median epoch wall time (EPOCH_STARTED -> the end of the EPOCH_COMPLETED handlers, so checkpoint writes
@@ -40,15 +40,16 @@ BUNDLE = REPO / "bundles" / "swin_unetr_btcv_finetune"
 
 # per size: bundle overrides and the synthetic CT subjects (write_dataset keeps 2 for validation and test)
 SIZES = {
-    "ci": dict(roi_size=[64, 32, 32], spacing=[3.0, 3.0, 4.0], feature_size=12, window_size=4, num_samples=1,
+    "ci": dict(roi_size=[64, 32, 32], spacing=[3.0, 3.0, 4.0], feature_size=12, **{"network_def#window_size": 4, "training#num_samples": 1},
                volumes=4),
-    "cpu": dict(roi_size=[64, 64, 32], spacing=[1.5, 1.5, 2.0], feature_size=12, window_size=4, num_samples=2,
+    "cpu": dict(roi_size=[64, 64, 32], spacing=[1.5, 1.5, 2.0], feature_size=12, **{"network_def#window_size": 4, "training#num_samples": 2},
                 volumes=6),
-    "gpu": dict(roi_size=[96, 96, 96], spacing=[1.5, 1.5, 2.0], feature_size=48, window_size=7, num_samples=4,
+    "gpu": dict(roi_size=[96, 96, 96], spacing=[1.5, 1.5, 2.0], feature_size=48, **{"network_def#window_size": 7, "training#num_samples": 4},
                 volumes=10),
 }  # fmt: skip
 CONFIGS = {
-    "fresh_workers_epoch_checkpoints": dict(persistent_workers=False, ckpt_epoch_interval=1, ckpt_time_interval_s=None),
+    "fresh_workers_epoch_checkpoints": {"loader#persistent_workers": False, "checkpointing#epoch_interval": 1,
+                                        "checkpointing#time_interval_s": None},
     "bundle": dict(),
 }
 
@@ -65,9 +66,9 @@ def build_trainer(size: dict, workdir: Path, config: dict, epochs: int, num_work
     if not (data / "dataset.json").exists():
         components.write_dataset(data, kind="ct", num=size["volumes"], seed=0)
     overrides = {k: v for k, v in size.items() if k != "volumes"}
-    overrides.update(bundle_root=str(BUNDLE), dataset_dir=str(data), output_dir=str(workdir / "eval"),
-                     ckpt_dir=str(workdir / "models"), max_epochs=epochs, val_interval=10**6, batch_size=1,
-                     auto_resume=False, pretrained_path=None, **config)  # fmt: skip
+    overrides.update({"bundle_root": str(BUNDLE), "dataset_dir": str(data), "output_dir": str(workdir / "eval"),
+                      "ckpt_dir": str(workdir / "models"), "max_epochs": epochs, "training#val_interval": 10**6, "batch_size": 1,
+                      "checkpointing#auto_resume": False, "pretrained_path": None, **config})  # fmt: skip
     parser = bundle_parser(BUNDLE, overrides, num_workers)
     parser.get_parsed_content("initialize")
     return parser.get_parsed_content("train#trainer")
@@ -123,7 +124,7 @@ def measure(name: str, size: dict, workdir: Path, config: dict, epochs: int, num
     overheads = [epoch - sum(its) for epoch, its in zip(epoch_times, iterations)]
     later = slice(1, None)
     per_iteration = _median([t for its in iterations[later] for t in its])
-    crops = size["num_samples"]
+    crops = size["training#num_samples"]
     return {
         "persistent_workers": trainer.data_loader.persistent_workers,
         "num_workers": trainer.data_loader.num_workers,
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = json_stdout()
     size = SIZES[args.size]
     result: dict = {"benchmark": "finetune_step", "machine": machine_info(), "size": args.size,
-                    "roi_size": size["roi_size"], "feature_size": size["feature_size"], "crops_per_step": size["num_samples"],
+                    "roi_size": size["roi_size"], "feature_size": size["feature_size"], "crops_per_step": size["training#num_samples"],
                     "configurations": {}}  # fmt: skip
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="finetune_step_") as tmp:

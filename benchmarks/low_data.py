@@ -302,13 +302,15 @@ def dino_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: st
     device, volumes per iteration, epochs, feature size, attention window and folders; 32^3 global and local crops
     from 64^3 regions and a small head."""
     ssl = ssl_overrides(budget, data_dir, run_dir, device, seed)
-    shared = ("dataset_dir", "device", "feature_size", "window_size", "batch_size", "num_workers", "amp", "use_checkpoint",
-              "seed", "log_interval", "max_epochs", "output_dir", "ckpt_dir", "auto_resume")  # fmt: skip
+    shared = ("dataset_dir", "device", "feature_size", "network_def#window_size", "batch_size", "loader#num_workers", "speed#amp",
+              "speed#use_checkpoint", "training#seed", "training#log_interval", "max_epochs", "output_dir", "ckpt_dir",
+              "checkpointing#auto_resume")  # fmt: skip
     return {
-        **{key: ssl[key] for key in shared}, "roi_size": [32, 32, 32], "context_size": [64, 64, 64],
-        "local_size": [32, 32, 32], "num_local_crops": 2, "prototypes": 1024, "head_hidden_dim": 256,
-        "head_bottleneck_dim": 64, "warmup_epochs": 1, "teacher_temperature_warmup_epochs": 1,
-        "val_interval": ssl["val_interval"], "num_samples": 2,
+        **{key: ssl[key] for key in shared}, "roi_size": [32, 32, 32], "training#context_size": [64, 64, 64],
+        "training#local_size": [32, 32, 32], "training#num_local_crops": 2, "training#prototypes": 1024,
+        "training#head_hidden_dim": 256, "training#head_bottleneck_dim": 64, "training#warmup_epochs": 1,
+        "training#teacher_temperature_warmup_epochs": 1,
+        "training#val_interval": ssl["training#val_interval"], "training#num_samples": 2,
     }  # fmt: skip
 
 
@@ -337,7 +339,7 @@ def finetune_job(
     arm: str, k: int, seed: int, plan: Plan, data: Data, datalist: Path, out: Path, device: str, weights: dict[str, dict],
 ) -> tuple[str, dict]:
     """(key, overrides) of one finetuning run. The arms of a (k, seed) pair get the same overrides but for
-    ``pretrained_path`` (the arm's encoder) and, for the frozen arms, ``freeze_encoder_iterations`` (the whole run).
+    ``pretrained_path`` (the arm's encoder) and, for the frozen arms, ``training#freeze_encoder_iterations`` (the whole run).
     ``weights``: per recipe the finished pretraining's record (``model``, ``sha256``)."""
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {list(ARMS)}, got {arm!r}.")
@@ -349,8 +351,8 @@ def finetune_job(
     budget = replace(plan.budget, finetune_epochs=epochs, val_interval=plan.val_every // k)
     pretrained = Path(weights[recipe]["model"]) if recipe else None
     overrides = finetune_overrides(budget, datalist, Path("."), device, 1000 + seed, pretrained, training_class_weights(datalist, data.label_names))
-    overrides.update(label_names=data.label_names, out_channels=len(data.label_names), freeze_encoder_iterations=plan.finetune_iterations if frozen else 0,
-                     **plan.finetune_overrides)  # fmt: skip
+    overrides.update({"label_names": data.label_names, "out_channels": len(data.label_names),
+                      "training#freeze_encoder_iterations": plan.finetune_iterations if frozen else 0, **plan.finetune_overrides})  # fmt: skip
     key = digest({"arm": arm, "k": k, "seed": seed, "overrides": _portable(overrides, out), "datalist": datalist.read_text(),
                   "weights": weights[recipe]["sha256"] if recipe else None,
                   "bundle": _bundle_hash(CT_BUNDLE, ("train.json", "evaluate.json"))})  # fmt: skip

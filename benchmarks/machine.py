@@ -39,7 +39,7 @@ def write_result(result: dict, out, started: float) -> dict:
 
 
 def bundle_parser(bundle, overrides: dict, num_workers: int | None = None):
-    """A bundle's ``configs/train.json`` (with its metadata) and ``overrides`` (plus ``num_workers`` when given), as
+    """A bundle's ``configs/train.json`` (with its metadata) and ``overrides`` (plus ``loader#num_workers`` when given), as
     a MONAI ``ConfigParser`` ready to parse: the benchmarks time the bundles' own objects."""
     from pathlib import Path
 
@@ -48,5 +48,5 @@ def bundle_parser(bundle, overrides: dict, num_workers: int | None = None):
     parser = ConfigParser()
     parser.read_config(str(Path(bundle) / "configs" / "train.json"))
     parser.read_meta(str(Path(bundle) / "configs" / "metadata.json"))
-    parser.update({**overrides, **({} if num_workers is None else {"num_workers": num_workers})})
+    parser.update({**overrides, **({} if num_workers is None else {"loader#num_workers": num_workers})})
     return parser

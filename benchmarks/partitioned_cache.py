@@ -90,7 +90,7 @@ def preprocessing(roi_size: list[int]):
     parser = ConfigParser()
     parser.read_config(str(TRAIN_CONFIG))
     parser["roi_size"] = list(roi_size)
-    parser["num_samples"] = 1
+    parser["training#num_samples"] = 1
     return parser.get_parsed_content("train#preprocessing")
 
 

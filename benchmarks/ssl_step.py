@@ -75,6 +75,12 @@ SIZES = {
     "gpu": dict(roi_size=[96, 96, 96], feature_size=48, batch_size=2, num_samples=2, use_checkpoint="auto", volumes=6),
 }
 DEFAULT_ITERS = {"ci": 2, "tiny": 10, "paper": 10, "gpu": 30}
+# the bundle's config id of each setting above that lives in one of its groups (``--speed#amp false``)
+BUNDLE_IDS = {
+    "num_samples": "training#num_samples", "val_interval": "training#val_interval", "amp": "speed#amp",
+    "amp_dtype": "speed#amp_dtype", "use_checkpoint": "speed#use_checkpoint", "fused_attention": "speed#fused_attention",
+    "compile": "speed#compile", "tune_allocator": "speed#tune_allocator",
+}  # fmt: skip
 # how each configuration differs from the bundle's defaults; "reference_style" is the research code's way
 CONFIGS = {
     "bundle": dict(),
@@ -245,7 +251,7 @@ def build_trainer(size: dict, workdir: Path, num_workers: int | None, amp: bool,
         tune_allocator=tune,
     )
     overrides.update({k: v for k, v in config.items() if k != "per_box_views"})
-    parser = bundle_parser(BUNDLE, overrides, num_workers)
+    parser = bundle_parser(BUNDLE, {BUNDLE_IDS.get(k, k): v for k, v in overrides.items()}, num_workers)
     # no checkpoint saves: an epoch of these few volumes is a few iterations, a real one thousands per save
     for index, handler in enumerate(parser["train"]["handlers"]):
         if handler.get("_target_", "").endswith("ResumableCheckpointSaver"):
@@ -264,7 +270,7 @@ def use_per_box_views(trainer) -> None:
 
     from augment import reference_ssl_views
 
-    from components.recipes.inpainting_contrast import _Views
+    from components.recipes.inpainting_contrast.recipe import _Views
 
     rng = np.random.RandomState(0)
 

@@ -35,7 +35,7 @@ def convert_checkpoint(
     """Maps a checkpoint in any known layout (published model_swinvit.pt, original SSL code, this collection,
     MONAI ssl_pretrained_weights.pth, full SwinUNETR) onto TARGET (swinunetr | sslhead) and writes a clean
     state dict to DST. Prints the load report; fails when the encoder does not fully load."""
-    from .checkpoint import convert_checkpoint as convert
+    from .conversion import convert_checkpoint as convert
 
     report = convert(
         src, dst, target=target, in_channels=in_channels, feature_size=feature_size, channel_policy=channel_policy
@@ -81,7 +81,7 @@ def check_data(
     datalist's folder), --channels 4 for (H,W,D,4) images (default: from the datalist's modality when it says
     4D, else 1), --num-classes N (default: the datalist's labels), --pixdim 1.5,1.5,2 (resampling before the
     ROI comparison), --lists training,validation (default: training, and validation when the datalist has one)."""
-    from .datacheck import check_data_cli
+    from .data.check_command import check_data_cli
 
     code = check_data_cli(
         datalist,

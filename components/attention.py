@@ -74,7 +74,7 @@ class FusedWindowAttention(WindowAttention):
 def use_fused_attention(network: torch.nn.Module, enabled: bool = True, fused_cpu_training: bool = False) -> torch.nn.Module:
     """Switches every MONAI ``WindowAttention`` in ``network`` to :class:`FusedWindowAttention` (``enabled``) or
     back to MONAI's explicit computation, in place, and returns ``network`` (for use in a bundle config:
-    ``"$components.use_fused_attention(@network_def, @fused_attention).to(@device)"``).
+    ``"$components.use_fused_attention(@network_def, @speed#fused_attention).to(@device)"``).
 
     Only the class of each module changes: parameters, buffers, state-dict keys and the modules' identities stay,
     so an optimizer or a DDP wrapper built before still holds the same tensors. ``fused_cpu_training``: use the

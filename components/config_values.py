@@ -1,4 +1,4 @@
-"""Bundle settings as a command line passes them: ``python -m monai.bundle run --amp false`` gives the string
+"""Bundle settings as a command line passes them: ``python -m monai.bundle run --speed#amp false`` gives the string
 "false" (truthy in Python) and ``--pretrained_path null`` the string "null". Configs read flags and optional paths
 through these, so a typed value means what it says.
 
@@ -17,7 +17,7 @@ _FALSE = ("false", "no", "off", "0")
 
 
 def as_bool(value: bool | int | str, name: str = "value") -> bool:
-    """A config flag as a bool: ``python -m monai.bundle run --amp false`` passes the string "false" (truthy),
+    """A config flag as a bool: ``python -m monai.bundle run --speed#amp false`` passes the string "false" (truthy),
     so bundle configs read every flag through this. Anything but a clear yes/no raises, naming ``name``."""
     if isinstance(value, bool):
         return value

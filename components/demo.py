@@ -75,20 +75,21 @@ _SSL_ROI = [64, 32, 32]  # the smallest SSLHead input: the rotation views need t
 # the recipe's 7^3 pads them to 35x35x21 and costs about twice the time per iteration here
 _WINDOW = 4
 # the recipe's random flips and 90-degree rotations swap left and right, which tell the kidneys apart
-_NO_MIRRORING = {"flip_prob": 0.0, "rotate90_prob": 0.0}
+_NO_MIRRORING = {"training#flip_prob": 0.0, "training#rotate90_prob": 0.0}
 _LABEL_NAMES = ["background", *synthetic.DEMO_ORGANS]
 # every run starts fresh: a demo run again into the same folder must not resume the last one
-_FRESH_RUN = {"auto_resume": False}
+_FRESH_RUN = {"checkpointing#auto_resume": False}
 
 
 def ssl_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
     """Command-line overrides of the SSL pretraining bundle for a demo-sized run."""
     return {
-        "dataset_dir": str(data_dir), "device": device, "feature_size": budget.feature_size, "window_size": _WINDOW,
+        "dataset_dir": str(data_dir), "device": device, "feature_size": budget.feature_size, "network_def#window_size": _WINDOW,
         "roi_size": _SSL_ROI,
-        "batch_size": budget.ssl_batch, "num_samples": 1, "num_workers": 0, "amp": device == "cuda",
-        "use_checkpoint": False, "seed": seed, "log_interval": 1, "max_epochs": budget.ssl_epochs,
-        "learning_rate": budget.ssl_learning_rate, "warmup_iterations": budget.ssl_warmup_iterations, "val_interval": budget.ssl_epochs,
+        "batch_size": budget.ssl_batch, "training#num_samples": 1, "loader#num_workers": 0, "speed#amp": device == "cuda",
+        "speed#use_checkpoint": False, "training#seed": seed, "training#log_interval": 1, "max_epochs": budget.ssl_epochs,
+        "learning_rate": budget.ssl_learning_rate, "training#warmup_iterations": budget.ssl_warmup_iterations,
+        "training#val_interval": budget.ssl_epochs,
         "output_dir": str(run_dir / "eval"), "ckpt_dir": str(run_dir / "models"), **_FRESH_RUN,
     }
 
@@ -100,11 +101,11 @@ def finetune_overrides(
     """Command-line overrides of the CT finetuning bundle for the demo's five-organ task."""
     return {
         "dataset_dir": str(datalist.parent), "datalist": str(datalist), "device": device,
-        "feature_size": budget.feature_size, "window_size": _WINDOW, "class_weights": class_weights, **_NO_MIRRORING,
-        "out_channels": len(_LABEL_NAMES), "label_names": _LABEL_NAMES,
-        "roi_size": _ROI, "spacing": _SPACING, "num_samples": budget.finetune_crops, "num_workers": 0,
-        "amp": device == "cuda", "use_checkpoint": False, "seed": seed, "log_interval": 5,
-        "max_epochs": budget.finetune_epochs, "val_interval": budget.val_interval, "warmup_epochs": 1,
+        "feature_size": budget.feature_size, "network_def#window_size": _WINDOW, "training#class_weights": class_weights,
+        **_NO_MIRRORING, "out_channels": len(_LABEL_NAMES), "label_names": _LABEL_NAMES,
+        "roi_size": _ROI, "spacing": _SPACING, "training#num_samples": budget.finetune_crops, "loader#num_workers": 0,
+        "speed#amp": device == "cuda", "speed#use_checkpoint": False, "training#seed": seed, "training#log_interval": 5,
+        "max_epochs": budget.finetune_epochs, "training#val_interval": budget.val_interval, "training#warmup_epochs": 1,
         "learning_rate": budget.finetune_learning_rate, "pretrained_path": None if pretrained is None else str(pretrained),
         "ckpt_dir": str(run_dir / "models"), "output_dir": str(run_dir / "eval"), **_FRESH_RUN,
     }
@@ -324,8 +325,9 @@ def run_demo(
         seconds = bundle_step(f"finetune, {arm}", CT_BUNDLE, ("train.json",), overrides, run_dir / "train.log")
         bundle_step(f"evaluate on held-out, {arm}", CT_BUNDLE, ("train.json", "evaluate.json"),
                     {**overrides, "eval_list": "test"}, run_dir / "evaluate.log")
+        inference = {k: v for k, v in overrides.items() if not k.startswith("checkpointing#")}  # no such group there
         bundle_step(f"segment held-out, {arm}", CT_BUNDLE, ("inference.json",),
-                    {**overrides, "output_dir": str(run_dir / "segmentations")}, run_dir / "inference.log")
+                    {**inference, "output_dir": str(run_dir / "segmentations")}, run_dir / "inference.log")
         metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
         results[arm] = {"folder": folder, "seconds": round(seconds, 1), "mean_dice": metrics["mean"],
                         "per_class_dice": metrics["per_class"], "num_images": metrics["num_images"]}

@@ -361,6 +361,60 @@ def check_equal_shapes(x: torch.Tensor, what: str) -> None:
         )
 
 
+class RankBatches:
+    """How a loss gathers its anchors across ranks: whether it gathers at all, the one-time check of the promise
+    that every rank's batch has the same size, and the gather itself with this rank's first row.
+
+    Both pretraining losses hold one, so the decision, the check and the gather are written once.
+
+    Args:
+        gather: gather across ranks; ``None``: when a process group is initialised at call time. ``True`` without
+            a process group (or with one process) is the same as ``False``.
+        equal_sizes: every rank's batch has the same size at every step (equal training shards, a fixed batch):
+            gathers then need no shape exchange and read nothing back to the host. Checked once, at the first
+            distributed use (a ``ValueError`` on every rank if broken).
+        owner: the setting that makes the promise, named in that error (e.g. ``"SSLLoss(equal_rank_batches=True)"``).
+
+    Example::
+
+        ranks = RankBatches(gather=None, equal_sizes=True, owner="MyLoss(equal_rank_batches=True)")
+        if ranks.active:
+            candidates, offset = ranks.gather(z)  # (sum of B_rank, D), this rank's rows start at offset
+    """
+
+    def __init__(self, gather: bool | None, equal_sizes: bool, owner: str) -> None:
+        if gather not in (None, True, False):
+            raise ValueError(f"gather must be None, True or False, got {gather!r}.")
+        self.wanted = gather
+        self.equal_sizes = bool(equal_sizes)
+        self.owner = owner
+        self._checked = False
+
+    @property
+    def active(self) -> bool:
+        """Whether this call gathers: wanted (or, by default, a process group exists) and more than one rank."""
+        wanted = is_distributed() if self.wanted is None else self.wanted
+        return bool(wanted) and get_world_size() > 1
+
+    def check_once(self, *tensors: torch.Tensor) -> None:
+        """With ``equal_sizes``, verify once (one shape exchange per tensor) that every rank holds the same shapes."""
+        if self.equal_sizes and not self._checked and is_distributed() and get_world_size() > 1:
+            for tensor in tensors:
+                check_equal_shapes(tensor, self.owner)
+            self._checked = True
+
+    def gather(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Every rank's ``x`` (B_rank, ...) concatenated in rank order with gradients, and the row where this rank's
+        own rows start; ``(x, 0)`` on one process."""
+        if not is_distributed() or get_world_size() == 1:
+            return x, 0
+        if self.equal_sizes:
+            self.check_once(x)
+            return all_gather_with_grad(x, equal_sizes=True), get_rank() * x.shape[0]
+        counts = all_gather_with_grad(torch.tensor([x.shape[0]], device=x.device)).tolist()
+        return all_gather_with_grad(x), sum(counts[: get_rank()])
+
+
 def all_reduce_mean(x: torch.Tensor | float, weight: torch.Tensor | float | None = None) -> torch.Tensor:
     """Global mean of per-rank values, detached: for logging a loss or metric that each rank computed locally.
 
@@ -381,7 +435,10 @@ def all_reduce_mean(x: torch.Tensor | float, weight: torch.Tensor | float | None
         total = x.clone()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total / dist.get_world_size()
-    w = torch.as_tensor(weight, dtype=x.dtype, device=x.device).detach()
+    if isinstance(weight, torch.Tensor):
+        w = weight.detach().to(dtype=x.dtype, device=x.device)
+    else:  # a fill kernel on the device: a Python number copied to the device would block the host every call
+        w = torch.full((), float(weight), dtype=x.dtype, device=x.device)
     if w.numel() != 1:
         raise ValueError(f"weight must be a single number per rank, got shape {tuple(w.shape)}.")
     packed = torch.cat([(x * w).reshape(-1), w.reshape(1)])

@@ -33,7 +33,7 @@ from monai.utils import CommonKeys as Keys
 from torch.optim.lr_scheduler import LRScheduler
 
 from .checkpoint.training_state import CheckpointEvents, register_checkpoint_events
-from .data import NOT_TRACKED, batch_filenames
+from .data.sources import NOT_TRACKED, batch_filenames
 from .distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
 
 __all__ = [

@@ -252,8 +252,9 @@ def _network_state_shapes(config: dict, where: str) -> dict[str, tuple[int, ...]
 
 def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
     """The configs a package of ``bundle_dir`` holds in place of the bundle's own: those with a ``network_def``
-    whose top-level ``feature_size`` / ``in_channels`` / ``out_channels`` / ``window_size`` differ from
-    :func:`weight_sizes` of ``models/model.pt``, with these ids set to the weights' values (JSON, 4-space indent). Empty without weights.
+    whose ``feature_size`` / ``in_channels`` / ``out_channels`` / ``window_size`` (top-level ids, or members of
+    ``network_def`` such as ``network_def#window_size``) differ from :func:`weight_sizes` of ``models/model.pt``, with
+    these ids set to the weights' values (JSON, 4-space indent). Empty without weights.
 
     Every config with a ``network_def`` is then built and must hold exactly the tensors of ``models/model.pt``
     (same names, same shapes), so that ``monai.bundle.load(..., workflow_type=...)`` returns all the packaged
@@ -279,11 +280,15 @@ def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
         config = json.loads(text)
         if not isinstance(config, dict) or "network_def" not in config:
             continue
-        changed = {k: v for k, v in sizes.items() if isinstance(config.get(k), int) and config[k] != v}
+        # a size is a top-level id (feature_size) or a member of network_def (network_def#window_size)
+        holder = {k: config if k in config or not isinstance(config["network_def"], dict) else config["network_def"] for k in sizes}
+        changed = {k: v for k, v in sizes.items() if isinstance(holder[k].get(k), int) and holder[k][k] != v}
         if changed:
-            logger.info("package_bundle: %s takes %s from %s (the config said %s)", rel, changed, _MODEL_FILE,
-                        {k: config[k] for k in changed})  # fmt: skip
-            config.update(changed)
+            named = {k: k if holder[k] is config else f"network_def#{k}" for k in changed}
+            logger.info("package_bundle: %s takes %s from %s (the config said %s)", rel,
+                        {named[k]: v for k, v in changed.items()}, _MODEL_FILE, {named[k]: holder[k][k] for k in changed})  # fmt: skip
+            for k, v in changed.items():
+                holder[k][k] = v
             replaced[rel] = (json.dumps(config, indent=4, ensure_ascii=False) + ("\n" if text.endswith("\n") else "")).encode()
         built = _network_state_shapes(config, f"{root.name}/{rel}")
         missing = sorted(set(built) - set(expected))

@@ -168,7 +168,7 @@ def test_bundles_build_their_network_with_the_chosen_attention(bundle, config):
     for enabled in (True, False):
         parser = ConfigParser()
         parser.read_config(str(BUNDLES / bundle / "configs" / config))
-        parser.update({"feature_size": 12, "device": "cpu", "fused_attention": enabled})
+        parser.update({"feature_size": 12, "device": "cpu", "speed#fused_attention": enabled})
         parser.get_parsed_content("imports")
         net = parser.get_parsed_content("network")
         fused = sum(isinstance(m, FusedWindowAttention) for m in net.modules())

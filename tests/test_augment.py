@@ -1,4 +1,4 @@
-"""Tests of components.augment: rot_rand, aug_rand (against a per-sample per-box reference), ssl_views."""
+"""Tests of components.recipes.inpainting_contrast.views: rot_rand, aug_rand (against a per-sample per-box reference), ssl_views."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-import components.augment as augment
+import components.recipes.inpainting_contrast.views as augment
 from components import InpaintingContrastRecipe
-from components.augment import (
+from components.recipes.inpainting_contrast.views import (
     SSLViews,
     _apply_aug,
     _box_ranges,

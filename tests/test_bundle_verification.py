@@ -206,7 +206,7 @@ def test_workflow_properties(bundle, config, workflow_type, synthetic_data, tmp_
         "bundle_root": str(tmp_path),
         "dataset_dir": str(synthetic_data(_kind(_meta(bundle)))),
         "device": "cpu",
-        "num_workers": 0,
+        "loader#num_workers": 0,
         "batch_size": 1,
         "feature_size": FS,
     }
@@ -242,8 +242,8 @@ def test_workflow_properties_without_data(bundle, tmp_path, caplog):
             bundle_root=str(tmp_path),
             dataset_dir=str(tmp_path / "no_data"),
             device="cpu",
-            num_workers=0,
             feature_size=FS,
+            **{"loader#num_workers": 0},
         )
         workflow.initialize()
         assert workflow.check_properties() == [], configs

@@ -1,4 +1,4 @@
-"""Data checks before caching (components.datacheck) and the ``check-data`` command.
+"""Data checks before caching (components.data.check and the modules it uses) and the ``check-data`` command.
 
 A corpus of small broken NIfTI files is written once per module; every case must give its own clear line
 (naming the file and the datalist entry) from ``check_datalist``, from the CLI in-process (fire parsing
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from nibabel.arrayproxy import ArrayProxy
 
-from components import datacheck
-from components.datacheck import DataCheckError, DataReport, check_before_caching, check_datalist, check_items
+from components.data import DataCheckError, DataReport, check_before_caching, check_datalist, check_items
+from components.data import check_files as datacheck  # the per-file checks (headers, truncation, RAS shape)
 from components.synthetic import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -540,7 +540,7 @@ def test_check_before_caching(corpus, caplog):
     report = check_before_caching(shard, keys=("image", "label"), roi_size=(16, 16, 12), context="training")
     assert isinstance(report, DataReport) and report.ok and report.checked == 1 and report.warnings == []
     small = cases["small_roi"].datalist["training"]
-    with caplog.at_level("WARNING", logger="components.datacheck"):
+    with caplog.at_level("WARNING", logger="components.data"):
         assert check_before_caching(small, roi_size=16).ok  # keys inferred from the entry's paths
     assert "smaller than roi_size" in caplog.text
     broken = [clean, *cases["missing"].datalist["training"], *cases["truncated_gz"].datalist["training"]]
@@ -574,9 +574,9 @@ def test_padding_warnings_of_a_shard_are_one_line(tmp_path, caplog):
     from components.data import load_datalist
 
     items = load_datalist(path, "training")
-    with caplog.at_level("WARNING", logger="components.datacheck"):
+    with caplog.at_level("WARNING", logger="components.data"):
         report = check_before_caching(items, keys=("image", "label"), roi_size=(64, 64, 64))
     assert len(report.warnings) == len(items) == 3
-    lines = [r.getMessage() for r in caplog.records if r.name == "components.datacheck"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "components.data"]
     assert len(lines) == 1, lines
     assert lines[0].startswith("rank 0: 3 of 3 volumes are smaller than roi_size and will be padded, e.g. WARNING ")

@@ -24,13 +24,13 @@ from components.checkpoint import (
     PretrainedLoader,
     ResumableCheckpointSaver,
     ResumeHandler,
-    convert_checkpoint,
     convert_state_dict,
     detect_layout,
     load_pretrained,
     save_atomic,
 )
-from components.networks import SSLHead
+from components.conversion import convert_checkpoint
+from components.recipes.inpainting_contrast import SSLHead
 from tests.ranks import run_scenario
 
 FS = 12  # feature size of the small test models (16 * FS = 192 channels in the last stage)
@@ -639,7 +639,7 @@ def test_auto_resume_says_what_it_resumes_and_how_to_start_fresh(tmp_path, caplo
         second.run(_data(), max_epochs=2)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resumed from")]
     assert lines == [
-        f"resumed from {saver.path} (found by auto_resume; --auto_resume false or another --ckpt_dir starts fresh) "
+        f"resumed from {saver.path} (found by auto_resume; --checkpointing#auto_resume false or another --ckpt_dir starts fresh) "
         "at epoch 1, iteration 4; it was written with max_epochs=1, epoch_length=4"
     ]
     assert handler.auto and handler.report["written_with"] == {"max_epochs": 1, "epoch_length": 4}
@@ -653,20 +653,20 @@ def test_auto_resume_says_what_it_resumes_and_how_to_start_fresh(tmp_path, caplo
     message = str(err.value)
     assert message.startswith(f"auto_resume found '{saver.path}'")
     assert "epoch_length=4 but this run has epoch_length=3" in message
-    assert "--auto_resume false or another --ckpt_dir" in message
+    assert "--checkpointing#auto_resume false or another --ckpt_dir" in message
     given = ResumeHandler(saver.path, model3, opt3, sched3, auto_resume=True, ckpt_dir=tmp_path)
     trainer = _trainer(model3, opt3, sched3, [])
     given.attach(trainer)
     with pytest.raises(CheckpointLoadError, match=f"^resume checkpoint '{saver.path}'") as err:
         trainer.run(_data()[:3], max_epochs=2)
-    assert "--auto_resume false" not in str(err.value)
+    assert "--checkpointing#auto_resume false" not in str(err.value)
 
     # a file auto_resume cannot read at all names the same way out
     saver.path.write_bytes(b"not a checkpoint")
     model4, opt4, _, _, _ = _objects(4)
     trainer = Engine(lambda e, b: None)
     ResumeHandler(None, model4, opt4, auto_resume=True, ckpt_dir=tmp_path).attach(trainer)
-    with pytest.raises(CheckpointLoadError, match="auto_resume found .*not a readable torch checkpoint.*--auto_resume false"):
+    with pytest.raises(CheckpointLoadError, match="auto_resume found .*not a readable torch checkpoint.*--checkpointing#auto_resume false"):
         trainer.run(_data(), max_epochs=1)
     with pytest.raises(ValueError, match="auto_resume needs ckpt_dir"):
         ResumeHandler(None, model4, auto_resume=True)

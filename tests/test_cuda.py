@@ -16,7 +16,7 @@ from monai.networks.nets import SwinUNETR
 from monai.networks.nets.swin_unetr import WindowAttention
 
 import components
-from components.augment import _apply_aug, _draw_aug
+from components.recipes.inpainting_contrast.views import _apply_aug, _draw_aug
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -24,7 +24,7 @@ from components.data import (
     split_for_rank,
 )
 from components.synthetic import split_sizes
-from components.datacheck import DataCheckError
+from components.data import DataCheckError
 from components.data import DataItemError
 
 

@@ -34,7 +34,7 @@ def test_compact_cache_is_the_default_and_can_be_switched_off():
     assert CompactCropForegroundd in compact and RandCompactSpatialCropSamplesd in compact
     assert CropForegroundd not in compact and RandSpatialCropSamplesd not in compact
     assert ToDeviced not in compact  # data_on_device is off by default
-    recipe = _types(_parser(compact_cache="false").get_parsed_content("train#preprocessing"))  # as a CLI passes it
+    recipe = _types(_parser(**{"loader#compact_cache": "false"}).get_parsed_content("train#preprocessing"))  # as a CLI passes it
     assert CropForegroundd in recipe and RandSpatialCropSamplesd in recipe and CompactCropForegroundd not in recipe
 
 
@@ -47,10 +47,10 @@ def test_validation_gets_its_own_pipeline_instance():
 @pytest.mark.parametrize(
     "overrides, workers, pin, prefetch",
     [
-        ({"num_workers": 4}, 4, torch.cuda.is_available(), 2),
-        ({"num_workers": 0}, 0, torch.cuda.is_available(), None),  # torch rejects prefetch_factor without workers
-        ({"num_workers": 2, "prefetch_factor": 6, "pin_memory": "true"}, 2, True, 6),
-        ({"num_workers": 4, "data_on_device": "true", "pin_memory": True}, 0, False, None),  # device tensors: no
+        ({"loader#num_workers": 4}, 4, torch.cuda.is_available(), 2),
+        ({"loader#num_workers": 0}, 0, torch.cuda.is_available(), None),  # torch rejects prefetch_factor without workers
+        ({"loader#num_workers": 2, "loader#prefetch_factor": 6, "loader#pin_memory": "true"}, 2, True, 6),
+        ({"loader#num_workers": 4, "loader#data_on_device": "true", "loader#pin_memory": True}, 0, False, None),  # device tensors: no
     ],  # worker processes, no pinning
 )
 def test_loader_options(overrides, workers, pin, prefetch):
@@ -65,7 +65,8 @@ def test_data_on_device_caches_after_moving_to_the_device(tmp_path):
     """The CPU path of the fast-training route: ToDeviced sits in the cached part, the loader runs in-process."""
     write_dataset(tmp_path / "ct", kind="ct", num=4, seed=2)
     parser = _parser(
-        dataset_dir=str(tmp_path / "ct"), data_on_device=True, roi_size=[64, 32, 32], num_samples=1, batch_size=1
+        dataset_dir=str(tmp_path / "ct"), roi_size=[64, 32, 32], batch_size=1,
+        **{"loader#data_on_device": True, "training#num_samples": 1},
     )
     assert ToDeviced in _types(parser.get_parsed_content("train#preprocessing"))
     loader = parser.get_parsed_content("train#dataloader")
@@ -83,7 +84,7 @@ def test_data_on_device_caches_after_moving_to_the_device(tmp_path):
 
 def test_compile_is_an_opt_in_config_id():
     assert _parser().get_parsed_content("train#trainer#compile") is False
-    assert _parser(compile="true").get_parsed_content("train#trainer#compile") is True
+    assert _parser(**{"speed#compile": "true"}).get_parsed_content("train#trainer#compile") is True
     assert _parser().get_parsed_content("train#trainer#compile_kwargs") == {}
 
 

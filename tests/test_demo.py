@@ -71,7 +71,7 @@ def test_summary_json_and_pictures(quick_demo):
     weights = summary["settings"]["class_weights"]
     assert len(weights) == len(DEMO_ORGANS) + 1 and weights[0] < 0.2 and min(weights[1:4]) > 1.0
     finetune = next(s["command"] for s in summary["steps"] if s["step"] == "finetune, SSL init")
-    assert json.loads(finetune[finetune.index("--class_weights") + 1]) == weights
+    assert json.loads(finetune[finetune.index("--training#class_weights") + 1]) == weights
     for arm in summary["arms"].values():
         assert list(arm["per_class_dice"]) == list(DEMO_ORGANS)
         assert 0.0 <= arm["mean_dice"] <= 1.0 and arm["seconds"] > 0 and arm["num_images"] == 1
@@ -103,9 +103,9 @@ def test_overrides_start_fresh_and_match_the_labels(tmp_path):
     budget = BUDGETS["cpu"]
     ssl = ssl_overrides(budget, tmp_path / "unlabeled", tmp_path / "ssl", "cpu", 0)
     fine = finetune_overrides(budget, tmp_path / "labeled" / "dataset.json", tmp_path / "ft", "cpu", 1, None)
-    assert ssl["auto_resume"] is False and fine["auto_resume"] is False
+    assert ssl["checkpointing#auto_resume"] is False and fine["checkpointing#auto_resume"] is False
     assert fine["out_channels"] == len(fine["label_names"]) == len(DEMO_ORGANS) + 1
     assert fine["pretrained_path"] is None and fine["dataset_dir"] == str(tmp_path / "labeled")
     assert ssl["roi_size"][1] == ssl["roi_size"][2]  # the rotation views need the last two axes equal
-    assert ssl["window_size"] == fine["window_size"]  # pretrained weights load only into the same window
-    assert fine["flip_prob"] == fine["rotate90_prob"] == 0.0  # mirroring would swap the kidneys' sides
+    assert ssl["network_def#window_size"] == fine["network_def#window_size"]  # pretrained weights load only into the same window
+    assert fine["training#flip_prob"] == fine["training#rotate90_prob"] == 0.0  # mirroring would swap the kidneys' sides

@@ -23,21 +23,21 @@ FS = 12
 # tiny but real: 32^3 global and local crops drawn from 48^3 regions, feature size 12, 32 prototypes
 TINY = {
     "roi_size": [32, 32, 32],
-    "context_size": [48, 48, 48],
-    "local_size": [32, 32, 32],
-    "num_local_crops": 1,
+    "training#context_size": [48, 48, 48],
+    "training#local_size": [32, 32, 32],
+    "training#num_local_crops": 1,
     "feature_size": FS,
-    "prototypes": 32,
-    "head_hidden_dim": 24,
-    "head_bottleneck_dim": 8,
+    "training#prototypes": 32,
+    "training#head_hidden_dim": 24,
+    "training#head_bottleneck_dim": 8,
     "max_epochs": 1,
-    "warmup_epochs": 1,
-    "teacher_temperature_warmup_epochs": 1,
-    "log_interval": 1,
-    "num_workers": 0,
+    "training#warmup_epochs": 1,
+    "training#teacher_temperature_warmup_epochs": 1,
+    "training#log_interval": 1,
+    "loader#num_workers": 0,
     "device": "cpu",
-    "amp": False,
-    "use_checkpoint": False,
+    "speed#amp": False,
+    "speed#use_checkpoint": False,
 }
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
@@ -49,7 +49,7 @@ def _overrides(root: Path, data: Path, **more) -> dict:
 def _save_teacher_run(root: Path) -> Path:
     """An extra config: after training, every rank saves its teacher (to compare ranks)."""
     extra = root / "save_teacher.json"
-    save = "$torch.save(@recipe.teacher.state_dict(), os.path.join(@ckpt_dir, f'teacher_rank{components.get_rank()}.pt'))"
+    save = "$torch.save(@train#recipe.teacher.state_dict(), os.path.join(@ckpt_dir, f'teacher_rank{components.get_rank()}.pt'))"
     extra.write_text(json.dumps({"run": ["$@train#trainer.run()", save]}))
     return extra
 
@@ -65,7 +65,7 @@ def data(tmp_path_factory) -> Path:
 def trained(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("dino_one")
     # 2 crops per volume: the one validation volume gives RankMe two embeddings
-    cmd = bundle_command(BUNDLE, overrides=_overrides(root, data, batch_size=2, num_samples=2))
+    cmd = bundle_command(BUNDLE, overrides=_overrides(root, data, batch_size=2, **{"training#num_samples": 2}))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
@@ -129,7 +129,7 @@ def test_inference_writes_one_embedding_per_test_volume(trained, data):
     root, _ = trained
     out = root / "embeddings"
     overrides = {"dataset_dir": str(data), "feature_size": FS, "ckpt_dir": str(root / "models"), "output_dir": str(out),
-                 "device": "cpu", "num_workers": 0}  # fmt: skip
+                 "device": "cpu", "loader#num_workers": 0}  # fmt: skip
     proc = subprocess.run(bundle_command(BUNDLE, ("inference.json",), overrides), capture_output=True, text=True,
                           timeout=600, env=ENV)  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

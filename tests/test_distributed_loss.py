@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 from components import distributed as D
-from components.losses import SSLLoss
+from components.recipes.inpainting_contrast.loss import SSLLoss
 from tests.ranks import run_ranks
 
 WORLD = 2

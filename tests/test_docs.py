@@ -54,8 +54,8 @@ TINY = {
     "swin_unetr_brats_finetune": ["--roi_size", "[64,32,32]", "--spacing", "[2.0,2.0,2.0]", "--feature_size", "12"],
     "swin_unetr_dino_pretrain": ["--roi_size", "[32,32,32]", "--feature_size", "12"],
 }
-TINY_COMMON = ["--max_epochs", "2", "--num_workers", "0", "--device", "cpu", "--amp", "false", "--use_checkpoint", "false",
-               "--window_size", "4"]  # the window of the docs' tiny runs, which later commands load
+TINY_COMMON = ["--max_epochs", "2", "--loader#num_workers", "0", "--device", "cpu", "--speed#amp", "false",
+               "--speed#use_checkpoint", "false", "--network_def#window_size", "4"]  # the window of the docs' tiny runs, which later commands load
 USER_FILES = {"model_swinvit.pt"}  # files the docs expect the reader to bring
 COVERED_ELSEWHERE = {"python -m components demo": "tests/test_demo.py"}
 

@@ -132,10 +132,10 @@ def test_finetuning_bundles_expose_both_levers(bundle, tmp_path):
     for decay, groups in ((1.0, 1), (0.7, 6)):
         parser = ConfigParser()
         parser.read_config(str(BUNDLES / bundle / "configs" / "train.json"))
-        parser.update({"feature_size": 12, "device": "cpu", "encoder_lr_decay": decay, "freeze_encoder_iterations": 5,
+        parser.update({"feature_size": 12, "device": "cpu", "training#encoder_lr_decay": decay, "training#freeze_encoder_iterations": 5,
                        "output_dir": str(tmp_path / "eval"), "ckpt_dir": str(tmp_path / "models")})  # the handlers write there
         parser.parse()
-        optimizer = parser.get_parsed_content("optimizer")
+        optimizer = parser.get_parsed_content("train#optimizer")
         assert len(optimizer.param_groups) == groups
         assert optimizer.param_groups[-1]["lr"] == pytest.approx(parser["learning_rate"] * (decay**5 if groups > 1 else 1))
         freeze = parser.get_parsed_content("train#handlers")[-1]

@@ -165,7 +165,7 @@ def fault_data(tmp_path_factory) -> Path:
 def _overrides(data: Path, tmp: Path, name: str, **extra) -> dict:
     datalist = _write_datalist(data, f"{name}.json", [0, 1, 2, 3], [4, 5])
     return {**TINY, "dataset_dir": data, "datalist": datalist, "ckpt_dir": tmp / "models", "output_dir": tmp / "eval",
-            "max_epochs": 1, "use_checkpoint": "false", "dist_timeout_s": PG_TIMEOUT_S, **extra}  # fmt: skip
+            "max_epochs": 1, "speed#use_checkpoint": "false", "dist_timeout_s": PG_TIMEOUT_S, **extra}  # fmt: skip
 
 
 def _extra(tmp: Path, config: dict) -> str:
@@ -178,8 +178,8 @@ def _extra(tmp: Path, config: dict) -> str:
 def test_bundle_stops_on_nan_loss_with_its_context(fault_data, tmp_path):
     """One process, the SSL bundle with a loss that turns NaN at its 2nd call: exit non-zero, the error names
     iteration 2 and the NaN loss part; the iteration checkpoint holds iteration 1 (the NaN state was not saved)."""
-    overrides = _overrides(fault_data, tmp_path, "nan", ckpt_iteration_interval=1)
-    extra = _extra(tmp_path, {"run": RUN, "train#trainer#loss_function": f"${PROBES}.nan_loss_from(@loss, 2)"})
+    overrides = _overrides(fault_data, tmp_path, "nan", **{"checkpointing#iteration_interval": 1})
+    extra = _extra(tmp_path, {"run": RUN, "train#trainer#loss_function": f"${PROBES}.nan_loss_from(@train#loss, 2)"})
     args = _bundle_args(["configs/train.json", extra], overrides)
     proc = subprocess.run([sys.executable, *args], cwd=BUNDLE, env=_env(None), capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
@@ -243,7 +243,7 @@ def test_killed_rank_is_restarted_and_the_run_resumes(fault_data, tmp_path):
     """torchrun --max-restarts=1: rank 1 SIGKILLs itself after iteration 3 (once, when rank 0 has saved it: the first
     iteration of epoch 2); torchrun restarts both ranks, which resume from that checkpoint (auto_resume), continue
     epoch 2 with its remaining volume and finish: 4 iterations, model.pt written, each volume once per epoch."""
-    overrides = _overrides(fault_data, tmp_path, "kill", max_epochs=2, ckpt_iteration_interval=1)
+    overrides = _overrides(fault_data, tmp_path, "kill", max_epochs=2, **{"checkpointing#iteration_interval": 1})
     marker = tmp_path / "killed.marker"
     order = str(tmp_path / "order.rank")
     record = f"${PROBES}.record_lr(@train#trainer, {order!r} + str(components.get_rank()))"

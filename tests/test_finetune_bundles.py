@@ -48,17 +48,17 @@ PG_TIMEOUT_S = 120  # process-group timeout of the torchrun evaluation: a collec
 TINY = {
     "roi_size": [64, 32, 32],
     "feature_size": 12,
-    "num_samples": 1,
+    "training#num_samples": 1,
     "batch_size": 1,
-    "num_workers": 0,
-    "amp": "false",  # the string, as a shell user types it: read through components.as_bool
-    "use_checkpoint": "false",
-    "tune_allocator": "false",
+    "loader#num_workers": 0,
+    "speed#amp": "false",  # the string, as a shell user types it: read through components.as_bool
+    "speed#use_checkpoint": "false",
+    "speed#tune_allocator": "false",
     "device": "cpu",
 }
 CT_TINY = {**TINY, "spacing": [3.0, 3.0, 4.0]}
 MRI_TINY = {**TINY, "spacing": [2.0, 2.0, 2.0]}
-TRAIN_TINY = {"max_epochs": 1, "val_interval": 1, "log_interval": 1}
+TRAIN_TINY = {"max_epochs": 1, "training#val_interval": 1, "training#log_interval": 1}
 
 SUMMARY = re.compile(
     r"layout=(\w+) target=(\w+): loaded (\d+)/(\d+) encoder tensors .*?\((\d+) encoder;.*?(\d+) adapted"
@@ -190,7 +190,7 @@ def ct_infer(work, ct_data, ct_train):
     out = work / "ct_seg"
     overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(out),
                  "ckpt_dir": str(ct_train[1] / "models")}
-    for key in ("use_checkpoint", "tune_allocator"):
+    for key in ("speed#use_checkpoint", "speed#tune_allocator"):
         overrides.pop(key)  # not ids of inference.json
     return _run(CT, ["inference.json"], overrides, work / "ct_infer.log"), out
 
@@ -218,7 +218,7 @@ def mri_infer(work, mri_data, mri_train):
     out = work / "mri_seg"
     overrides = {**MRI_TINY, "dataset_dir": str(mri_data["root"]), "datalist": str(mri_data["test2"]),
                  "output_dir": str(out), "ckpt_dir": str(mri_train[1] / "models")}
-    for key in ("use_checkpoint", "tune_allocator"):
+    for key in ("speed#use_checkpoint", "speed#tune_allocator"):
         overrides.pop(key)
     return _run(MRI, ["inference.json"], overrides, work / "mri_infer.log"), out
 
@@ -277,9 +277,10 @@ def test_per_class_means_ignore_missing_classes():
 # ---------------------------------------------------------------------------------------------------------------
 
 VOCABULARY = ["bundle_root", "dataset_dir", "datalist", "output_dir", "ckpt_dir", "device", "roi_size", "feature_size",
-              "in_channels", "batch_size", "num_samples", "num_workers", "cache_rate", "learning_rate", "max_epochs",
-              "val_interval", "amp", "use_checkpoint", "resume", "seed", "pretrained_path", "channel_policy",
-              "out_channels", "label_names"]
+              "in_channels", "batch_size", "training#num_samples", "loader#num_workers", "loader#cache_rate",
+              "learning_rate", "max_epochs", "training#val_interval", "speed#amp", "speed#use_checkpoint",
+              "checkpointing#resume", "training#seed", "pretrained_path", "training#channel_policy", "out_channels",
+              "label_names"]
 
 
 @pytest.mark.parametrize("bundle", [CT, MRI], ids=["ct", "mri"])
@@ -292,7 +293,7 @@ def test_metadata_ids_and_label_names(bundle):
     assert meta["required_packages_version"]["swin-ssl-bundles"] == components.__version__
     assert meta["version"] in meta["changelog"]
     train = json.loads((bundle / "configs" / "train.json").read_text())
-    assert [k for k in VOCABULARY if k not in train] == []
+    assert [k for k in VOCABULARY if k.split("#")[-1] not in (train[k.split("#")[0]] if "#" in k else train)] == []
     names = train["label_names"]
     expected = [CT_LABELS[i] for i in range(14)] if bundle == CT else BRATS_NAMES
     assert names == expected
@@ -300,7 +301,7 @@ def test_metadata_ids_and_label_names(bundle):
     assert [channel_def[str(i)] for i in range(len(channel_def))] == names
     assert meta["network_data_format"]["outputs"]["pred"]["num_channels"] == train["out_channels"] == len(names)
     assert meta["network_data_format"]["inputs"]["image"]["num_channels"] == train["in_channels"]
-    assert train["channel_policy"] == ("error" if bundle == CT else "repeat")
+    assert train["training"]["channel_policy"] == ("error" if bundle == CT else "repeat")
     for name in ("multi_gpu_train.json", "multi_gpu_evaluate.json"):
         layer = json.loads((bundle / "configs" / name).read_text())
         # each rank validates its own part of the list, in order and without padding (components.split_for_rank)
@@ -316,9 +317,9 @@ def test_ct_class_weights_reach_both_loss_terms():
     parser = ConfigParser()
     parser.read_config(str(CT / "configs" / "train.json"))
     parser["device"] = "$torch.device('cpu')"
-    assert parser.get_parsed_content("loss").cross_entropy.weight is None
-    parser["out_channels"], parser["class_weights"] = 3, [0.1, 1.0, 2.0]
-    loss = parser.get_parsed_content("loss", lazy=False)
+    assert parser.get_parsed_content("train#loss").cross_entropy.weight is None
+    parser["out_channels"], parser["training#class_weights"] = 3, [0.1, 1.0, 2.0]
+    loss = parser.get_parsed_content("train#loss", lazy=False)
     expected = torch.tensor([0.1, 1.0, 2.0])
     assert torch.equal(loss.cross_entropy.weight, expected) and torch.equal(loss.dice.class_weight, expected)
     logits, label = torch.zeros(1, 3, 4, 4, 4), torch.zeros(1, 1, 4, 4, 4)
@@ -340,7 +341,7 @@ def test_ct_flip_and_rotate90_probabilities_reach_the_transforms():
     parser = ConfigParser()
     parser.read_config(str(CT / "configs" / "train.json"))
     assert [t.prob for t in spatial_randoms(parser)] == [0.1] * 4
-    parser["flip_prob"], parser["rotate90_prob"] = 0.0, 0.0
+    parser["training#flip_prob"], parser["training#rotate90_prob"] = 0.0, 0.0
     randoms = spatial_randoms(parser)
     assert len(randoms) == 4 and [t.prob for t in randoms] == [0.0] * 4
     label = torch.zeros(1, 8, 8, 8)
@@ -399,10 +400,10 @@ def test_workflow_properties(bundle, ct_data, mri_data, tmp_path):
 
     data = ct_data if bundle == CT else mri_data
     configs = bundle / "configs"
-    overrides = {"bundle_root": str(bundle), "dataset_dir": str(data["root"]), "feature_size": 12, "cache_rate": 0.0,
-                 "num_workers": 0, "device": "cpu", "tune_allocator": False, "pretrained_path": None,
-                 "output_dir": str(tmp_path / "eval"), "ckpt_dir": str(tmp_path / "models")}  # nothing in the repo
-    skip = ("cache_rate", "tune_allocator", "pretrained_path")  # ids of train.json only
+    overrides = {"bundle_root": str(bundle), "dataset_dir": str(data["root"]), "feature_size": 12,
+                 "loader#cache_rate": 0.0, "loader#num_workers": 0, "device": "cpu", "speed#tune_allocator": False,
+                 "pretrained_path": None, "output_dir": str(tmp_path / "eval"), "ckpt_dir": str(tmp_path / "models")}  # nothing in the repo
+    skip = ("loader#cache_rate", "speed#tune_allocator", "pretrained_path")  # ids of train.json only
     cases = {
         "train": ([configs / "train.json"], "train", overrides),
         "train+evaluate": ([configs / "train.json", configs / "evaluate.json"], "train", overrides),
@@ -445,7 +446,7 @@ def test_ct_train_starts_from_ssl_encoder(ct_train, ssl_ckpts):
 
 def test_ct_checkpoint_that_does_not_fit_stops_the_run(work, ct_data, ssl_ckpts):
     out_dir = work / "ct_bad"
-    overrides = {**CT_TINY, **TRAIN_TINY, "cache_rate": 0.0, "dataset_dir": str(ct_data["root"]),
+    overrides = {**CT_TINY, **TRAIN_TINY, "loader#cache_rate": 0.0, "dataset_dir": str(ct_data["root"]),
                  "output_dir": str(out_dir / "eval"), "ckpt_dir": str(out_dir / "models"),
                  "pretrained_path": str(ssl_ckpts[24])}
     code, out, _ = _run(CT, ["train.json"], overrides, work / "ct_bad.log")
@@ -523,7 +524,7 @@ def test_mri_train_adapts_ssl_patch_embedding(mri_train, ssl_ckpts):
     # the one adapted tensor is the patch embedding, as the loader reports it for this model and policy
     from monai.networks.nets import SwinUNETR
 
-    channel_policy = json.loads((MRI / "configs" / "train.json").read_text())["channel_policy"]
+    channel_policy = json.loads((MRI / "configs" / "train.json").read_text())["training"]["channel_policy"]
     report = components.load_pretrained(SwinUNETR(in_channels=4, out_channels=3, feature_size=12), ssl_ckpts[12],
                                         channel_policy=channel_policy)
     assert list(report.adapted) == [PATCH_EMBED_WEIGHT]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 COMPONENTS = Path(__file__).resolve().parents[1] / "components"
 # the general pieces below the engine and the recipes: they import none of what sits above them
-LOWER = ("checkpoint", "data", "datacheck", "distributed", "atomic", "transforms", "synthetic")
-UPPER = ("engine", "recipes", "demo", "runner", "__main__", "rankme")
+LOWER = ("checkpoint", "data", "distributed", "atomic", "synthetic")
+UPPER = ("engine", "recipes", "demo", "runner", "__main__", "rankme", "conversion")
 
 
 def _relative_imports(path: Path) -> set[str]:
@@ -21,6 +21,8 @@ def _relative_imports(path: Path) -> set[str]:
             base = list(package[: len(package) - node.level + 1])
             parts = base + (node.module.split(".") if node.module else [])
             found.add(parts[1] if len(parts) > 1 else (node.names[0].name if node.names else ""))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("components."):
+            found.add(node.module.split(".")[1])
     return found
 
 
@@ -39,8 +41,92 @@ def test_checkpoint_is_a_package_of_small_modules_and_no_grab_bag_remains():
     assert not any((COMPONENTS / f"{name}.py").exists() for name in ("faults", "runtime", "checkpoint"))
 
 
+def test_data_is_a_package_of_small_modules_below_the_trainer():
+    """Datalists, partitioning, datasets, the compact cache transforms and the data check live in components/data/
+    (the flat data, datacheck and transforms modules are gone), each module under 700 lines, and none of them imports
+    the engine, a recipe, the checkpoint package or the command line."""
+    import importlib.util
+
+    data = COMPONENTS / "data"
+    modules = {p.stem: len(p.read_text().splitlines()) for p in data.rglob("*.py")}
+    assert {"datalists", "partition", "datasets", "sources", "compact_cache", "check", "check_report", "check_command"} <= set(modules)
+    assert max(modules.values()) < 700, modules
+    assert not any((COMPONENTS / f"{name}.py").exists() for name in ("data", "datacheck", "transforms"))
+    assert importlib.util.find_spec("components.datacheck") is None
+    assert importlib.util.find_spec("components.transforms") is None
+    assert importlib.util.find_spec("components.data").submodule_search_locations is not None  # a package, not data.py
+    above = {"engine", "recipes", "checkpoint", "__main__", "demo", "runner", "conversion"}
+    for path in data.rglob("*.py"):
+        upward = _relative_imports(path) & above
+        assert not upward, f"{path.relative_to(COMPONENTS)} imports {sorted(upward)}"
+
+
 def test_no_module_points_to_files_outside_the_repository():
     outside = ("shared/notes", "recipe.md", "pitfalls.md", "architecture.md", "bundle-conventions.md")
     offenders = [f"{p.relative_to(COMPONENTS)}:{n}" for p in COMPONENTS.rglob("*.py")
                  for n, line in enumerate(p.read_text().splitlines(), 1) if any(o in line for o in outside)]  # fmt: skip
     assert offenders == []
+
+
+def _module_files() -> list[Path]:
+    return sorted(COMPONENTS.rglob("*.py"))
+
+
+def test_each_recipe_is_a_package_and_the_general_modules_hold_no_recipe():
+    recipes = COMPONENTS / "recipes"
+    assert {p.name for p in recipes.iterdir() if (p / "__init__.py").is_file()} >= {"inpainting_contrast", "self_distillation"}
+    assert {p.stem for p in (recipes / "inpainting_contrast").glob("*.py")} >= {"network", "views", "loss", "recipe"}
+    assert not any((COMPONENTS / f"{name}.py").exists() for name in ("augment", "losses"))
+    shared = (COMPONENTS / "networks.py").read_text()
+    assert "class SSLHead" not in shared and "SelfDistillation" not in shared
+
+
+def test_no_module_is_over_700_lines():
+    sizes = {str(p.relative_to(COMPONENTS)): len(p.read_text().splitlines()) for p in _module_files()}
+    assert {name: n for name, n in sizes.items() if n > 700} == {}
+
+
+def _touches_torch_distributed(path: Path) -> list[int]:
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and (node.value.id, node.attr) == ("torch", "distributed"):
+            lines.append(node.lineno)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [alias.name for alias in node.names] + [getattr(node, "module", None) or ""]
+            if any(name.startswith("torch.distributed") for name in names):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_distributed_py_touches_torch_distributed():
+    offenders = {str(p.relative_to(COMPONENTS)): _touches_torch_distributed(p) for p in _module_files() if p.name != "distributed.py"}
+    assert {name: lines for name, lines in offenders.items() if lines} == {}
+    assert _touches_torch_distributed(COMPONENTS / "distributed.py")  # the check can see a use
+
+
+def test_both_pretraining_losses_gather_through_one_helper():
+    for loss in ("recipes/inpainting_contrast/loss.py", "recipes/self_distillation/loss.py"):
+        text = (COMPONENTS / loss).read_text()
+        assert "RankBatches(" in text, loss
+        assert "_equal_checked" not in text and "def _gathering" not in text, loss
+
+
+def test_no_import_cycles_between_modules():
+    graph: dict[str, set[str]] = {}
+    for path in _module_files():
+        name = path.relative_to(COMPONENTS).parts[0].removesuffix(".py")
+        graph.setdefault(name, set()).update(m for m in _relative_imports(path) if m and m != name)
+    seen: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        if seen.get(node) == 1:
+            raise AssertionError(f"import cycle: {' -> '.join(stack + [node])}")
+        if seen.get(node) == 2:
+            return
+        seen[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, stack + [node])
+        seen[node] = 2
+
+    for node in sorted(graph):
+        visit(node, [])

@@ -1,4 +1,4 @@
-"""Single-process tests of components.losses.SSLLoss against independent straightforward implementations."""
+"""Single-process tests of components.recipes.inpainting_contrast.loss.SSLLoss against independent straightforward implementations."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from components.losses import SSLLoss, nt_xent_loss
+from components.recipes.inpainting_contrast.loss import SSLLoss, nt_xent_loss
 
 
 def reference_nt_xent(emb_1: torch.Tensor, emb_2: torch.Tensor, temperature: float) -> torch.Tensor:

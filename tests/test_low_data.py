@@ -115,8 +115,8 @@ def test_arms_of_a_pair_differ_only_in_the_starting_weights(fake_protocol, tmp_p
     for arm in ("ssl", "dino"):
         assert differing(arm, "scratch") == {"pretrained_path"}
         assert differing(f"frozen_{arm}", "frozen_random") == {"pretrained_path"}
-    assert differing("frozen_random", "scratch") == {"freeze_encoder_iterations"}
-    assert commands["frozen_ssl"]["freeze_encoder_iterations"] == PLAN.finetune_iterations
+    assert differing("frozen_random", "scratch") == {"training#freeze_encoder_iterations"}
+    assert commands["frozen_ssl"]["training#freeze_encoder_iterations"] == PLAN.finetune_iterations
     assert commands["ssl"]["pretrained_path"] == "/w/ssl.pt" and commands["scratch"]["pretrained_path"] is None
 
 

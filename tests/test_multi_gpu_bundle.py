@@ -49,13 +49,13 @@ PG_TIMEOUT_S = 150  # dist_timeout_s of the runs: a collective mismatch raises w
 TINY = {
     "roi_size": "[64,32,32]",  # two final tokens; W == D as rotation needs
     "feature_size": 12,
-    "num_samples": 1,
+    "training#num_samples": 1,
     "batch_size": 1,
-    "num_workers": 0,
-    "amp": "false",
+    "loader#num_workers": 0,
+    "speed#amp": "false",
     "device": "cpu",
-    "warmup_iterations": 1,
-    "log_interval": 1,
+    "training#warmup_iterations": 1,
+    "training#log_interval": 1,
     "dist_timeout_s": PG_TIMEOUT_S,
 }
 
@@ -122,7 +122,7 @@ def _extra_config(probe_dir: Path) -> dict:
     return {
         "probe_imports": ["$import mgpu_probe"],
         "probe_dir": str(probe_dir),
-        "train#trainer#train_handlers": "$@train#handlers + @train#per_rank_handlers + [mgpu_probe.Recorder(@probe_dir, 'train')]",
+        "train#trainer#train_handlers": "$@train#handlers + [mgpu_probe.Recorder(@probe_dir, 'train')]",
         "validate#evaluator#val_handlers": "$@validate#handlers + [mgpu_probe.Recorder(@probe_dir, 'val')]",
     }
 
@@ -252,8 +252,8 @@ def single_node(data_dir, tmp_path_factory) -> Run:
         "ckpt_dir": tmp / "models",
         "output_dir": tmp / "eval",
         "max_epochs": 1,
-        "use_checkpoint": "false",
-        "cache": "full",
+        "speed#use_checkpoint": "false",
+        "loader#cache": "full",
         "log_per_rank": "true",
         "scale_lr_with_world_size": "true",
     }
@@ -274,11 +274,11 @@ def multi_node(data_dir, tmp_path_factory) -> Run:
         "ckpt_dir": tmp / "models",
         "output_dir": tmp / "eval",
         "max_epochs": 2,
-        "val_interval": 2,
-        "use_checkpoint": "true",
-        "cache": "smart",
-        "cache_num": 2,
-        "replace_rate": 0.5,
+        "training#val_interval": 2,
+        "speed#use_checkpoint": "true",
+        "loader#cache": "smart",
+        "loader#cache_num": 2,
+        "loader#replace_rate": 0.5,
     }
     configs = CONFIGS + [str(probe / "extra.json")]
     port = free_port()
@@ -293,7 +293,7 @@ def too_small(data_dir, tmp_path_factory) -> Run:
     tmp = tmp_path_factory.mktemp("mgpu_small")
     datalist = _write_datalist(data_dir, "dl_small.json", [0], [4, 5])
     overrides = {**TINY, "dataset_dir": data_dir, "datalist": datalist, "ckpt_dir": tmp / "models",
-                 "output_dir": tmp / "eval", "max_epochs": 1, "use_checkpoint": "false"}  # fmt: skip
+                 "output_dir": tmp / "eval", "max_epochs": 1, "speed#use_checkpoint": "false"}  # fmt: skip
     # each rank's output also goes to its own files (--tee/--log_dir), so the test can tell the ranks apart
     cmd = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", "--tee=3", f"--log_dir={tmp / 'ranks'}",
                     *_bundle_args(CONFIGS, overrides))  # fmt: skip
@@ -305,7 +305,7 @@ def too_small_validation(data_dir, tmp_path_factory) -> Run:
     tmp = tmp_path_factory.mktemp("mgpu_small_val")
     datalist = _write_datalist(data_dir, "dl_small_val.json", [0, 1, 2, 3], [4])
     overrides = {**TINY, "dataset_dir": data_dir, "datalist": datalist, "ckpt_dir": tmp / "models",
-                 "output_dir": tmp / "eval", "max_epochs": 1, "use_checkpoint": "false"}  # fmt: skip
+                 "output_dir": tmp / "eval", "max_epochs": 1, "speed#use_checkpoint": "false"}  # fmt: skip
     cmd = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", "--tee=3", f"--log_dir={tmp / 'ranks'}",
                     *_bundle_args(CONFIGS, overrides))  # fmt: skip
     return Run(_launch_all([cmd], _env(None), tmp, timeout=180), tmp, tmp, overrides)

@@ -1,4 +1,4 @@
-"""Tests of components.networks.SSLHead: layout, parameter counts, shapes, input checks, gradients.
+"""Tests of components.recipes.inpainting_contrast.network.SSLHead: layout, parameter counts, shapes, input checks, gradients.
 
 CPU budget: forward passes use feature_size 12 and the smallest valid ROIs (64^3, or 32x32x64 which gives
 the minimum of 2 final tokens); parameter counts at feature_size 48 need no forward pass.
@@ -11,7 +11,8 @@ import torch
 from monai.networks.nets import SwinUNETR
 from torch import nn
 
-from components.networks import SSLHead, check_roi_size
+from components.networks import check_roi_size
+from components.recipes.inpainting_contrast.network import SSLHead
 
 DECODERS = ("vae", "deconv", "large_kernel_deconv")
 SMALL_3D = (32, 32, 64)  # anisotropic, the smallest 3D ROI with 2 final tokens

@@ -288,7 +288,7 @@ def test_monai_bundle_load_returns_every_packaged_tensor(name, tmp_path, monkeyp
     assert zip_path.name == f"{name}_v{version}.zip"
     with zipfile.ZipFile(zip_path) as zf:
         inference = json.loads(zf.read(f"{name}/configs/inference.json"))
-    assert inference["feature_size"] == FS and inference["tune_allocator"] is False
+    assert inference["feature_size"] == FS and inference["speed"]["tune_allocator"] is False
     pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "downloads")
 
     tuned = []
@@ -568,14 +568,14 @@ def test_finetune_from_downloaded_pretraining_weights(packaged, fake_state, ct_d
         "spacing": [3.0, 3.0, 4.0],
         "feature_size": FS,
         "max_epochs": 1,
-        "num_samples": 1,
+        "training#num_samples": 1,
         "batch_size": 1,
-        "num_workers": 0,
-        "amp": False,
-        "use_checkpoint": False,
+        "loader#num_workers": 0,
+        "speed#amp": False,
+        "speed#use_checkpoint": False,
         "device": "cpu",
         "learning_rate": 0.0,
-        "val_interval": 1,
+        "training#val_interval": 1,
     }
     out = _run(bundle_command(BTCV, overrides=overrides))
     ckpt = torch.load(run / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)
@@ -602,14 +602,14 @@ def test_mlflow_tracking_and_tensorboard(ct_data, tmp_path):
         "ckpt_dir": str(run / "models"),
         "roi_size": [64, 32, 32],
         "feature_size": FS,
-        "num_samples": 1,
+        "training#num_samples": 1,
         "batch_size": 1,
-        "num_workers": 0,
+        "loader#num_workers": 0,
         "max_epochs": 1,
-        "amp": False,
+        "speed#amp": False,
         "device": "cpu",
-        "warmup_iterations": 1,
-        "use_checkpoint": False,
+        "training#warmup_iterations": 1,
+        "speed#use_checkpoint": False,
         "experiment_name": "ssl_release_test",
     }
     cmd = bundle_command(SSL, overrides=overrides) + ["--tracking", "mlflow"]

@@ -27,14 +27,14 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = {
     "roi_size": [64, 32, 32],
     "feature_size": 12,
-    "num_samples": 1,
+    "training#num_samples": 1,
     "batch_size": 1,
-    "num_workers": 0,
-    "warmup_iterations": 2,
-    "log_interval": 1,
+    "loader#num_workers": 0,
+    "training#warmup_iterations": 2,
+    "training#log_interval": 1,
     "device": "cpu",
-    "amp": False,
-    "use_checkpoint": False,
+    "speed#amp": False,
+    "speed#use_checkpoint": False,
 }
 
 
@@ -79,8 +79,8 @@ def trained(tmp_path_factory):
     data = tmp / "data" / "ct"
     subprocess.run(["python", "-m", "components", "synth", "--kind", "ct", "--num", "6", "--out", str(data)], check=True)
     root = _bundle_copy(tmp)
-    overrides = {"dataset_dir": str(data), "roi_size": [64, 32, 32], "window_size": 4, "feature_size": 12, "max_epochs": 1, "device": "cpu"}
-    overrides["amp"] = "false"  # exactly as typed on a command line: the string "false"
+    overrides = {"dataset_dir": str(data), "roi_size": [64, 32, 32], "network_def#window_size": 4, "feature_size": 12, "max_epochs": 1, "device": "cpu"}
+    overrides["speed#amp"] = "false"  # exactly as typed on a command line: the string "false"
     peak: list[int] = []
     output = _run(root, overrides, peak_rss=peak)
     (tmp / "peak_rss_bytes").write_text(str(peak[0]))
@@ -148,8 +148,8 @@ def test_checkpoint_is_resumable_and_resume_continues(trained):
     checkpoint = torch.load(root / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert checkpoint["trainer"]["iteration"] == 2 and checkpoint["trainer"]["epoch"] == 1
     assert {"model", "optimizer", "lr_scheduler", "scaler", "best_metric"} <= set(checkpoint)
-    overrides = {"dataset_dir": str(data), "roi_size": [64, 32, 32], "window_size": 4, "feature_size": 12, "device": "cpu", "amp": False}
-    output = _run(root, {**overrides, "max_epochs": 2, "log_interval": 1, "resume": str(root / "models" / "checkpoint.pt")})
+    overrides = {"dataset_dir": str(data), "roi_size": [64, 32, 32], "network_def#window_size": 4, "feature_size": 12, "device": "cpu", "speed#amp": False}
+    output = _run(root, {**overrides, "max_epochs": 2, "training#log_interval": 1, "checkpointing#resume": str(root / "models" / "checkpoint.pt")})
     assert "Epoch: 2/2, Iter: 1/2" in output and "Epoch: 1/" not in output
     resumed = torch.load(root / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert resumed["trainer"]["iteration"] == 4
@@ -158,7 +158,7 @@ def test_checkpoint_is_resumable_and_resume_continues(trained):
 def test_inference_keeps_the_input_geometry(trained):
     root, data, _ = trained
     out_dir = root / "recon"
-    overrides = {"dataset_dir": str(data), "roi_size": [64, 32, 32], "window_size": 4, "feature_size": 12, "device": "cpu", "output_dir": str(out_dir)}
+    overrides = {"dataset_dir": str(data), "roi_size": [64, 32, 32], "network_def#window_size": 4, "feature_size": 12, "device": "cpu", "output_dir": str(out_dir)}
     _run(root, overrides, configs=("inference.json",))
     test_image = Path(json.loads((data / "dataset.json").read_text())["test"][0]["image"])
     source = nib.load(data / test_image)
@@ -190,7 +190,7 @@ def _schedule(max_epochs: int, per_epoch: int = 2) -> dict[int, float]:
     from monai.optimizers import WarmupCosineSchedule
 
     optimizer = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], lr=4e-4)
-    schedule = WarmupCosineSchedule(optimizer, warmup_steps=TINY["warmup_iterations"], t_total=max_epochs * per_epoch)
+    schedule = WarmupCosineSchedule(optimizer, warmup_steps=TINY["training#warmup_iterations"], t_total=max_epochs * per_epoch)
     lrs = {}
     for iteration in range(1, max_epochs * per_epoch + 1):
         optimizer.step()
@@ -219,7 +219,7 @@ def test_resume_follows_max_epochs_and_reproduces_the_uninterrupted_run(tmp_path
     first = torch.load(resumed / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert first["trainer"]["iteration"] == 2
     ckpt = resumed / "models" / "checkpoint.pt"
-    output = _run(resumed, {**common, "resume": str(ckpt)}, extra=_probe(tmp_path / "resumed.lr"))
+    output = _run(resumed, {**common, "checkpointing#resume": str(ckpt)}, extra=_probe(tmp_path / "resumed.lr"))
     assert "with this run's settings {'warmup_steps': 2, 't_total': 4}" in output
 
     lr_straight, lr_resumed = read_lr(tmp_path / "straight.lr"), read_lr(tmp_path / "resumed.lr")
@@ -292,7 +292,7 @@ def test_restart_mid_epoch_continues_the_epoch_and_keeps_the_better_stored_model
     """Stopped after iteration 3 (the first of epoch 2) and restarted: the iteration count, the schedule and the
     volumes seen continue those of the uninterrupted run; the validation after the restart is worse than the stored
     best, so model.pt stays byte-identical and the logged best is the stored one."""
-    common = {**TINY, "dataset_dir": str(small_data), "max_epochs": 2, "ckpt_iteration_interval": 1}
+    common = {**TINY, "dataset_dir": str(small_data), "max_epochs": 2, "checkpointing#iteration_interval": 1}
     reference = _bundle_copy(tmp_path / "reference")
     _run(reference, common, extra=_probe(tmp_path / "reference.lr"))
 
@@ -303,7 +303,7 @@ def test_restart_mid_epoch_continues_the_epoch_and_keeps_the_better_stored_model
     assert saved["trainer"]["iteration"] == 3 and saved["sampler"]["position"] == 1
     _set_best(ckpt, 1e-9)  # better than any reconstruction error
     best_before = (root / "models" / "model.pt").read_bytes()
-    output = _run(root, {**common, "resume": str(ckpt)}, extra=_probe(tmp_path / "mid.lr"))
+    output = _run(root, {**common, "checkpointing#resume": str(ckpt)}, extra=_probe(tmp_path / "mid.lr"))
     lrs, volumes = read_lr(tmp_path / "mid.lr"), read_volumes(tmp_path / "mid.lr")
     assert [it for it, _ in volumes] == [1, 2, 3, 4]  # the iteration count continues
     assert lrs == read_lr(tmp_path / "reference.lr")  # and so does the schedule: no new warm-up

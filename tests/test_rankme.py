@@ -110,7 +110,7 @@ def test_swin_embeddings_pool_the_last_stage_of_a_real_encoder():
         components.swin_embeddings(torch.nn.Linear(2, 2), x)
 
 
-@pytest.mark.parametrize("bundle, network", [("swin_unetr_ssl_pretrain", "@network_def"), ("swin_unetr_dino_pretrain", "@teacher_encoder")])
+@pytest.mark.parametrize("bundle, network", [("swin_unetr_ssl_pretrain", "@network_def"), ("swin_unetr_dino_pretrain", "@train#teacher_encoder")])
 def test_both_pretraining_bundles_rank_the_released_encoder_before_their_stats_handlers(bundle, network):
     handlers = json.loads((BUNDLES / bundle / "configs" / "train.json").read_text())["train"]["handlers"]
     targets = [h["_target_"] for h in handlers]

@@ -91,8 +91,8 @@ def test_bundles_checkpoint_only_when_the_step_does_not_fit(bundle, monkeypatch)
         monkeypatch.setattr(step_memory, "free_memory_bytes", lambda device, free=free: free)
         parser = ConfigParser()
         parser.read_config(str(BUNDLES / bundle / "configs" / "train.json"))
-        parser.update({"feature_size": 12, "device": "cpu", "roi_size": [64, 64, 64], "local_size": [32, 32, 32]})
+        parser.update({"feature_size": 12, "device": "cpu", "roi_size": [64, 64, 64], "training#local_size": [32, 32, 32]})
         parser.get_parsed_content("imports")
-        assert parser["use_checkpoint"] == "auto"
+        assert parser["speed#use_checkpoint"] == "auto"
         flags = _checkpointed(parser.get_parsed_content("network"))
         assert flags and all(f is expected for f in flags)

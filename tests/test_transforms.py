@@ -1,4 +1,4 @@
-"""The compact cache gives exactly the recipe's crops (components/transforms.py), from a fraction of the memory."""
+"""The compact cache (components/data/compact_cache.py) gives exactly the recipe's crops from a fraction of the memory."""
 
 from __future__ import annotations
 
@@ -252,7 +252,7 @@ def test_arguments_are_checked():
 def test_intensity_scaler_reproduces_monai_bit_for_bit(args, fast):
     from monai.transforms import ScaleIntensityRange
 
-    from components.transforms import IntensityScaler
+    from components.data.compact_cache import IntensityScaler
 
     values = torch.randint(-3000, 3000, (1, 17, 9, 5), dtype=torch.int16)
     with warnings.catch_warnings():

@@ -5,7 +5,7 @@ them):
 
 - **Pretrained weights**: :mod:`.layouts` (which layout a state dict is in, how each key maps; the only place that
   knows checkpoint layouts) and :mod:`.pretrained` (:func:`load_pretrained` with its :class:`LoadReport`,
-  :func:`convert_state_dict`, :func:`convert_checkpoint`, the :class:`PretrainedLoader` handler).
+  :func:`convert_state_dict`, the :class:`PretrainedLoader` handler).
 - **Resumable training**: :mod:`.training_state` (the file's format, :func:`save_atomic`, :func:`restore_schedule`,
   the events savers fire, :class:`CheckpointEvents`), :mod:`.saver` (:class:`ResumableCheckpointSaver`,
   :class:`BestModelSaver`) and :mod:`.resume` (:class:`ResumeHandler`, :func:`resolve_resume`).
@@ -28,7 +28,6 @@ from .layouts import (
 )
 from .pretrained import (
     PretrainedLoader,
-    convert_checkpoint,
     convert_state_dict,
     load_pretrained,
 )
@@ -51,7 +50,6 @@ __all__ = [
     "detect_layout",
     "convert_state_dict",
     "load_pretrained",
-    "convert_checkpoint",
     "save_atomic",
     "ResumableCheckpointSaver",
     "ResumeHandler",

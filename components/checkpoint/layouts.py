@@ -12,7 +12,7 @@ Layouts detected (after unwrapping a container and stripping ``module.`` / ``_or
 ``ssl_original``           the original SSL code's checkpoints: ``swinViT.*`` with a ``module.`` prefix in the file
                            or the older ``swin_vit.*`` spelling, plus ``rotation_head`` / ``contrastive_head`` /
                            ``conv``
-``ssl_collection``         this collection's :class:`~components.networks.SSLHead`: ``swinViT.*`` plus heads, no
+``ssl_collection``         this collection's :class:`~components.recipes.inpainting_contrast.SSLHead`: ``swinViT.*`` plus heads, no
                            wrapper prefix (a ``_orig_mod.`` from torch.compile is allowed)
 ``monai_ssl_autoencoder``  MONAI's disruptive-autoencoder ``ssl_pretrained_weights.pth``: ``encoder.*`` with an
                            extra nesting level ``encoder.layersN.0.0.*`` (what ``filter_swinunetr`` collapses),
@@ -50,7 +50,7 @@ LAYOUTS: tuple[str, ...] = (
     "swinunetr",
     "swinvit_encoder",
 )
-#: kinds of target model: MONAI ``SwinUNETR``, :class:`~components.networks.SSLHead`, or any other module that
+#: kinds of target model: MONAI ``SwinUNETR``, :class:`~components.recipes.inpainting_contrast.SSLHead`, or any other module that
 #: holds the encoder as attribute ``swinViT``.
 TARGETS: tuple[str, ...] = ("swinunetr", "sslhead", "encoder")
 CHANNEL_POLICIES: tuple[str, ...] = ("error", "repeat", "skip")

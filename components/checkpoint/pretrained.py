@@ -1,5 +1,5 @@
-"""Pretrained weights into a model, with a report: :func:`load_pretrained`, :func:`convert_state_dict`,
-:func:`convert_checkpoint` and the :class:`PretrainedLoader` handler.
+"""Pretrained weights into a model, with a report: :func:`load_pretrained`, :func:`convert_state_dict` and the
+:class:`PretrainedLoader` handler (:func:`components.conversion.convert_checkpoint` writes converted files).
 
 The common finetuning rule "strip ``module.``, rename ``swin_vit``, load with ``strict=False``" loads *zero*
 tensors of the CVPR release ``model_swinvit.pt`` and says nothing. Here the layout is detected and named
@@ -39,7 +39,6 @@ from .layouts import (
     extract_state_dict,
     read_checkpoint,
 )
-from .training_state import save_atomic
 
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
@@ -68,7 +67,7 @@ def _detect_target(model: nn.Module) -> str:
     if not isinstance(getattr(model, "swinViT", None), nn.Module):
         raise TypeError(
             f"load_pretrained: the target model ({type(model).__name__}) has no 'swinViT' submodule; expected "
-            f"MONAI's SwinUNETR, components.networks.SSLHead or another module holding the encoder as 'swinViT'."
+            f"MONAI's SwinUNETR, components.recipes.inpainting_contrast.SSLHead or another module holding the encoder as 'swinViT'."
         )
     if hasattr(model, "rotation_head") or hasattr(model, "contrastive_head"):
         return "sslhead"
@@ -296,7 +295,7 @@ def load_pretrained(
     """Load pretrained Swin ViT weights of any known layout into ``model`` and report exactly what happened.
 
     Args:
-        model: MONAI ``SwinUNETR``, :class:`~components.networks.SSLHead` or another module with a ``swinViT``
+        model: MONAI ``SwinUNETR``, :class:`~components.recipes.inpainting_contrast.SSLHead` or another module with a ``swinViT``
             encoder; DDP / DataParallel / torch.compile wrappers are unwrapped.
         source: a checkpoint path, or an already loaded checkpoint (a state dict or a dict holding one). Files
             are read with ``torch.load(weights_only=True)``.
@@ -353,64 +352,6 @@ def load_pretrained(
             dict(list(report.shape_mismatched.items())[:5]),
         )
     return report
-
-
-def _build_target(target: str, in_channels: int, feature_size: int, out_channels: int, upsample: str) -> nn.Module:
-    if target == "swinunetr":
-        from monai.networks.nets import SwinUNETR
-
-        return SwinUNETR(in_channels=in_channels, out_channels=out_channels, feature_size=feature_size)
-    if target == "sslhead":
-        from components.networks import SSLHead
-
-        return SSLHead(in_channels=in_channels, feature_size=feature_size, upsample=upsample)
-    raise ValueError(f"convert_checkpoint: target must be 'swinunetr' or 'sslhead', got {target!r}.")
-
-
-def convert_checkpoint(
-    src: str | os.PathLike,
-    dst: str | os.PathLike,
-    target: str = "swinunetr",
-    in_channels: int = 1,
-    feature_size: int = 48,
-    channel_policy: str = "error",
-    required: str = "encoder",
-    out_channels: int = 14,
-    upsample: str = "vae",
-    full_state: bool = True,
-    seed: int = 0,
-) -> LoadReport:
-    """Convert a checkpoint of any known layout into a clean bare state dict of the target architecture.
-
-    The target model is built (``SwinUNETR(in_channels, out_channels, feature_size)`` or
-    ``SSLHead(in_channels, feature_size, upsample=upsample)``) with parameters initialised under
-    ``torch.manual_seed(seed)``, the checkpoint is loaded with :func:`load_pretrained`, and
-
-    - ``full_state=True`` (default): the model's *full* state dict is written, so the file loads with
-      ``strict=True`` into that architecture (``model.load_state_dict(torch.load(dst, weights_only=True))``).
-      Tensors the source did not provide (e.g. the SwinUNETR decoder) hold the seeded random initialisation;
-      the returned report lists them as ``missing``.
-    - ``full_state=False``: only the loaded tensors are written (layout ``swinvit_encoder`` or a partial model),
-      to be loaded with :func:`load_pretrained`.
-
-    The file is written with :func:`save_atomic`. ``out_channels`` only shapes the SwinUNETR decoder output.
-
-    Returns:
-        the :class:`LoadReport` of the conversion.
-    """
-    _check_choice("target", target, ("swinunetr", "sslhead"))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = _build_target(target, in_channels, feature_size, out_channels, upsample)
-    report = load_pretrained(model, src, target=target, channel_policy=channel_policy, required=required)
-    state = model.state_dict()
-    if not full_state:
-        loaded = set(report.loaded)
-        state = {k: v for k, v in state.items() if k in loaded}
-    save_atomic({k: v.detach().clone() for k, v in state.items()}, dst)
-    logger.info("convert_checkpoint: wrote %d tensors to %s", len(state), dst)
-    return report
-
 
 
 class PretrainedLoader:

@@ -126,7 +126,7 @@ class ResumeHandler:
         if self.auto:
             return CheckpointLoadError(
                 f"auto_resume found '{self.path}' (a checkpoint an earlier run left in ckpt_dir) but cannot continue "
-                f"it: {msg} To start fresh, pass --auto_resume false or another --ckpt_dir (or remove that file)."
+                f"it: {msg} To start fresh, pass --checkpointing#auto_resume false or another --ckpt_dir (or remove that file)."
             )
         return CheckpointLoadError(f"resume checkpoint '{self.path}': {msg}")
 
@@ -280,7 +280,7 @@ class ResumeHandler:
 
     def _log(self, engine: Engine, report: dict[str, Any], epoch_len: int | None) -> None:
         epoch, iteration = report["epoch"], report["iteration"]
-        how = "found by auto_resume; --auto_resume false or another --ckpt_dir starts fresh" if self.auto else "given"
+        how = "found by auto_resume; --checkpointing#auto_resume false or another --ckpt_dir starts fresh" if self.auto else "given"
         settings = ", ".join(f"{k}={v}" for k, v in report["written_with"].items())
         logger.info(
             "resumed from %s (%s) at epoch %d, iteration %d; it was written with %s",
@@ -334,7 +334,7 @@ class ResumeHandler:
                 self.path,
                 epoch,
                 max_epochs,
-                " (it was found by auto_resume: --auto_resume false or another --ckpt_dir starts fresh)" if self.auto else "",
+                " (it was found by auto_resume: --checkpointing#auto_resume false or another --ckpt_dir starts fresh)" if self.auto else "",
             )
 
 

@@ -18,7 +18,7 @@ from monai.handlers import CheckpointSaver
 from torch import nn
 
 from ..atomic import temp_prefix
-from ..distributed import broadcast_from_rank0
+from ..distributed import broadcast_from_rank0, get_rank
 from .pretrained import _unwrap_model
 from .training_state import (
     RESUME_FORMAT,
@@ -26,7 +26,6 @@ from .training_state import (
     _batch_size,
     _check_interval,
     _engine_scaler,
-    _is_rank0,
     _plain,
     register_checkpoint_events,
     save_atomic,
@@ -195,7 +194,7 @@ class ResumableCheckpointSaver:
         return per_iteration, left
 
     def _remove_stale_temps(self, engine: Engine | None = None) -> None:
-        if not _is_rank0() or not self.path.parent.is_dir():
+        if get_rank() > 0 or not self.path.parent.is_dir():
             return
         for leftover in self.path.parent.glob(f"{temp_prefix(self.path)}*.tmp"):
             try:
@@ -265,7 +264,7 @@ class ResumableCheckpointSaver:
         ``CheckpointEvents.BEFORE_SAVE`` on every rank first (a non-finite-loss guard raises there)."""
         register_checkpoint_events(engine)
         engine.fire_event(CheckpointEvents.BEFORE_SAVE)
-        if not _is_rank0():
+        if get_rank() > 0:
             return None
         marker = (engine.state.iteration, *(self._best() if self.evaluator is not None else ()))
         if marker == self._last_saved and self.path.exists():

@@ -34,11 +34,6 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     return path
 
 
-def _is_rank0() -> bool:
-    dist = torch.distributed
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
 def _plain(value: Any) -> Any:
     """Numbers as Python numbers (numpy scalars and one-element tensors included) for ``weights_only`` loading."""
     if isinstance(value, torch.Tensor):

@@ -1,6 +1,16 @@
 """Pretraining recipes for :class:`~components.engine.PretrainingTrainer`, one module or sub-package each."""
 
-from .inpainting_contrast import InpaintingContrastRecipe, SSLEvaluator, SSLTrainer, SSLViewsImageHandler
+from .inpainting_contrast import (
+    InpaintingContrastRecipe,
+    SSLEvaluator,
+    SSLHead,
+    SSLLoss,
+    SSLTrainer,
+    SSLViewsImageHandler,
+    aug_rand,
+    rot_rand,
+    ssl_views,
+)
 from .self_distillation import (
     MultiCrop,
     SelfDistillationLoss,
@@ -16,6 +26,8 @@ __all__ = [
     "InpaintingContrastRecipe",
     "MultiCrop",
     "SSLEvaluator",
+    "SSLHead",
+    "SSLLoss",
     "SSLTrainer",
     "SSLViewsImageHandler",
     "SelfDistillationLoss",
@@ -24,5 +36,8 @@ __all__ = [
     "StopOnCollapse",
     "SwinViTEmbedding",
     "TeacherCollapseError",
+    "aug_rand",
+    "rot_rand",
+    "ssl_views",
     "weight_decay_groups",
 ]

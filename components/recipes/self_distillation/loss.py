@@ -21,14 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...distributed import (
-    all_gather_with_grad,
-    all_reduce_mean,
-    check_equal_shapes,
-    get_rank,
-    get_world_size,
-    is_distributed,
-)
+from ...distributed import RankBatches, all_reduce_mean, get_world_size, is_distributed
 
 __all__ = ["SelfDistillationLoss", "koleo_loss"]
 
@@ -116,7 +109,7 @@ class SelfDistillationLoss(nn.Module):
         self.koleo_weight = float(koleo_weight)
         self.gather_distributed = gather_distributed
         self.equal_rank_batches = bool(equal_rank_batches)
-        self._equal_checked = False
+        self._ranks = RankBatches(gather_distributed, equal_rank_batches, "SelfDistillationLoss(equal_rank_batches=True)")
         self.register_buffer("center", torch.zeros(1, self.out_dim))
         self.stats: dict[str, torch.Tensor] = {}
 
@@ -173,24 +166,16 @@ class SelfDistillationLoss(nn.Module):
         if not is_distributed() or get_world_size() == 1:
             return 1.0
         if self.equal_rank_batches:
-            if not self._equal_checked:
-                check_equal_shapes(torch.empty(rows, 0, device=device), "SelfDistillationLoss(equal_rank_batches=True)")
-                self._equal_checked = True
+            self._ranks.check_once(torch.empty(rows, 0, device=device))
             return 1.0
-        return rows / float(all_reduce_mean(torch.tensor(float(rows), device=device)))
-
-    def _gathering(self) -> bool:
-        wanted = is_distributed() if self.gather_distributed is None else self.gather_distributed
-        return bool(wanted) and get_world_size() > 1
+        return rows / float(all_reduce_mean(torch.full((), float(rows), device=device)))
 
     def _koleo(self, crops: tuple[torch.Tensor, ...]) -> torch.Tensor:
         terms = []
         for z in crops:
-            if self._gathering() and self.equal_rank_batches:
-                terms.append(koleo_loss(z, all_gather_with_grad(z, equal_sizes=True), offset=get_rank() * z.shape[0]))
-            elif self._gathering():
-                counts = all_gather_with_grad(torch.tensor([z.shape[0]], device=z.device)).tolist()
-                terms.append(koleo_loss(z, all_gather_with_grad(z), offset=sum(counts[: get_rank()])))
+            if self._ranks.active:
+                candidates, offset = self._ranks.gather(z)
+                terms.append(koleo_loss(z, candidates, offset=offset))
             else:
                 terms.append(koleo_loss(z))
         return torch.stack(terms).mean()

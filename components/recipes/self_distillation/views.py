@@ -132,9 +132,10 @@ class MultiCrop:
         device = generator.device if generator is not None else x.device
         fraction = torch.empty((n, b), device=device).uniform_(*scale, generator=generator) ** (1.0 / dims)
         position = torch.rand((n, b, dims), device=device, generator=generator)
-        shape = torch.tensor(spatial, device=device, dtype=torch.float32)
-        sides = (fraction[..., None] * shape).round().clamp(min=1).long()  # (n, B, dims)
-        starts = (position * (shape.long() - sides + 1)).floor().long()
+        # the sizes enter as Python numbers (kernel arguments): a tensor made of them would be a copy to the device
+        sides = torch.stack([fraction * s for s in spatial], dim=-1).round().clamp(min=1).long()  # (n, B, dims)
+        room = torch.stack([s - sides[..., a] + 1 for a, s in enumerate(spatial)], dim=-1)  # start positions per axis
+        starts = (position * room).floor().long()
         sides, starts = sides.tolist(), starts.tolist()  # one read for all crops (no device sync from the host)
         mode = "trilinear" if dims == 3 else "bilinear"
         crops = []

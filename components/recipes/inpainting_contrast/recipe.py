@@ -1,9 +1,8 @@
-"""The Swin UNETR self-supervised recipe (Tang et al., CVPR 2022): rotation prediction, contrastive coding and inpainting.
+"""The recipe object of the inpainting / contrastive recipe (Tang et al., CVPR 2022).
 
-The recipe's pieces live in :mod:`components.networks` (``SSLHead``), :mod:`components.augment` (``ssl_views``)
-and :mod:`components.losses` (``SSLLoss``); this module gives them to the recipe-agnostic engines
-(:class:`~components.engine.PretrainingTrainer`), and holds the recipe's ready-made trainer and evaluator and its
-TensorBoard view of the reconstructions.
+It gives the recipe's views (:mod:`.views`), network outputs (:mod:`.network`) and loss (:mod:`.loss`) to the
+recipe-agnostic engines (:class:`~components.engine.PretrainingTrainer`), and holds the recipe's ready-made trainer
+and evaluator and its TensorBoard view of the reconstructions.
 """
 
 from __future__ import annotations
@@ -16,15 +15,15 @@ from ignite.engine import Engine, Events
 from monai.utils import CommonKeys as Keys
 from torch.utils.tensorboard import SummaryWriter
 
-from ..augment import ssl_views
-from ..distributed import get_rank
-from ..engine import PretrainingEvaluator, PretrainingTrainer
+from .views import ssl_views
+from ...distributed import get_rank
+from ...engine import PretrainingEvaluator, PretrainingTrainer
 
 __all__ = ["InpaintingContrastRecipe", "SSLTrainer", "SSLEvaluator", "SSLViewsImageHandler"]
 
 
 class _Views(NamedTuple):
-    """The clean crops ``image`` (B, ...) and :class:`~components.augment.SSLViews` of them (2B rows each)."""
+    """The clean crops ``image`` (B, ...) and :class:`~components.recipes.inpainting_contrast.SSLViews` of them (2B rows each)."""
 
     image: torch.Tensor
     inputs: torch.Tensor
@@ -52,7 +51,7 @@ class InpaintingContrastRecipe:
 
     def views(self, image: torch.Tensor, generator: torch.Generator, host_generator: torch.Generator | None = None) -> _Views:
         """The two views of every crop; on an accelerator the cutout boxes are drawn and trimmed on the host
-        (``host_generator``, see :func:`~components.augment.aug_rand`'s ``box_generator``)."""
+        (``host_generator``, see :func:`~components.recipes.inpainting_contrast.aug_rand`'s ``box_generator``)."""
         return _Views(image, *ssl_views(image, generator=generator, box_generator=host_generator))
 
     def forward(self, network: torch.nn.Module, views: _Views) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

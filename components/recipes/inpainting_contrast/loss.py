@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from components.distributed import all_gather_with_grad, check_equal_shapes, get_rank, get_world_size, is_distributed
+from ...distributed import RankBatches, all_gather_with_grad, get_rank, get_world_size
 
 __all__ = ["SSLLoss", "nt_xent_loss"]
 
@@ -162,11 +162,11 @@ class SSLLoss(nn.Module):
             raise ValueError(f"alpha weights must be finite and >= 0, got {weights}.")
         if gather_distributed not in (None, True, False):
             raise ValueError(f"gather_distributed must be None, True or False, got {gather_distributed!r}.")
+        self._ranks = RankBatches(gather_distributed, equal_rank_batches, "SSLLoss(equal_rank_batches=True)")
         self.temperature = temperature
         self.alpha = weights
         self.gather_distributed = gather_distributed
         self.equal_rank_batches = bool(equal_rank_batches)
-        self._equal_checked = False
 
     def extra_repr(self) -> str:
         return (
@@ -223,10 +223,6 @@ class SSLLoss(nn.Module):
         if recon.numel() == 0:
             raise ValueError(f"recon must not be empty, got shape {tuple(recon.shape)}.")
 
-    def _gathering(self) -> bool:
-        wanted = is_distributed() if self.gather_distributed is None else self.gather_distributed
-        return bool(wanted) and get_world_size() > 1
-
     @staticmethod
     def _shares(anchors: int, rows: int, elements: int, device: torch.device) -> tuple[int, list[float]]:
         """(this rank's first row in the gathered embeddings, the factors W * n_local / n_global of the parts),
@@ -253,15 +249,12 @@ class SSLLoss(nn.Module):
         rot = F.cross_entropy(rot_logits, rot_labels.long())
         recon_l1 = F.l1_loss(recon, recon_target)
 
-        if not self._gathering():
+        if not self._ranks.active:
             contrast = nt_xent_loss(emb_1, emb_2, self.temperature)
         else:
             rank = get_rank()
             if self.equal_rank_batches:
-                if not self._equal_checked:
-                    for tensor in (emb_1, rot_logits, recon):
-                        check_equal_shapes(tensor, "SSLLoss(equal_rank_batches=True)")
-                    self._equal_checked = True
+                self._ranks.check_once(emb_1, rot_logits, recon)
                 offset, scale = rank * emb_1.shape[0], [1.0, 1.0, 1.0]
             else:
                 offset, scale = self._shares(emb_1.shape[0], rot_logits.shape[0], recon.numel(), emb_1.device)

@@ -377,7 +377,7 @@ def _fill_noise(x: torch.Tensor, boxes: _Boxes, noise: torch.Tensor) -> torch.Te
     # normalised noise, flat, followed by a margin that any voxel's local offset stays inside
     local_max = (h - 1) * lw * ld + (w - 1) * ld + (d - 1) + (c - 1) * box_numel
     flat = torch.empty(noise.numel() + local_max + 1, dtype=noise.dtype, device=device)
-    flat[noise.numel() :] = 0
+    flat[noise.numel() :].zero_()  # not "= 0": a Python number set by indexing is a host-to-device copy on CUDA
     normed = flat[: noise.numel()].view(noise.shape)
     torch.sub(noise, low.view(shape6), out=normed).div_(span.view(shape6))
     # per box: flat offset of its local origin minus the fixed local offset of its start voxel;

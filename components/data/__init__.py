@@ -1,0 +1,65 @@
+"""Data: datalists and rank partitioning, dataset construction, the compact cache transforms and the data check.
+
+Under DDP every rank must cache only its own shard (a cache of the whole list on
+every rank multiplies the memory by the world size): the datalist is
+partitioned with a fixed seed into equal shards before any caching, each rank builds one dataset of its
+shard, and sizes are validated before the (possibly hour-long) caching starts.
+
+Every bundle pipeline runs as a :class:`SourceNamingCompose`, so a volume that breaks a transform at item 700 of
+caching, or in a loader worker mid-training, is named in the error (:class:`DataItemError`).
+
+Modules, each one concern:
+
+- ``datalists``: ``load_datalist``, ``load_split`` (checkable without data, a fixed validation split when the
+  datalist has none), ``MissingDatalist``, ``require_datalist``.
+- ``partition``: ``partition_for_rank``, ``split_for_rank``, ``check_shard_sizes`` (sizes fail before caching).
+- ``datasets``: ``build_dataset`` (the one place that builds training datasets), ``EpochShuffleSampler``,
+  ``rotate_smart_cache``, ``ResumableSmartCacheHandler``.
+- ``sources``: ``batch_filenames``, ``item_sources``, ``SourceNamingCompose`` / ``DataItemError``.
+- ``compact_cache``: ``CompactCropForegroundd``, ``RandCompactSpatialCropSamplesd``, ``IntensityScaler``,
+  ``compact_nbytes``: the recipe's crops from a compact cache.
+- the data check: ``check`` (``check_datalist``, ``check_items``, ``check_before_caching``), built on
+  ``check_entries`` (one datalist entry) and ``check_files`` (one file's header and voxels); ``check_report``
+  (``DataReport``, ``DataIssue``, ``DataCheckError``); ``check_command`` (``python -m components check-data``).
+
+The public names are re-exported here (``from components.data import build_dataset``) and imported on first use
+(PEP 562, as in ``components``): ``check-data`` imports the check without MONAI's datasets and ignite.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# submodule -> the public names it provides here
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "datalists": ("MissingDatalist", "load_datalist", "load_split", "require_datalist"),
+    "partition": ("check_shard_sizes", "partition_for_rank", "split_for_rank"),
+    "datasets": ("EpochShuffleSampler", "ResumableSmartCacheHandler", "build_dataset", "rotate_smart_cache"),
+    "sources": ("DataItemError", "SourceNamingCompose", "batch_filenames", "item_sources"),
+    "compact_cache": (
+        "COMPACT_SUFFIX",
+        "CompactCropForegroundd",
+        "IntensityScaler",
+        "RandCompactSpatialCropSamplesd",
+        "compact_nbytes",
+    ),
+    "check_report": ("DataCheckError", "DataIssue", "DataReport"),
+    "check": ("check_before_caching", "check_datalist", "check_items"),
+}
+_SUBMODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_SUBMODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    """Imports the submodule that provides ``name`` on first access."""
+    if name not in _SUBMODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_SUBMODULE_OF[name]}", __name__), name)
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,181 @@
+"""Dataset construction: the one place that builds training datasets (this rank's shard, checked, then cached),
+the sampler that shuffles a shard anew every epoch, and a smart cache that resumes where it was.
+
+Every bundle pipeline runs as a :class:`~components.data.sources.SourceNamingCompose`, so a volume that breaks a
+transform at item 700 of caching, or in a loader worker mid-training, is named in the error
+(:class:`~components.data.sources.DataItemError`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ignite.engine import Engine
+from monai.data import CacheDataset, Dataset, SmartCacheDataset
+from monai.handlers import SmartCacheHandler
+from monai.transforms import Compose
+from torch.utils.data import DistributedSampler
+
+from ..distributed import barrier, get_rank, get_world_size
+from .check import check_before_caching
+from .datalists import MissingDatalist
+from .partition import check_shard_sizes, partition_for_rank
+from .sources import SourceNamingCompose
+
+__all__ = ["EpochShuffleSampler", "ResumableSmartCacheHandler", "build_dataset", "rotate_smart_cache"]
+
+logger = logging.getLogger("components.data")  # one logger name for the whole package, as the logs show it
+
+
+def build_dataset(
+    data: Sequence[dict],
+    transform: Callable,
+    cache: str = "full",
+    cache_rate: float = 1.0,
+    cache_num: int | None = None,
+    replace_rate: float = 0.2,
+    num_workers: int = 4,
+    batch_size: int = 1,
+    partition: bool = True,
+    seed: int = 0,
+    progress: bool = True,
+    check: bool = True,
+    check_keys: Sequence[str] | None = None,
+    roi_size: Sequence[int] | int | None = None,
+    channels: int | None = None,
+    pixdim: Sequence[float] | float | None = None,
+    source: str | Path = "<items>",
+    list_name: str = "training",
+) -> Dataset:
+    """Builds this rank's dataset from ``data``: ``cache`` = "full" (``CacheDataset`` of ``cache_rate`` of the
+    shard), "smart" (``SmartCacheDataset`` keeping ``cache_num`` volumes, ``replace_rate`` of them replaced
+    each epoch: attach ``monai.handlers.SmartCacheHandler``) or "none" (plain ``Dataset``).
+
+    With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked (errors name
+    ``list_name`` of ``source``), and with ``check`` every file of the shard is checked from its header
+    (``check_before_caching``: missing, truncated, wrong dimensions or ``channels``, image/label mismatch; smaller
+    than ``roi_size`` after resampling to ``pixdim`` is a warning; an entry's own problems, such as a missing key,
+    name ``source``, e.g. the datalist), all before caching, so a bad file stops the run at start-up with one
+    report. The transform is run as a :class:`SourceNamingCompose`, so a transform error while
+    caching or in training names the volume. Caching runs on ``num_workers`` threads with a progress bar (rank 0),
+    and all ranks meet at a barrier afterwards so none enters the first collective while another still caches.
+    """
+    if isinstance(data, MissingDatalist):  # parsing the bundle without data: nothing to read (see load_split)
+        return Dataset(data, transform)
+    world_size = get_world_size() if partition else 1
+    check_shard_sizes(len(data), world_size, batch_size, cache, cache_num, list_name=list_name, source=source)
+    shard = partition_for_rank(data, seed=seed) if partition else list(data)
+    check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels, pixdim=pixdim,
+                         source=str(source))
+    show = progress and get_rank() == 0
+    if not isinstance(transform, SourceNamingCompose):
+        transform = SourceNamingCompose(transform if isinstance(transform, Compose) else Compose(transform))
+    workers = max(int(num_workers), 1)
+    if cache == "full":
+        dataset = CacheDataset(shard, transform, cache_rate=cache_rate, num_workers=workers, progress=show)
+    elif cache == "smart":
+        dataset = SmartCacheDataset(
+            shard,
+            transform,
+            replace_rate=replace_rate,
+            cache_num=cache_num,
+            num_init_workers=workers,
+            num_replace_workers=workers,
+            progress=show,
+            seed=seed + get_rank(),
+        )
+    else:
+        dataset = Dataset(shard, transform)
+    logger.info("rank %d: dataset of %d/%d volumes (cache=%s)", get_rank(), len(shard), len(data), cache)
+    barrier()
+    return dataset
+
+
+class EpochShuffleSampler(DistributedSampler):
+    """Shuffles one rank's own shard anew every epoch from ``(seed, epoch)``; it never splits the data again.
+
+    It is a ``DistributedSampler`` fixed to a single replica only so that MONAI's workflows call its
+    ``set_epoch`` at each epoch start: resuming at an epoch boundary then replays the same order.
+
+    A restart in the middle of an epoch continues that epoch: :meth:`load_state_dict` (called by
+    :class:`~components.ResumeHandler` with the ``sampler`` entry that :class:`~components.ResumableCheckpointSaver`
+    wrote) sets a start ``position``, and the next pass yields that epoch's order from there on, once: the remaining
+    batches in the same order as an uninterrupted run. ``len()`` stays the full epoch (ignite counts the
+    iterations of the epoch from the checkpoint's iteration).
+    """
+
+    def __init__(self, dataset: Dataset, shuffle: bool = True, seed: int = 0) -> None:
+        super().__init__(dataset, num_replicas=1, rank=0, shuffle=shuffle, seed=seed, drop_last=False)
+        self.start = 0
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        start, self.start = self.start, 0  # only the first pass after a restart starts late
+        return iter(indices[start:])
+
+    def state_dict(self, position: int = 0) -> dict:
+        """What identifies this rank's order, and ``position``: the samples of the current epoch already used."""
+        return {"seed": int(self.seed), "shuffle": bool(self.shuffle), "num_samples": int(self.num_samples),
+                "epoch": int(self.epoch), "position": int(position)}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state`` (see :meth:`state_dict`): the next pass starts at ``state["position"]``.
+
+        Raises:
+            ValueError: the seed, shuffling or shard size differ (the order could not be continued), naming both.
+        """
+        own = self.state_dict()
+        keys = ("seed", "shuffle", "num_samples")
+        changed = [f"{k} {state.get(k)!r} -> {own[k]!r}" for k in keys if state.get(k) != own[k]]
+        if changed:
+            raise ValueError(
+                f"EpochShuffleSampler: the checkpoint's data order cannot be continued: {', '.join(changed)} "
+                "(checkpoint -> this run). Resume with the same seed and data, or start a new run (another ckpt_dir)."
+            )
+        position = int(state.get("position", 0))
+        if not 0 <= position < self.num_samples:
+            raise ValueError(
+                f"EpochShuffleSampler: position {position} is outside the epoch of {self.num_samples} samples."
+            )
+        self.set_epoch(int(state.get("epoch", self.epoch)))
+        self.start = position
+
+
+def rotate_smart_cache(dataset: SmartCacheDataset, rotations: int) -> None:
+    """Puts a ``SmartCacheDataset`` that has not started where ``rotations`` calls of ``update_cache()`` leave it.
+
+    After ``r`` rotations MONAI's cache holds the (shuffled) items ``r * replace_num ... + cache_num`` (modulo the
+    dataset size) in that order. This loads only the items of that window that are not cached yet, instead of
+    replaying ``r`` rounds of replacements, so a run restarted at epoch ``r + 1`` sees the same cache as an
+    uninterrupted one. It sets the dataset's window fields of MONAI 1.6's ``SmartCacheDataset``.
+    """
+    if rotations < 0:
+        raise ValueError(f"rotations must be >= 0, got {rotations}.")
+    if dataset.is_started():
+        raise RuntimeError("rotate_smart_cache: the SmartCacheDataset has started; rotate it before start().")
+    total, num = dataset._total_num, dataset.cache_num
+    start = (rotations * dataset._replace_num) % total
+    if start == dataset._start_pos:
+        return
+    cached = {(dataset._start_pos + i) % total: item for i, item in enumerate(dataset._cache)}
+    window = [(start + i) % total for i in range(num)]
+    dataset._cache = [cached[pos] if pos in cached else dataset._load_cache_item(pos) for pos in window]
+    dataset._start_pos = start
+    dataset._compute_data_idx()
+    logger.info("smart cache: moved to its window after %d rotation(s) (items %d.. of %d)", rotations, start, total)
+
+
+class ResumableSmartCacheHandler(SmartCacheHandler):
+    """MONAI's ``SmartCacheHandler`` that, on a resumed run, first rotates the cache to where the epochs already
+    trained left it (:func:`rotate_smart_cache`), so a restart sees the same volumes as an uninterrupted run.
+
+    Attach it after :class:`~components.ResumeHandler`, which sets ``engine.state.epoch`` to the completed epochs at
+    ``STARTED`` (handlers of one event run in the order they were attached).
+    """
+
+    def started(self, engine: Engine) -> None:
+        if engine.state.epoch > 0 and not self.smartcacher.is_started():
+            rotate_smart_cache(self.smartcacher, int(engine.state.epoch))
+        super().started(engine)
