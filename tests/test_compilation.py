@@ -125,13 +125,85 @@ def test_every_bundle_compiles_its_trainer_on_request(bundle):
     """``--compile true``: the trainer gets compile=True and the bundle's compile_kwargs, and the monitor is
     attached; off by default."""
     train = json.loads((BUNDLES / bundle / "configs" / "train.json").read_text())
-    assert train["compile"] is False and train["compile_kwargs"] == {}
+    assert train["speed"]["compile"] is False and train["speed"]["compile_kwargs"] == {}
     trainer = train["train"]["trainer"]
-    assert trainer["compile"] == "$components.as_bool(@compile, 'compile')"
-    assert trainer["compile_kwargs"] == "@compile_kwargs"
+    assert trainer["compile"] == "$components.as_bool(@speed#compile, 'compile')"
+    assert trainer["compile_kwargs"] == "@speed#compile_kwargs"
     monitors = [h for h in train["train"]["handlers"] if h["_target_"] == "components.CompileMonitor"]
     assert len(monitors) == 1
     parser = ConfigParser(train)
     for compile, disabled in (("true", False), (False, True)):
-        parser["compile"] = compile
+        parser["speed#compile"] = compile
         assert parser.get_parsed_content(f"train#handlers#{train['train']['handlers'].index(monitors[0])}#_disabled_") is disabled
+
+
+# -------------------------------------------------------------- the real networks at the tiny size (aot_eager)
+
+
+def _real_run(kind: str, compile: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
+    """Two epochs of two steps of a bundle's real network (feature 12, window 4, fused attention) in its trainer;
+    returns the losses, the final weights and the number of compiled graphs after each epoch."""
+    from monai.engines import SupervisedTrainer
+    from monai.networks.nets import SwinUNETR
+
+    from components import (MultiCrop, PretrainingTrainer, SelfDistillationLoss, SelfDistillationNetwork,
+                            SelfDistillationRecipe, SSLHead, use_fused_attention)  # fmt: skip
+
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    if kind == "swinunetr":
+        network = use_fused_attention(SwinUNETR(in_channels=1, out_channels=3, feature_size=12, window_size=4), True)
+        loader = [{"image": torch.rand(1, 1, 64, 32, 32, generator=g), "label": torch.randint(0, 3, (1, 1, 64, 32, 32), generator=g)}
+                  for _ in range(2)]  # fmt: skip
+        trainer = SupervisedTrainer(device="cpu", max_epochs=2, train_data_loader=loader, network=network,
+                                    optimizer=torch.optim.SGD(network.parameters(), lr=1e-2),
+                                    loss_function=monai_dice_ce(), compile=compile, compile_kwargs=AOT)  # fmt: skip
+    elif kind == "sslhead":
+        network = use_fused_attention(SSLHead(in_channels=1, feature_size=12, window_size=4), True)
+        loader = [{"image": torch.rand(2, 1, 64, 32, 32, generator=g)} for _ in range(2)]
+        trainer = SSLTrainer(device="cpu", max_epochs=2, train_data_loader=loader, network=network, seed=3,
+                             optimizer=torch.optim.SGD(network.parameters(), lr=1e-2), loss_function=SSLLoss(),
+                             compile=compile, compile_kwargs=AOT)  # fmt: skip
+    else:
+        network = use_fused_attention(SelfDistillationNetwork(feature_size=12, out_dim=32, hidden_dim=24, bottleneck_dim=8, window_size=4), True)
+        recipe = SelfDistillationRecipe(network, SelfDistillationLoss(32, koleo_weight=0.1),
+                                        MultiCrop((32, 32, 32), (32, 32, 32), num_local=2), total_iterations=4)  # fmt: skip
+        loader = [{"image": torch.rand(2, 1, 40, 40, 40, generator=g)} for _ in range(2)]
+        trainer = PretrainingTrainer(device="cpu", max_epochs=2, train_data_loader=loader, network=network, seed=3,
+                                     optimizer=torch.optim.SGD(network.parameters(), lr=1e-2), recipe=recipe,
+                                     compile=compile, compile_kwargs=AOT)  # fmt: skip
+    losses: list[torch.Tensor] = []
+    graphs: list[int] = []
+
+    def record(engine) -> None:
+        output = engine.state.output
+        losses.append(torch.as_tensor((output[0] if isinstance(output, list) else output)["loss"]).detach().clone())
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, record)
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: graphs.append(compiled_graphs()))
+    trainer.run()
+    return losses, [p.detach().clone() for p in components.engine.unwrap(network).parameters()], graphs
+
+
+def monai_dice_ce():
+    from monai.losses import DiceCELoss
+
+    return DiceCELoss(to_onehot_y=True, softmax=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["swinunetr", "sslhead", "self_distillation"])
+def test_real_networks_compile_to_the_eager_numbers_without_recompiling(kind):
+    """The networks the bundles train (SwinUNETR and SSLHead with fused window attention, the self-distillation
+    student with its global and local crops): compiled steps equal eager ones, and the second epoch compiles nothing."""
+    losses_e, params_e, _ = _real_run(kind, compile=False)
+    torch._dynamo.reset()
+    losses_c, params_c, graphs = _real_run(kind, compile=True)
+    torch.testing.assert_close(torch.stack(losses_c), torch.stack(losses_e), rtol=1e-4, atol=1e-6)
+    # SGD: the weights move by lr x gradient, so they differ by the gradients' rounding only (Adam would turn a
+    # near-zero gradient's rounding into a step of lr). At this size SSLHead's decoder normalises maps of 2 voxels
+    # (64x32x32 / 32), which amplifies rounding: its weights differ by up to ~7e-6 after 4 steps; a wrong gradient
+    # differs by the size of the steps (~1e-3)
+    for p_c, p_e in zip(params_c, params_e):
+        torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=2e-5)
+    assert graphs[0] >= 1 and graphs[1] == graphs[0], graphs

@@ -29,15 +29,15 @@ WORLD = 2
 
 
 #: (file, function) of the readers that read CPU tensors only on CUDA (see above)
-CPU_ONLY_READERS = {("torch/optim/optimizer.py", "_get_value"), ("components/augment.py", "_draw_boxes")}
+CPU_ONLY_READERS = {("torch/optim/optimizer.py", "_get_value"), ("inpainting_contrast/views.py", "_draw_boxes")}
 
 
 class PerIteration:
     """Counts calls of the named attributes of ``owner`` while installed, keyed by the trainer's iteration; for
     each call also the (file, function) that made it, in ``sites[iteration]``."""
 
-    def __init__(self, owner, names: tuple[str, ...], trainer) -> None:
-        self.owner, self.names, self.trainer = owner, names, trainer
+    def __init__(self, owner, names: tuple[str, ...], trainer, depth: int = 1) -> None:
+        self.owner, self.names, self.trainer, self.depth = owner, names, trainer, depth
         self.calls: Counter = Counter()
         self.sites: dict[int, set[tuple[str, str]]] = {}
 
@@ -50,7 +50,7 @@ class PerIteration:
     def _counting(self, fn):
         def wrapper(*args, **kwargs):
             iteration = self.trainer.state.iteration
-            caller = sys._getframe(1).f_code
+            caller = sys._getframe(self.depth).f_code
             path = Path(caller.co_filename).as_posix()
             site = ("/".join(path.split("/")[-3:]) if "/torch/" in path else "/".join(path.split("/")[-2:]), caller.co_name)
             self.calls[iteration] += 1
@@ -180,6 +180,73 @@ def test_every_rank_stops_at_the_same_check_naming_the_bad_rank(ranks):
     assert "non-finite training loss nan" in ranks[1]["error"]
 
 
+# ------------------------------------------- tensors made from Python numbers (host-to-device copies on CUDA)
+
+
+class FreshTensors(PerIteration):
+    """Counts, per trainer iteration, the tensors built from Python data (``torch.tensor(3.0, device=d)``,
+    ``torch.as_tensor(n, device=d)``, ``x.new_tensor(...)``): on CUDA each is a blocking host-to-device copy.
+    ``torch.full`` and Python numbers in arithmetic or indexed assignment are kernel arguments, not copies."""
+
+    def __init__(self, trainer) -> None:
+        super().__init__(torch, ("tensor", "as_tensor", "asarray"), trainer, depth=2)
+        self.methods = PerIteration(torch.Tensor, ("new_tensor",), trainer)
+        self.methods.calls, self.methods.sites = self.calls, self.sites  # one record for both
+
+    def _counting(self, fn):
+        counted = super()._counting(fn)
+
+        def wrapper(*args, **kwargs):  # a tensor passed to as_tensor is no copy from the host
+            data = args[0] if args else kwargs.get("data")
+            return fn(*args, **kwargs) if isinstance(data, torch.Tensor) else counted(*args, **kwargs)
+
+        return wrapper
+
+    def __enter__(self) -> "FreshTensors":
+        self.methods.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        self.methods.__exit__(*exc)
+
+
+def _fresh_scenario(rank: int) -> dict:
+    """Both recipes under DDP on 2 gloo ranks with equal batches: where are tensors made from Python numbers?"""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from components import PretrainingTrainer, weight_decay_groups
+    from tests.test_self_distillation import _batches as _volumes, _recipe, _student
+
+    out = {}
+    torch.manual_seed(0)
+    ssl = _trainer(_batches(6, seed=rank), 3, [StopOnNonFiniteLoss(check_interval=3)], DDP(TinySSLNet()), equal_rank_batches=True)
+    student = _student()
+    recipe = _recipe(student, total_iterations=6, koleo=0.1, equal_rank_batches=True)
+    sd = PretrainingTrainer(device="cpu", max_epochs=1, train_data_loader=_volumes(6, seed=rank), network=DDP(student),
+                            optimizer=torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=1e-3), recipe=recipe,
+                            log_interval=3, train_handlers=[StopOnNonFiniteLoss(check_interval=3)])  # fmt: skip
+    for name, trainer in (("ssl", ssl), ("self_distillation", sd)):
+        with FreshTensors(trainer) as fresh:
+            trainer.run()
+        out[name] = {"calls": dict(fresh.calls), "sites": {i: sorted(s) for i, s in fresh.sites.items()}}
+    return out
+
+
+@pytest.fixture(scope="module")
+def fresh_ranks(tmp_path_factory) -> list[dict]:
+    return run_scenario(_fresh_scenario, tmp_path_factory.mktemp("fresh_tensor_ranks"), WORLD)
+
+
+@pytest.mark.parametrize("recipe", ["ssl", "self_distillation"])
+def test_no_tensor_is_made_from_python_numbers_between_log_iterations_under_ddp(fresh_ranks, recipe):
+    """Iterations 2, 3 and 5 (log interval 3, 6 iterations) build no tensor from Python data on any rank: on CUDA each
+    would be a blocking host-to-device copy every step (the self-distillation centre's rank weight was one)."""
+    for result in fresh_ranks:
+        steady = {i: result[recipe]["sites"].get(i) for i in (2, 3, 5) if result[recipe]["calls"].get(i)}
+        assert steady == {}, steady
+
+
 # ------------------------------------------------------------------------------------------------- CUDA
 
 
@@ -204,3 +271,29 @@ def test_cuda_steps_between_log_iterations_never_synchronise():
         trainer.run()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_self_distillation_steps_between_log_iterations_never_synchronise():
+    from components import MultiCrop, PretrainingTrainer, SelfDistillationLoss, SelfDistillationNetwork, SelfDistillationRecipe, weight_decay_groups
+
+    torch.manual_seed(0)
+    student = SelfDistillationNetwork(feature_size=12, out_dim=32, hidden_dim=24, bottleneck_dim=8).cuda()
+    recipe = SelfDistillationRecipe(student, SelfDistillationLoss(32, koleo_weight=0.1, equal_rank_batches=True),
+                                    MultiCrop((32, 32, 32), (32, 32, 32), num_local=2), total_iterations=6)  # fmt: skip
+    loader = [{"image": torch.rand(2, 1, 48, 48, 48).pin_memory()} for _ in range(6)]
+    trainer = PretrainingTrainer(device="cuda", max_epochs=1, train_data_loader=loader, network=student,
+                                 optimizer=torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=1e-4), recipe=recipe,
+                                 amp=True, amp_dtype="bfloat16", log_interval=5,
+                                 train_handlers=[StopOnNonFiniteLoss(check_interval=5)])  # fmt: skip
+
+    def set_mode(engine) -> None:  # iterations 2-5 must not synchronise; 1 and 6 (log, epoch end) may
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if engine.state.iteration in (1, 2, 3, 4) else "default")
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, set_mode)
+    try:
+        trainer.run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
