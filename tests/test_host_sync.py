@@ -250,6 +250,20 @@ def test_no_tensor_is_made_from_python_numbers_between_log_iterations_under_ddp(
 # ------------------------------------------------------------------------------------------------- CUDA
 
 
+def _run_without_syncs_between_logs(trainer) -> None:
+    """Runs 6 iterations with log interval 5: iterations 2-5 must not synchronise; 1 and 6 (log, epoch end) may."""
+
+    def set_mode(engine) -> None:
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if engine.state.iteration in (1, 2, 3, 4) else "default")
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, set_mode)
+    try:
+        trainer.run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_steps_between_log_iterations_never_synchronise():
     from components import SSLHead
@@ -261,16 +275,7 @@ def test_cuda_steps_between_log_iterations_never_synchronise():
                          optimizer=torch.optim.AdamW(network.parameters(), lr=1e-4), loss_function=SSLLoss(),
                          amp=True, amp_dtype="bfloat16", log_interval=5,
                          train_handlers=[StopOnNonFiniteLoss(check_interval=5)])  # fmt: skip
-
-    def set_mode(engine) -> None:  # iterations 2-5 must not synchronise; 1 and 6 (log, epoch end) may
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error" if engine.state.iteration in (1, 2, 3, 4) else "default")
-
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, set_mode)
-    try:
-        trainer.run()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    _run_without_syncs_between_logs(trainer)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -286,14 +291,5 @@ def test_cuda_self_distillation_steps_between_log_iterations_never_synchronise()
                                  optimizer=torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=1e-4), recipe=recipe,
                                  amp=True, amp_dtype="bfloat16", log_interval=5,
                                  train_handlers=[StopOnNonFiniteLoss(check_interval=5)])  # fmt: skip
-
-    def set_mode(engine) -> None:  # iterations 2-5 must not synchronise; 1 and 6 (log, epoch end) may
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error" if engine.state.iteration in (1, 2, 3, 4) else "default")
-
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, set_mode)
-    try:
-        trainer.run()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    _run_without_syncs_between_logs(trainer)
 
