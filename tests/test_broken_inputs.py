@@ -6,18 +6,24 @@ our check before any caching, rather than a traceback from deep inside MONAI; Na
 off, a file that breaks a transform while caching must still be named in the error.
 
 The multi-organ CT bundle reads an image and a label per entry, so every case of the corpus applies and each runs
-on its own; the pretraining bundle (images only) and the BraTS bundle (4-channel MRI) get every case that applies
-to them in one datalist, and must name each broken file in the one report of the data check.
+on its own; the pretraining bundles (images only) and the BraTS bundle (4-channel MRI) get every case that applies
+to them in one datalist, and must name each broken file in the one report of the data check. The empty list, NaN
+voxels and a transform error with the check off go through all four bundles.
 """
 
 from __future__ import annotations
 
 import json
 
+import nibabel as nib
+import numpy as np
 import pytest
 
+from components import write_dataset
 from components.runner import BUNDLES_DIR
 from tests.test_check_data import _build_corpus
+from tests.test_dino_bundle import BUNDLE as DINO
+from tests.test_dino_bundle import TINY as DINO_TINY
 from tests.test_finetune_bundles import CT, CT_TINY, MRI, MRI_TINY, TRAIN_TINY, _run
 from tests.test_pretrain_bundle import TINY as SSL_TINY
 
@@ -32,19 +38,12 @@ def corpus(tmp_path_factory):
     return root, {case.name: case for case in cases}
 
 
-def _train(root, name: str, tmp_path, **extra) -> tuple[int, str]:
-    overrides = {**CT_TINY, **TRAIN_TINY, "datalist": root / f"{name}.json", "dataset_dir": root,
-                 "ckpt_dir": tmp_path / "models", "output_dir": tmp_path / "eval", **extra}  # fmt: skip
-    code, out, _ = _run(CT, ["train.json"], overrides, tmp_path / "run.log")
-    return code, out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", HEADER_CASES)
 def test_bundle_stops_before_caching_with_the_check_data_line(corpus, tmp_path, name):
     root, cases = corpus
     case = cases[name]
-    code, out = _train(root, name, tmp_path)
+    code, out = _run_bundle("btcv", root / f"{name}.json", root, tmp_path)
     assert code != 0, out[-3000:]
     lines = [line.strip() for line in out.splitlines()]
     expected = [line for line in lines if line.startswith(f"ERROR {case.path} ") and case.message in line]
@@ -53,25 +52,34 @@ def test_bundle_stops_before_caching_with_the_check_data_line(corpus, tmp_path, 
     assert CACHING not in out, "the run started caching before it stopped"
 
 
-#: bundle -> (its folder, tiny overrides, the header cases that apply: the SSL bundle reads no label)
-OTHER_BUNDLES = {
-    "ssl_pretrain": (BUNDLES_DIR / "swin_unetr_ssl_pretrain", {**SSL_TINY, "max_epochs": 1},
-                     ["truncated_gz", "image_2d", "image_4d", "missing", "wrong_keys"]),
+IMAGE_ONLY_CASES = ["truncated_gz", "image_2d", "image_4d", "missing", "wrong_keys"]  # no label read
+#: bundle -> (its folder, tiny overrides of one epoch, the header cases that apply)
+BUNDLES = {
+    "btcv": (CT, {**CT_TINY, **TRAIN_TINY}, HEADER_CASES),
+    "ssl_pretrain": (BUNDLES_DIR / "swin_unetr_ssl_pretrain", {**SSL_TINY, "max_epochs": 1}, IMAGE_ONLY_CASES),
+    "dino_pretrain": (DINO, {**DINO_TINY, "batch_size": 1, "training#num_samples": 2}, IMAGE_ONLY_CASES),  # KoLeo: 2 crops
     "brats": (MRI, {**MRI_TINY, **TRAIN_TINY}, HEADER_CASES),
 }  # fmt: skip
+OTHER_BUNDLES = {name: run for name, run in BUNDLES.items() if name != "btcv"}
+
+
+def _run_bundle(bundle: str, datalist, root, tmp_path, **extra) -> tuple[int, str]:
+    folder, tiny, _ = BUNDLES[bundle]
+    overrides = {**tiny, "datalist": datalist, "dataset_dir": root, "ckpt_dir": tmp_path / "models",
+                 "output_dir": tmp_path / "eval", **extra}  # fmt: skip
+    code, out, _ = _run(folder, ["train.json"], overrides, tmp_path / "run.log")
+    return code, out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bundle", list(OTHER_BUNDLES))
 def test_other_bundles_stop_before_caching_naming_each_broken_file(corpus, tmp_path, bundle):
     root, cases = corpus
-    folder, tiny, names = OTHER_BUNDLES[bundle]
+    names = OTHER_BUNDLES[bundle][2]
     datalist = tmp_path / "broken_inputs.json"
     training = [entry for name in names for entry in cases[name].datalist["training"]]
     datalist.write_text(json.dumps({"training": training, "validation": cases[names[0]].datalist["validation"]}))
-    overrides = {**tiny, "datalist": datalist, "dataset_dir": root, "ckpt_dir": tmp_path / "models",
-                 "output_dir": tmp_path / "eval"}  # fmt: skip
-    code, out, _ = _run(folder, ["train.json"], overrides, tmp_path / "run.log")
+    code, out = _run_bundle(bundle, datalist, root, tmp_path)
     assert code != 0, out[-3000:]
     lines = [line.strip() for line in out.splitlines()]
     for name in names:
@@ -85,36 +93,59 @@ def test_other_bundles_stop_before_caching_naming_each_broken_file(corpus, tmp_p
 
 
 @pytest.mark.slow
-def test_empty_datalist_is_named(corpus, tmp_path):
+@pytest.mark.parametrize("bundle", list(BUNDLES))
+def test_empty_datalist_is_named(corpus, tmp_path, bundle):
     root, _ = corpus
-    code, out = _train(root, "empty_list", tmp_path)
+    code, out = _run_bundle(bundle, root / "empty_list.json", root, tmp_path)
     assert code != 0
     assert f"the 'training' list of datalist {str(root / 'empty_list.json')!r} is empty" in out, out[-3000:]
     assert CACHING not in out
 
 
+def _nan_mri(root) -> tuple:
+    """A 4-channel MRI datalist whose one training volume holds NaN voxels (the corpus is 1-channel CT)."""
+    datalist = write_dataset(root / "nan_mri", kind="mri", num=3, seed=0)
+    content = json.loads(datalist.read_text())
+    path = content["training"][0]["image"]
+    path = path if path.startswith("/") else str(datalist.parent / path)
+    image = nib.load(path)
+    voxels = np.asarray(image.dataobj, dtype=np.float32)
+    voxels[tuple(s // 2 for s in voxels.shape)] = np.nan
+    nib.save(nib.Nifti1Image(voxels, image.affine), path)
+    content["training"] = content["training"][:1]
+    datalist.write_text(json.dumps(content))
+    return datalist, path
+
+
 @pytest.mark.slow
-def test_nan_voxels_stop_the_first_step_naming_the_file(corpus, tmp_path):
+@pytest.mark.parametrize("bundle", list(BUNDLES))
+def test_nan_voxels_stop_the_first_step_naming_the_file(corpus, tmp_path, bundle):
     """The header check passes (voxels are not read); the first training loss is NaN and the run stops with the
     iteration and the batch's file, before any checkpoint of NaN weights is written."""
     root, cases = corpus
-    code, out = _train(root, "nan_voxels", tmp_path, pretrained_path="null")  # as typed on a command line
+    if bundle == "brats":
+        datalist, path = _nan_mri(tmp_path)
+    else:
+        datalist, path = root / "nan_voxels.json", cases["nan_voxels"].path
+    code, out = _run_bundle(bundle, datalist, root, tmp_path, pretrained_path="null")  # as typed on a command line
     assert code != 0, out[-3000:]
-    assert (  # the run said, at WARNING, that it trains from random initialisation
-        "components.checkpoint - WARNING - PretrainedLoader: no pretrained weights (pretrained_path is none): "
-        "SwinUNETR trains from random initialisation; pretrained_path defaults to the SSL bundle model "
-    ) in out, out[-3000:]
-    assert "NonFiniteLossError" in out
+    if bundle in ("btcv", "brats"):  # the run said, at WARNING, that it trains from random initialisation
+        assert (
+            "components.checkpoint - WARNING - PretrainedLoader: no pretrained weights (pretrained_path is none): "
+            "SwinUNETR trains from random initialisation; pretrained_path defaults to the SSL bundle model "
+        ) in out, out[-3000:]
+    assert "NonFiniteLossError" in out, out[-3000:]
     assert "non-finite training loss nan at epoch 1, iteration 1" in out, out[-3000:]
-    assert f"batch files (rank 0): [{cases['nan_voxels'].path!r}]" in out, out[-3000:]
+    assert f"batch files (rank 0): [{path!r}" in out, out[-3000:]
     assert not (tmp_path / "models" / "model.pt").exists()
 
 
 @pytest.mark.slow
-def test_transform_error_while_caching_names_the_file_when_the_check_is_off(corpus, tmp_path):
+@pytest.mark.parametrize("bundle", list(BUNDLES))
+def test_transform_error_while_caching_names_the_file_when_the_check_is_off(corpus, tmp_path, bundle):
     root, cases = corpus
-    code, out = _train(root, "truncated_gz", tmp_path, check_data="false")
+    code, out = _run_bundle(bundle, root / "truncated_gz.json", root, tmp_path, **{"loader#check_data": "false"})
     assert code != 0
     assert "dataset: data check disabled" in out
-    assert f"DataItemError: caching failed for image={cases['truncated_gz'].path}, label=" in out, out[-3000:]
+    assert f"DataItemError: caching failed for image={cases['truncated_gz'].path}" in out, out[-3000:]
     assert "LoadImaged: " in out  # the transform and the root error follow
