@@ -561,3 +561,25 @@ def test_mri_inference_writes_brats_labels_in_input_geometry(mri_infer, mri_data
         assert seg.get_data_dtype() == np.uint8
         assert set(np.unique(np.asarray(seg.dataobj)).tolist()) <= {0, 1, 2, 4}
     assert len(orientations) == 2
+
+
+def test_finetuning_logs_the_learning_rate_to_tensorboard_and_the_log(ct_train):
+    """The schedule is visible, as in the pretraining bundles: ``lr`` next to ``train_loss`` every logged iteration,
+    equal to the warm-up cosine schedule of this run (50 warm-up epochs of 3 iterations each here)."""
+    from monai.optimizers import WarmupCosineSchedule
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result, out_dir = ct_train
+    out = _ok(result, "CT training")
+    events = EventAccumulator(str(out_dir / "eval")).Reload()
+    assert {"train_loss", "lr"} <= set(events.Tags()["scalars"])
+    logged = [(e.step, e.value) for e in events.Scalars("lr")]
+    per_epoch = len(logged)  # TRAIN_TINY: one epoch, every iteration logged
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-4)
+    schedule = WarmupCosineSchedule(optimizer, warmup_steps=50 * per_epoch, t_total=1 * per_epoch)  # max_epochs 1
+    expected = []
+    for _ in logged:
+        schedule.step()
+        expected.append(optimizer.param_groups[0]["lr"])
+    assert [v for _, v in logged] == pytest.approx(expected, rel=1e-6)
+    assert re.search(r"lr: [0-9.e-]+", out)
