@@ -384,7 +384,7 @@ class RankBatches:
 
     def __init__(self, gather: bool | None, equal_sizes: bool, owner: str) -> None:
         if gather not in (None, True, False):
-            raise ValueError(f"gather must be None, True or False, got {gather!r}.")
+            raise ValueError(f"gather_distributed must be None, True or False, got {gather!r}.")
         self.wanted = gather
         self.equal_sizes = bool(equal_sizes)
         self.owner = owner

@@ -160,8 +160,6 @@ class SSLLoss(nn.Module):
             raise ValueError(f"alpha must hold 3 numbers (rot, contrast, recon), got {alpha!r}.") from None
         if not all(math.isfinite(a) and a >= 0 for a in weights):
             raise ValueError(f"alpha weights must be finite and >= 0, got {weights}.")
-        if gather_distributed not in (None, True, False):
-            raise ValueError(f"gather_distributed must be None, True or False, got {gather_distributed!r}.")
         self._ranks = RankBatches(gather_distributed, equal_rank_batches, "SSLLoss(equal_rank_batches=True)")
         self.temperature = temperature
         self.alpha = weights
