@@ -351,7 +351,7 @@ def finetune_job(
     budget = replace(plan.budget, finetune_epochs=epochs, val_interval=plan.val_every // k)
     pretrained = Path(weights[recipe]["model"]) if recipe else None
     overrides = finetune_overrides(budget, datalist, Path("."), device, 1000 + seed, pretrained, training_class_weights(datalist, data.label_names))
-    overrides.update({"label_names": data.label_names, "out_channels": len(data.label_names),
+    overrides.update({"label_names": data.label_names,
                       "training#freeze_encoder_iterations": plan.finetune_iterations if frozen else 0, **plan.finetune_overrides})  # fmt: skip
     key = digest({"arm": arm, "k": k, "seed": seed, "overrides": _portable(overrides, out), "datalist": datalist.read_text(),
                   "weights": weights[recipe]["sha256"] if recipe else None,
@@ -579,7 +579,7 @@ def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int) 
 
     datalist = write_datalist(data, 1, 0, seed)
     parser = bundle_parser(BUNDLES_DIR / CT_BUNDLE, {**finetune_overrides(plan.budget, datalist, data.root / "rankme", "cpu", seed, None),
-                                                     "label_names": data.label_names, "out_channels": len(data.label_names),
+                                                     "label_names": data.label_names,
                                                      **plan.finetune_overrides})  # fmt: skip
     preprocessing = parser.get_parsed_content("validate#preprocessing")
     pad = SpatialPad(parser["roi_size"])

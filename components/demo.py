@@ -102,7 +102,7 @@ def finetune_overrides(
     return {
         "dataset_dir": str(datalist.parent), "datalist": str(datalist), "device": device,
         "feature_size": budget.feature_size, "network_def#window_size": _WINDOW, "training#class_weights": class_weights,
-        **_NO_MIRRORING, "out_channels": len(_LABEL_NAMES), "label_names": _LABEL_NAMES,
+        **_NO_MIRRORING, "label_names": _LABEL_NAMES,
         "roi_size": _ROI, "spacing": _SPACING, "training#num_samples": budget.finetune_crops, "loader#num_workers": 0,
         "speed#amp": device == "cuda", "speed#use_checkpoint": False, "training#seed": seed, "training#log_interval": 5,
         "max_epochs": budget.finetune_epochs, "training#val_interval": budget.val_interval, "training#warmup_epochs": 1,

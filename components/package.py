@@ -24,8 +24,9 @@ configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here
   the weights with ``copy_model_state``, which skips every tensor whose name or shape does not match and only
   logs "N of M variables" at INFO: a tiny model (``--feature_size 12``) loaded into the config's default
   feature size 48 comes back mostly random. So a package's configs take the network sizes (``feature_size``,
-  ``in_channels``, ``out_channels``) from its ``models/model.pt``, and packaging fails unless every config's
-  ``network_def`` then holds exactly the weights' tensors.
+  ``in_channels``, ``window_size``) from its ``models/model.pt``, and packaging fails unless every config's
+  ``network_def`` then holds exactly the weights' tensors (a segmentation bundle's outputs are its
+  ``label_names``: a count that differs from the weights' fails naming them).
 - :func:`metadata_schema` is this collection's metadata schema (shipped, offline); :func:`schema_path` finds MONAI's
   published one for ``monai.bundle verify_metadata``.
 """
@@ -280,6 +281,13 @@ def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
         config = json.loads(text)
         if not isinstance(config, dict) or "network_def" not in config:
             continue
+        names = config.get("label_names")
+        if "out_channels" in sizes and isinstance(names, list) and len(names) != sizes["out_channels"]:
+            raise ValueError(
+                f"{root.name}/{rel}: label_names has {len(names)} names, {_MODEL_FILE} has {sizes['out_channels']} "
+                f"output channels ({_SEG_OUT}); set the {sizes['out_channels']} label_names the weights were trained "
+                "with before packaging."
+            )
         # a size is a top-level id (feature_size) or a member of network_def (network_def#window_size)
         holder = {k: config if k in config or not isinstance(config["network_def"], dict) else config["network_def"] for k in sizes}
         changed = {k: v for k, v in sizes.items() if isinstance(holder[k].get(k), int) and holder[k][k] != v}

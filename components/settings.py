@@ -18,8 +18,6 @@ def check_settings(
     roi_size: Sequence[int] | None = None,
     network: str = "network_def",
     rotation: bool = False,
-    out_channels: int | None = None,
-    label_names: Sequence[str] | None = None,
 ) -> None:
     """Checks the settings that must agree; each argument left None is not checked.
 
@@ -29,21 +27,13 @@ def check_settings(
         network: names the network in the message, e.g. "SwinUNETR".
         rotation: the SSL rotation views rotate each crop by k * 90 degrees in its last two axes, which needs the
             last two ``roi_size`` values equal (else the first iteration fails in ``rot_rand``).
-        out_channels / label_names: one name per output channel of the network.
 
     Raises:
         ValueError: one line naming the two settings that disagree and how to fix them.
 
     Example:
-        >>> check_settings(roi_size=[96, 96, 96], network="SwinUNETR", out_channels=14, label_names=names)
+        >>> check_settings(roi_size=[96, 96, 96], network="SwinUNETR")
     """
-    if out_channels is not None and label_names is not None and int(out_channels) != len(label_names):
-        raise ValueError(
-            f"out_channels {out_channels} and label_names ({len(label_names)} names: "
-            f"{', '.join(map(str, label_names))}) "
-            f"disagree: output channel c is the class label_names[c]. Set --out_channels {len(label_names)}, or give "
-            f"{out_channels} label_names."
-        )
     if roi_size is None:
         return
     roi = [int(s) for s in roi_size]

@@ -279,7 +279,7 @@ def test_per_class_means_ignore_missing_classes():
 VOCABULARY = ["bundle_root", "dataset_dir", "datalist", "output_dir", "ckpt_dir", "device", "roi_size", "feature_size",
               "in_channels", "batch_size", "training#num_samples", "loader#num_workers", "loader#cache_rate",
               "learning_rate", "max_epochs", "training#val_interval", "speed#amp", "speed#use_checkpoint",
-              "checkpointing#resume", "training#seed", "pretrained_path", "training#channel_policy", "out_channels",
+              "checkpointing#resume", "training#seed", "pretrained_path", "training#channel_policy",
               "label_names"]
 
 
@@ -299,7 +299,7 @@ def test_metadata_ids_and_label_names(bundle):
     assert names == expected
     channel_def = meta["network_data_format"]["outputs"]["pred"]["channel_def"]
     assert [channel_def[str(i)] for i in range(len(channel_def))] == names
-    assert meta["network_data_format"]["outputs"]["pred"]["num_channels"] == train["out_channels"] == len(names)
+    assert meta["network_data_format"]["outputs"]["pred"]["num_channels"] == len(names)
     assert meta["network_data_format"]["inputs"]["image"]["num_channels"] == train["in_channels"]
     assert train["training"]["channel_policy"] == ("error" if bundle == CT else "repeat")
     for name in ("multi_gpu_train.json", "multi_gpu_evaluate.json"):

@@ -314,6 +314,18 @@ def test_package_refuses_weights_the_configs_cannot_hold(tmp_path):
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
 
 
+def test_package_refuses_weights_with_another_number_of_classes(tmp_path):
+    """A segmentation bundle's outputs are its label_names: weights of 3 classes in the 14-name CT bundle fail
+    naming label_names and both counts, before anything is written."""
+    root = _copy_bundle(BTCV, tmp_path / "src")
+    (root / "models").mkdir()
+    torch.save(SwinUNETR(in_channels=1, out_channels=3, feature_size=FS).state_dict(), root / "models" / "model.pt")
+    with pytest.raises(ValueError, match=r"configs/inference.json: label_names has 14 names, models/model.pt has 3 "
+                                         r"output channels \(out.conv.conv.weight\)"):
+        pkg.package_bundle(root, tmp_path / "dist")
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
 def test_github_source_is_offline_when_zip_present(packaged, fake_state, tmp_path, monkeypatch):
     """`--source github --repo owner/repo/tag --version X` resolves <name>_v<X>.zip and skips the download when
     that zip is already in bundle_dir (sockets are disabled here to prove it)."""

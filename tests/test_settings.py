@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -12,17 +11,21 @@ from monai.bundle import ConfigParser
 from components import check_settings, rot_rand
 
 REPO = Path(__file__).resolve().parents[1]
-BTCV_NAMES = json.loads((REPO / "bundles/swin_unetr_btcv_finetune/configs/train.json").read_text())["label_names"]
 
 
-def test_out_channels_must_match_label_names():
-    with pytest.raises(ValueError) as err:
-        check_settings(out_channels=3, label_names=BTCV_NAMES)
-    message = str(err.value)
-    assert "\n" not in message
-    assert message.startswith("out_channels 3 and label_names (14 names: background, spleen,")
-    assert "--out_channels 14" in message
-    check_settings(out_channels=14, label_names=BTCV_NAMES)
+@pytest.mark.parametrize("bundle", ["swin_unetr_btcv_finetune", "swin_unetr_brats_finetune"])
+@pytest.mark.parametrize("config", ["train.json", "inference.json"])
+def test_the_output_channels_are_the_label_names(bundle, config):
+    """A user sets label_names only: the network's outputs (and the metric's one-hot) follow their number."""
+    parser = ConfigParser()
+    parser.read_config(str(REPO / "bundles" / bundle / "configs" / config))
+    assert "out_channels" not in parser.config
+    parser["label_names"] = ["background", "liver", "tumour"]
+    parser["feature_size"] = 12
+    network = parser.get_parsed_content("network_def")
+    assert network.out.conv.conv.out_channels == 3
+    if bundle == "swin_unetr_btcv_finetune" and config == "train.json":
+        assert parser.get_parsed_content("validate#postprocessing").transforms[-1].to_onehot == [3, 3]
 
 
 @pytest.mark.parametrize(
