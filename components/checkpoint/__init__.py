@@ -4,8 +4,9 @@ Two concerns, in separate modules (the public names are re-exported here, as the
 them):
 
 - **Pretrained weights**: :mod:`.layouts` (which layout a state dict is in, how each key maps; the only place that
-  knows checkpoint layouts) and :mod:`.pretrained` (:func:`load_pretrained` with its :class:`LoadReport`,
-  :func:`convert_state_dict`, the :class:`PretrainedLoader` handler).
+  knows checkpoint layouts), :mod:`.architecture` (the Swin ViT architecture read from a checkpoint's shapes, the
+  one-line mismatch with its overrides, ``pretrained_arch: "auto"``) and :mod:`.pretrained` (:func:`load_pretrained`
+  with its :class:`LoadReport`, :func:`convert_state_dict`, the :class:`PretrainedLoader` handler).
 - **Resumable training**: :mod:`.training_state` (the file's format, :func:`save_atomic`, :func:`restore_schedule`,
   the events savers fire, :class:`CheckpointEvents`), :mod:`.saver` (:class:`ResumableCheckpointSaver`,
   :class:`BestModelSaver`) and :mod:`.resume` (:class:`ResumeHandler`, :func:`resolve_resume`).
@@ -13,6 +14,14 @@ them):
 All of them log as ``components.checkpoint``.
 """
 
+from .architecture import (
+    OVERRIDE_IDS,
+    PRETRAINED_ARCH,
+    SwinArchitecture,
+    adopt_architecture,
+    check_architecture,
+    infer_architecture,
+)
 from .layouts import (
     CHANNEL_POLICIES,
     LAYOUTS,
@@ -48,6 +57,12 @@ __all__ = [
     "read_checkpoint",
     "extract_state_dict",
     "detect_layout",
+    "SwinArchitecture",
+    "OVERRIDE_IDS",
+    "PRETRAINED_ARCH",
+    "infer_architecture",
+    "check_architecture",
+    "adopt_architecture",
     "convert_state_dict",
     "load_pretrained",
     "save_atomic",

@@ -4,23 +4,66 @@ This module is the only place that knows checkpoint layouts. The published Swin 
 several layouts (``LAYOUTS``); every key is mapped explicitly and whatever does not map is named in a
 :class:`LoadReport`.
 
-Layouts detected (after unwrapping a container and stripping ``module.`` / ``_orig_mod.``):
+A file is first unwrapped from its container (``state_dict``, ``model``, ``network``, ``net``, ``network_weights``,
+``model_state_dict``), then the wrapper prefixes are stripped from every key: ``module.`` (DDP / DataParallel),
+``_orig_mod.`` (torch.compile) and ``backbone.`` (a Swin UNETR held as ``backbone`` by VoCo and SuPreM), alone or
+combined (``module.backbone.``). The older ``swin_vit.`` spelling of ``swinViT.`` is accepted everywhere, and so are
+the residual blocks ``layers1c`` .. ``layers4c`` of a ``use_v2=True`` encoder. The layouts then detected, and where in
+the public code each comes from:
 
-========================== ==================================================================================
-``model_swinvit``          the CVPR release encoder: bare ``patch_embed.*`` / ``layers{1..4}.*`` keys (``module.``
-                           in the file), ``mlp.fc1`` / ``mlp.fc2``, and an extra final ``norm.*`` (dropped)
-``ssl_original``           the original SSL code's checkpoints: ``swinViT.*`` with a ``module.`` prefix in the file
-                           or the older ``swin_vit.*`` spelling, plus ``rotation_head`` / ``contrastive_head`` /
-                           ``conv``
-``ssl_collection``         this collection's :class:`~components.recipes.inpainting_contrast.SSLHead`: ``swinViT.*`` plus heads, no
-                           wrapper prefix (a ``_orig_mod.`` from torch.compile is allowed)
-``monai_ssl_autoencoder``  MONAI's disruptive-autoencoder ``ssl_pretrained_weights.pth``: ``encoder.*`` with an
-                           extra nesting level ``encoder.layersN.0.0.*`` (what ``filter_swinunetr`` collapses),
-                           plus ``encoder.mask_token``, ``encoder.norm.*`` and ``out.conv.conv.*`` (all dropped)
-``swinunetr``              a full MONAI SwinUNETR: ``swinViT.*`` plus ``encoder1..``, ``decoder1..``, ``out.*``
-``swinvit_encoder``        ``swinViT.*`` keys only (e.g. a file written by :func:`convert_checkpoint` with
-                           ``full_state=False``)
-========================== ==================================================================================
+========================= ===================================================================================
+``model_swinvit``         the CVPR release encoder ``model_swinvit.pt``: ``{"state_dict": {"module.patch_embed.*",
+                          "module.layers{1..4}.*", "module.norm.*"}}`` with ``mlp.fc1`` / ``mlp.fc2``; the final
+                          ``norm.*`` is dropped. Read by MONAI's ``SwinUNETR.load_from`` and by
+                          Project-MONAI/research-contributions ``SwinUNETR/BTCV/main.py`` (``--use_ssl_pretrained``).
+``ssl_original``          the original SSL code's checkpoints: ``{"global_step" | "epoch", "state_dict":
+                          {"module.swinViT.*", "module.rotation_head.*", "module.contrastive_head.*",
+                          "module.conv.*"}, "optimizer"}`` (older ones spell ``swin_vit``), written by
+                          research-contributions ``SwinUNETR/Pretrain/main.py`` (``models/ssl_head.py``).
+                          lab-smile/BrainSegFounder ``pretrain/main.py`` / ``main_T1T2.py`` and
+                          ``downstream/BraTS/ssl/main_T1T2.py`` save the same SSLHead the same way (with ``epoch`` and
+                          ``global_step``), at other shapes: 2 or 4 input channels, depths (2, 2, 2, 2) / (2, 2, 6, 2)
+                          / (2, 2, 18, 2), heads from 3, 4 or 6; those are read from the tensors
+                          (:mod:`.architecture`).
+``ssl_collection``        this collection's :class:`~components.recipes.inpainting_contrast.SSLHead`: ``swinViT.*``
+                          plus heads, no wrapper prefix (``_orig_mod.`` allowed): the SSL bundle's ``model.pt``
+                          (MONAI ``CheckpointSaver`` of one object: a bare state dict) and resumable checkpoints
+                          (``{"model": ...}``).
+``monai_ssl_autoencoder`` MONAI's disruptive-autoencoder ``ssl_pretrained_weights.pth`` (~50k volumes):
+                          ``{"model": {"encoder.patch_embed.*", "encoder.layersN.0.0.*", "encoder.mask_token",
+                          "encoder.norm.*", "out.conv.conv.*"}}``, read by Project-MONAI/tutorials
+                          ``self_supervised_pretraining/swinunetr_pretrained/swinunetr_finetune.ipynb`` and MONAI's
+                          ``filter_swinunetr``; mask token, final norm and reconstruction head are dropped.
+``swinunetr``             a full MONAI SwinUNETR: ``swinViT.*`` plus ``encoder1..``, ``decoder1..``, ``out.*``. The
+                          Model Zoo's ``swin_unetr_btcv_segmentation`` ``models/model.pt`` is one (its
+                          ``configs/train.json`` saves ``{"model": network}`` through ``CheckpointSaver``: a bare
+                          state dict, feature 48, 14 outputs); so are research-contributions ``SwinUNETR/BTCV``
+                          finetuning checkpoints (``{"epoch", "best_acc", "state_dict"}``, sometimes ``backbone.``),
+                          BrainSegFounder's ``downstream/BraTS/finetuning`` ones, and SuPreM's
+                          ``*_backbone.pth`` (``{"net": backbone.state_dict()}``, no ``out``).
+``swinvit_encoder``       ``swinViT.*`` keys only: :func:`convert_checkpoint` with ``full_state=False``, and the
+                          self-distillation bundle's ``model.pt`` (the teacher encoder, ``{"swinViT": ...}``).
+``voco``                  VoCo (Luffy03/Large-Scale-Medical): ``VoCoHead`` of ``Self-supervised/models/voco_head.py``
+                          holds a ``use_v2=True`` encoder with ``encoder1..4`` / ``encoder10`` as ``backbone`` plus
+                          ``student`` / ``teacher`` projection heads (dropped); the ``Omni-supervised`` one holds a
+                          whole SwinUNETR (21 outputs). ``voco_train.py`` saves ``{"global_step", "state_dict":
+                          {"module.backbone.*", "module.student.*", "module.teacher.*"}}`` and ``final_model.pt`` as
+                          the bare ``backbone.*`` / ``student.*`` / ``teacher.*`` state dict; the downstream loader
+                          (``Downstream/monai/*/utils/utils.py``: ``state_dict`` | ``network_weights`` | ``net``,
+                          strips ``module.``, ``backbone.``, ``swin_vit``) reads both. Sizes B / L / H: feature 48 /
+                          96 / 192.
+``suprem``                SuPreM and the CLIP-Driven Universal Model (MrGiovanni/SuPreM
+                          ``supervised_pretraining/train.py``): ``{"net": {"module.backbone.*" (a SwinUNETR without
+                          ``out``), "module.precls_conv.*", "module.GAP.*", "module.controller.*",
+                          "module.organ_embedding", "module.text_to_vision.*"}, "optimizer", "scheduler", "epoch"}``
+                          (``backbone/Universal_model.py``); the task heads are dropped.
+``dino_collection``       this collection's self-distillation network
+                          (:class:`~components.recipes.self_distillation.SelfDistillationNetwork`): ``swinViT.*`` plus
+                          the DINO projection ``head.*``, as the self-distillation bundle's resumable checkpoints hold
+                          it (``{"model": ...}``).
+========================= ===================================================================================
+
+A file in none of these layouts raises :class:`CheckpointLoadError` naming its first keys and the layouts known.
 
 ``relative_position_index`` buffers: MONAI registers them as persistent buffers, so they are in every MONAI state
 dict, and the CVPR release contains them too (``SwinUNETR.load_from`` copies them). They are a deterministic
@@ -49,6 +92,9 @@ LAYOUTS: tuple[str, ...] = (
     "monai_ssl_autoencoder",
     "swinunetr",
     "swinvit_encoder",
+    "voco",
+    "suprem",
+    "dino_collection",
 )
 #: kinds of target model: MONAI ``SwinUNETR``, :class:`~components.recipes.inpainting_contrast.SSLHead`, or any other module that
 #: holds the encoder as attribute ``swinViT``.
@@ -59,15 +105,19 @@ REQUIRED_POLICIES: tuple[str, ...] = ("encoder", "all", "none")
 #: the one tensor whose input-channel count may differ between checkpoint and model (``channel_policy``).
 PATCH_EMBED_WEIGHT = "swinViT.patch_embed.proj.weight"
 
-_CONTAINER_KEYS = ("state_dict", "model", "network", "net", "model_state_dict")
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+_CONTAINER_KEYS = ("state_dict", "model", "network", "net", "network_weights", "model_state_dict")
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "backbone.")
 _ENCODER_PREFIX = "swinViT."
+_OLD_ENCODER_PREFIX = "swin_vit."
 _REL_INDEX_SUFFIX = ".relative_position_index"
 
 _MLP_FC = re.compile(r"\.mlp\.fc([12])\.")
 _BARE_ENCODER = re.compile(r"^(patch_embed|layers[1-4]c?)\.")
 _SSL_HEADS = re.compile(r"^(rotation_head|contrastive_head|conv)\.")
 _SEG_DECODER = re.compile(r"^(encoder\d+|decoder\d+|out)\.")
+_DINO_HEAD = re.compile(r"^head\.")
+_VOCO_HEADS = re.compile(r"^(student|teacher)\.")
+_UNIVERSAL_HEADS = re.compile(r"^(precls_conv\.|GAP\.|controller\.|text_to_vision\.|organ_embedding(\.|$))")
 _DAE_LAYER_NESTED = re.compile(r"^encoder\.(layers[1-4]c?)\.0\.0\.(.+)$")
 _DAE_LAYER_FLAT = re.compile(r"^encoder\.(layers[1-4]c?)\.0\.(\D.*)$")
 _DAE_ENCODER = re.compile(r"^encoder\.(patch_embed|layers[1-4]c?)\.")
@@ -98,7 +148,8 @@ class LoadReport:
         missing: target keys that keep the model's current value.
         allowed_missing: the subset of ``missing`` that ``required`` does not ask for.
         unexpected: source key (as in the file) -> :class:`UnusedKey` for every source tensor not loaded.
-        shape_mismatched: target key -> (checkpoint shape, model shape) for tensors not loaded for their shape.
+        shape_mismatched: target key -> (checkpoint shape, model shape) for tensors not loaded for their shape
+            (they keep the model's initialisation, e.g. ``out.*`` of a SwinUNETR with another number of classes).
         adapted: target key -> what the channel policy did (``repeat``: adapted and loaded; ``skip``: left as is).
         encoder_keys: the target's encoder keys (``swinViT.*``), for the counts of :meth:`summary`.
         required: the ``required`` policy that was checked.
@@ -171,7 +222,7 @@ class LoadReport:
         lines += _section("dropped by design", [f"{k}: {r}" for k, r in self.dropped.items()])
         lines += _section("unknown", [f"{k}: {r}" for k, r in self.unknown.items()])
         lines += _section(
-            "shape mismatched",
+            "shape mismatched, the model's initialisation kept",
             [f"{k}: checkpoint {list(s)} vs model {list(d)}" for k, (s, d) in self.shape_mismatched.items()],
         )
         lines += _section("adapted", [f"{k}: {r}" for k, r in self.adapted.items()])
@@ -238,6 +289,11 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
         raise CheckpointLoadError(f"could not read checkpoint '{p}': {type(e).__name__}: {e}") from e
 
 
+def source_name(source: Any) -> str:
+    """How messages and reports name a checkpoint: its path, or ``"<mapping>"`` for an in-memory one."""
+    return str(source) if isinstance(source, (str, os.PathLike)) else "<mapping>"
+
+
 def _is_state_dict(obj: Mapping) -> bool:
     return bool(obj) and all(isinstance(v, torch.Tensor) for v in obj.values())
 
@@ -246,7 +302,8 @@ def extract_state_dict(obj: Any, where: str = "<mapping>") -> tuple[dict[str, An
     """Unwrap a checkpoint container down to its state dict.
 
     Accepts a bare state dict or one nested under ``state_dict`` / ``model`` / ``network`` / ``net`` /
-    ``model_state_dict`` (also next to ``optimizer``, ``epoch``, ``global_step``, ...), at most 4 levels deep.
+    ``network_weights`` / ``model_state_dict`` (also next to ``optimizer``, ``epoch``, ``global_step``, ...), at most
+    4 levels deep; the first of these names present is taken.
 
     Returns:
         ``(state_dict, container)`` where ``container`` is the path of keys unwrapped, e.g. ``"state_dict"``.
@@ -282,8 +339,9 @@ def extract_state_dict(obj: Any, where: str = "<mapping>") -> tuple[dict[str, An
 
 
 def _strip_wrappers(key: str) -> tuple[str, list[str]]:
-    """Remove leading ``module.`` (DDP / DataParallel) and ``_orig_mod.`` (torch.compile), in any order and number,
-    and ``_orig_mod`` of a compiled submodule anywhere in the key."""
+    """Remove leading ``module.`` (DDP / DataParallel), ``_orig_mod.`` (torch.compile) and ``backbone.`` (a network
+    held as ``backbone``, as VoCo and SuPreM do), in any order and number, and ``_orig_mod`` of a compiled submodule
+    anywhere in the key."""
     stripped: list[str] = []
     changed = True
     while changed:
@@ -309,7 +367,7 @@ def _strip_all(state: Mapping[str, Any], where: str) -> tuple[dict[str, tuple[st
         if new in out:
             raise CheckpointLoadError(
                 f"checkpoint {where}: keys '{out[new][0]}' and '{key}' both become '{new}' once the wrapper prefixes "
-                f"(module., _orig_mod.) are removed; the file mixes two models."
+                f"({', '.join(_WRAPPER_PREFIXES)}) are removed; the file mixes two models."
             )
         out[new] = (key, value)
     return out, sorted(prefixes)
@@ -318,15 +376,24 @@ def _strip_all(state: Mapping[str, Any], where: str) -> tuple[dict[str, tuple[st
 def detect_layout(keys: Any, had_module_prefix: bool = False) -> str | None:
     """Name the layout of state-dict keys with the wrapper prefixes already stripped (None if unknown).
 
-    ``had_module_prefix`` tells whether the keys carried ``module.`` in the file: this is what distinguishes the
-    original SSL code's DDP checkpoints (``ssl_original``) from this collection's (``ssl_collection``).
+    The heads beside the encoder tell the publisher: ``student`` / ``teacher`` (VoCo), the Universal Model's task
+    heads (SuPreM), ``head`` (this collection's self-distillation), the SSL heads (``rotation_head`` ...), a
+    segmentation decoder (``encoder1`` ...). ``had_module_prefix`` tells whether the keys carried ``module.`` in the
+    file: this is what distinguishes the original SSL code's DDP checkpoints (``ssl_original``) from this
+    collection's (``ssl_collection``).
     """
     keys = [str(k) for k in keys]
     if any(_DAE_ENCODER.match(k) for k in keys):
         return "monai_ssl_autoencoder"
     swin_new = any(k.startswith(_ENCODER_PREFIX) for k in keys)
-    swin_old = any(k.startswith("swin_vit.") for k in keys)
+    swin_old = any(k.startswith(_OLD_ENCODER_PREFIX) for k in keys)
     if swin_new or swin_old:
+        if any(_VOCO_HEADS.match(k) for k in keys):
+            return "voco"
+        if any(_UNIVERSAL_HEADS.match(k) for k in keys):
+            return "suprem"
+        if any(_DINO_HEAD.match(k) for k in keys):
+            return "dino_collection"
         if any(_SEG_DECODER.match(k) for k in keys):
             return "swinunetr"
         has_heads = any(_SSL_HEADS.match(k) for k in keys)
@@ -373,12 +440,18 @@ def _canonical(layout: str, key: str) -> tuple[str | None, UnusedKey | None]:
         return None, UnusedKey(
             "dropped", "autoencoder part outside the encoder (reconstruction head); filter_swinunetr drops it too"
         )
-    # ssl_original, ssl_collection, swinunetr, swinvit_encoder: already in (nearly) the collection's key space
-    if key.startswith("swin_vit."):
-        key = _ENCODER_PREFIX + key[len("swin_vit.") :]
+    if layout == "voco" and _VOCO_HEADS.match(key):
+        return None, UnusedKey("dropped", "VoCo's student / teacher projection head (pretraining only)")
+    if layout == "suprem" and _UNIVERSAL_HEADS.match(key):
+        return None, UnusedKey(
+            "dropped", "the Universal Model's organ embedding and dynamic segmentation head (SuPreM pretraining only)"
+        )
+    # every other layout is already in (nearly) the collection's key space
+    if key.startswith(_OLD_ENCODER_PREFIX):
+        key = _ENCODER_PREFIX + key[len(_OLD_ENCODER_PREFIX) :]
     if key.startswith(_ENCODER_PREFIX):
         return _rename_mlp(key), None
-    if _SSL_HEADS.match(key) or _SEG_DECODER.match(key):
+    if _SSL_HEADS.match(key) or _SEG_DECODER.match(key) or _DINO_HEAD.match(key):
         return key, None
     return None, UnusedKey("unknown", f"not a tensor of the {layout} layout")
 
@@ -390,6 +463,44 @@ def _category(key: str) -> str:
         return "ssl_head"
     if _SEG_DECODER.match(key):
         return "seg_decoder"
+    if _DINO_HEAD.match(key):
+        return "dino_head"
     return "other"
 
 
+class MappedKey(NamedTuple):
+    """One source tensor: its key in the file, the collection key it maps to (None if unused, then ``unused``
+    says why), and its value."""
+
+    source: str
+    target: str | None
+    unused: UnusedKey | None
+    value: Any
+
+
+def map_state_dict(state: Mapping[str, Any], where: str = "<mapping>") -> tuple[str, list[str], list[MappedKey]]:
+    """Detect the layout of an unwrapped state dict and map every key to the collection's key space.
+
+    Returns:
+        ``(layout, stripped wrapper prefixes, one MappedKey per source key in file order)``.
+
+    Raises:
+        CheckpointLoadError: the layout is unknown (the message shows the first keys and the layouts known), or two
+            source keys collapse onto one once the wrapper prefixes are stripped.
+    """
+    stripped, prefixes = _strip_all(state, where)
+    layout = detect_layout(stripped, had_module_prefix="module." in prefixes)
+    if layout is None:
+        raise CheckpointLoadError(
+            f"checkpoint {where}: unknown layout; first keys {list(state)[:6]} ({len(state)} keys in all). Known "
+            f"layouts: {', '.join(LAYOUTS)} (e.g. 'module.patch_embed.proj.weight', 'swinViT.layers1.0...', "
+            f"'module.backbone.swinViT...', 'encoder.layers1.0.0...')."
+        )
+    mapped = []
+    for key, (orig, value) in stripped.items():
+        if not isinstance(value, torch.Tensor):
+            mapped.append(MappedKey(orig, None, UnusedKey("unknown", f"not a tensor ({type(value).__name__})"), value))
+            continue
+        canon, unused = _canonical(layout, key)
+        mapped.append(MappedKey(orig, canon, unused, value))
+    return layout, prefixes, mapped

@@ -21,23 +21,22 @@ from ignite.engine import Engine, Events
 from torch import nn
 
 from ..config_values import optional_path
+from .architecture import check_architecture, encoder_architecture
 from .layouts import (
     _ENCODER_PREFIX,
     _REL_INDEX_SUFFIX,
     CHANNEL_POLICIES,
-    LAYOUTS,
     PATCH_EMBED_WEIGHT,
     REQUIRED_POLICIES,
     TARGETS,
     CheckpointLoadError,
     LoadReport,
     UnusedKey,
-    _canonical,
     _category,
-    _strip_all,
-    detect_layout,
     extract_state_dict,
+    map_state_dict,
     read_checkpoint,
+    source_name,
 )
 
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
@@ -99,29 +98,7 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _window_of(bias_table_shape: tuple[int, ...]) -> int | None:
-    """The attention window edge ``w`` of a relative position bias table of ``(2w - 1) ** d`` rows (d = 3 or 2)."""
-    rows = bias_table_shape[0]
-    for dims in (3, 2):
-        edge = round(rows ** (1 / dims))
-        if edge**dims == rows and edge % 2 == 1:
-            return (edge + 1) // 2
-    return None
-
-
-def _hint(report: LoadReport, missing_required: list[str], src_embed: int | None, dst_embed: int | None) -> str:
-    if src_embed is not None and dst_embed is not None and src_embed != dst_embed:
-        return (
-            f"the checkpoint's embedding size is {src_embed} but the model's is {dst_embed}: build the model with "
-            f"feature_size={src_embed}"
-        )
-    tables = [shapes for k, shapes in report.shape_mismatched.items() if k.endswith("relative_position_bias_table")]
-    if tables:
-        src_window, dst_window = (_window_of(shape) for shape in tables[0])
-        return (
-            f"the checkpoint's attention window is {src_window} but the model's is {dst_window}: build the model "
-            f"with window_size={src_window}"
-        )
+def _hint(report: LoadReport, missing_required: list[str]) -> str:
     if any(k in report.shape_mismatched for k in missing_required):
         return "some tensors have other shapes: the checkpoint was made for a different configuration of the network"
     if not report.encoder_loaded and report.encoder_keys:
@@ -130,10 +107,6 @@ def _hint(report: LoadReport, missing_required: list[str], src_embed: int | None
         "the checkpoint lacks these tensors (a partial or truncated encoder?); pass required='none' to accept a "
         "partial load, which is then reported"
     )
-
-
-def _source_name(source: Any) -> str:
-    return str(source) if isinstance(source, (str, os.PathLike)) else "<mapping>"
 
 
 def convert_state_dict(
@@ -158,21 +131,12 @@ def convert_state_dict(
     _check_choice("required", required, REQUIRED_POLICIES)
     if target is not None:
         _check_choice("target", target, TARGETS)
-    where = _source_name(source)
+    where = source_name(source)
     raw = read_checkpoint(source, map_location) if isinstance(source, (str, os.PathLike)) else source
     state, container = extract_state_dict(raw, where)
     model = _unwrap_model(target_model)
     target = target or _detect_target(model)
-
-    stripped, prefixes = _strip_all(state, where)
-    layout = detect_layout(stripped, had_module_prefix="module." in prefixes)
-    if layout is None:
-        sample = list(state)[:6]
-        raise CheckpointLoadError(
-            f"checkpoint {where}: unknown layout; sample keys {sample} ({len(state)} keys in all). Known layouts: "
-            f"{', '.join(LAYOUTS)} (e.g. 'module.patch_embed.proj.weight', 'swinViT.layers1.0...', "
-            f"'encoder.layers1.0.0...')."
-        )
+    layout, prefixes, keys = map_state_dict(state, where)
 
     report = LoadReport(
         layout=layout,
@@ -185,23 +149,32 @@ def convert_state_dict(
     tgt_state = model.state_dict()
     report.encoder_keys = [k for k in tgt_state if k.startswith(_ENCODER_PREFIX)]
     tgt_categories = {_category(k) for k in tgt_state}
-    category_names = {"ssl_head": "SSL pretraining head/decoder", "seg_decoder": "SwinUNETR segmentation decoder"}
+    category_names = {
+        "ssl_head": "SSL pretraining head/decoder",
+        "seg_decoder": "SwinUNETR segmentation decoder",
+        "dino_head": "self-distillation projection head",
+    }
+    mapped_from: dict[str, str] = {}
+    for key in keys:
+        if key.target is not None and key.target in mapped_from:
+            raise CheckpointLoadError(
+                f"checkpoint {where}: keys '{mapped_from[key.target]}' and '{key.source}' both map to "
+                f"'{key.target}' (layout={layout}); the file mixes two spellings of the same model."
+            )
+        if key.target is not None:
+            mapped_from[key.target] = key.source
+    # another feature size, window, depth, v2 or not: one line with the overrides, before any shape is compared
+    # (the input channels are the channel policy's to handle)
+    configured = encoder_architecture(tgt_state).as_dict()
+    configured.pop("in_channels", None)
+    check_architecture(encoder_architecture({k.target: k.value for k in keys if k.target}), configured, where)
 
     mapped: dict[str, torch.Tensor] = {}
-    mapped_from: dict[str, str] = {}
     skipped: set[str] = set()
-    src_embed: int | None = None
-    dst_embed = int(tgt_state[PATCH_EMBED_WEIGHT].shape[0]) if PATCH_EMBED_WEIGHT in tgt_state else None
-    for key, (orig, value) in stripped.items():
-        if not isinstance(value, torch.Tensor):
-            report.unexpected[orig] = UnusedKey("unknown", f"not a tensor ({type(value).__name__})")
-            continue
-        canon, unused = _canonical(layout, key)
+    for orig, canon, unused, value in keys:
         if canon is None:
             report.unexpected[orig] = unused  # type: ignore[assignment]
             continue
-        if canon == PATCH_EMBED_WEIGHT and value.ndim >= 2:
-            src_embed = int(value.shape[0])
         if canon not in tgt_state:
             cat = _category(canon)
             if cat in category_names and cat not in tgt_categories:
@@ -209,12 +182,6 @@ def convert_state_dict(
             else:
                 report.unexpected[orig] = UnusedKey("unknown", f"maps to '{canon}', which the model does not have")
             continue
-        if canon in mapped_from:
-            raise CheckpointLoadError(
-                f"checkpoint {where}: keys '{mapped_from[canon]}' and '{orig}' both map to '{canon}' "
-                f"(layout={layout}); the file mixes two spellings of the same model."
-            )
-        mapped_from[canon] = orig
         dst = tgt_state[canon]
         if tuple(value.shape) == tuple(dst.shape):
             mapped[canon] = value
@@ -278,7 +245,7 @@ def convert_state_dict(
             )
         if report.unknown:
             parts.append(f"Unused source keys of unknown role: {list(report.unknown)[:5]}.")
-        parts.append(f"Hint: {_hint(report, missing_required, src_embed, dst_embed)}. The model was not modified.")
+        parts.append(f"Hint: {_hint(report, missing_required)}. The model was not modified.")
         raise CheckpointLoadError(" ".join(parts))
     return {k: mapped[k] for k in report.loaded}, report
 
@@ -313,9 +280,11 @@ def load_pretrained(
         the :class:`LoadReport`; its summary is logged at INFO (unknown keys and shape mismatches at WARNING).
 
     Raises:
-        FileNotFoundError / CheckpointLoadError: unreadable file, unknown layout, channel mismatch with
-            ``channel_policy="error"``, or a ``required`` tensor that would not load. Raised before the model is
-            touched.
+        FileNotFoundError / CheckpointLoadError: unreadable file, unknown layout, a network of another architecture
+            than the checkpoint's (feature size, v2 or not, window, depths, heads, patch size: one line naming each
+            difference and the overrides, see :func:`~components.checkpoint.architecture.check_architecture`),
+            channel mismatch with ``channel_policy="error"``, or a ``required`` tensor that would not load. Raised
+            before the model is touched.
 
     Example::
 
@@ -347,7 +316,8 @@ def load_pretrained(
         )
     if report.shape_mismatched:
         logger.warning(
-            "load_pretrained: %d tensors not loaded for their shape (checkpoint vs model): %s",
+            "load_pretrained: %d tensors not loaded for their shape, the model keeps its own initialisation of them "
+            "(e.g. an output layer for another number of classes; checkpoint vs model): %s",
             len(report.shape_mismatched),
             dict(list(report.shape_mismatched.items())[:5]),
         )
