@@ -137,12 +137,15 @@ def prepare_network(
     use_checkpoint: bool | str = False,
     step_inputs: Sequence[Sequence[int]] | None = None,
     amp: bool | str = False,
+    teacher: bool | str = False,
+    world_size: int | None = None,
 ) -> nn.Module:
     """The network of a run, from the bundle's ``network_def``: its window-attention kernel
     (:func:`~components.attention.use_fused_attention`), activation checkpointing (true, false, or ``"auto"``:
     :func:`~components.step_memory.checkpointing_decision` for one training step whose network inputs have the
-    shapes ``step_inputs``) and its device. Every bundle config builds ``network`` with this one call, so
-    ``network_def`` stays the bare architecture that ``monai.bundle.load`` returns.
+    shapes ``step_inputs``; ``teacher``: a frozen copy of the network trains too, as in self-distillation;
+    ``world_size``: the ranks training, default the process group's) and its device. Every bundle config builds
+    ``network`` with this one call, so ``network_def`` stays the bare architecture that ``monai.bundle.load`` returns.
 
     Raises:
         ValueError: for a flag that is not a clear yes / no, or ``"auto"`` without ``step_inputs``.
@@ -155,6 +158,6 @@ def prepare_network(
     if step_inputs is None and str(use_checkpoint).strip().lower() == "auto":
         raise ValueError('use_checkpoint "auto" needs the shapes of a training step\'s inputs (step_inputs).')
     enabled = as_bool(use_checkpoint, "use_checkpoint") if step_inputs is None else checkpointing_decision(
-        network, use_checkpoint, step_inputs, device, amp)  # fmt: skip
+        network, use_checkpoint, step_inputs, device, amp, teacher=teacher, world_size=world_size)  # fmt: skip
     return set_checkpointing(network, enabled).to(device)
 
