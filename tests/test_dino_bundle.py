@@ -1,5 +1,6 @@
 """End-to-end runs of the self-distillation bundle on synthetic CT (CPU): one process and 2-rank torchrun (gloo);
-the exported teacher encoder loaded by the BTCV finetuning bundle's PretrainedLoader; embeddings from inference."""
+the exported teacher encoder loaded by the BTCV finetuning bundle's PretrainedLoader; embeddings from inference;
+the config's wiring of the recipe (teacher, augmentations, drop-path, the KoLeo batch check) without a run."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 from monai.bundle import ConfigParser
+from monai.networks.layers import DropPath
+from monai.networks.nets.swin_unetr import WindowAttention
 
-from components import write_dataset
+from components import FusedWindowAttention, write_dataset
+from components.engine import unwrap
 from components.runner import BUNDLES_DIR, bundle_command
 from tests.test_multi_gpu_bundle import _launch_all, _torchrun
 
@@ -75,13 +79,66 @@ def trained(tmp_path_factory, data):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("dino_ddp")
-    cmd = bundle_command(BUNDLE, overrides=_overrides(root, data, batch_size=1, dist_timeout_s=150))
+    # batch 1 x 2 crops per volume: KoLeo's 2 neighbours on each rank's own batch
+    overrides = _overrides(root, data, batch_size=1, dist_timeout_s=150, **{"training#num_samples": 2})
+    cmd = bundle_command(BUNDLE, overrides=overrides)
     files = [str(BUNDLE / "configs" / "train.json"), str(BUNDLE / "configs" / "multi_gpu_train.json"), str(_save_teacher_run(root))]
     cmd[cmd.index("--config_file") + 1] = json.dumps(files)
     torchrun = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", *cmd[1:])
     (launch,) = _launch_all([torchrun], ENV, root)
     assert launch.code == 0 and not launch.timed_out, launch.ok()
     return root, launch.output
+
+
+def _parser(**overrides) -> ConfigParser:
+    """train.json with the tiny settings; the recipe's schedule lengths given, so no dataset is built."""
+    parser = ConfigParser()
+    parser.read_config(str(BUNDLE / "configs" / "train.json"))
+    parser.update({**TINY, "train#recipe#total_iterations": 2, "train#recipe#teacher_temperature_warmup_iterations": 1,
+                   **overrides})  # fmt: skip
+    parser.get_parsed_content("imports")
+    return parser
+
+
+@pytest.mark.parametrize("first", ["train#recipe", "network"])
+def test_teacher_is_a_copy_of_the_prepared_network_whichever_id_resolves_first(first):
+    """Resolving the recipe before the network used to copy the bare student_def as the teacher (explicit
+    attention) while the student became fused: now the recipe takes @network, the prepared one, in either order."""
+    parser = _parser()
+    order = [first, "network" if first == "train#recipe" else "train#recipe"]
+    parsed = {name: parser.get_parsed_content(name) for name in order}
+    student, teacher = unwrap(parsed["network"]), parsed["train#recipe"].teacher
+    attention = [type(m) for m in student.modules() if isinstance(m, WindowAttention)]
+    assert attention == [FusedWindowAttention] * 8
+    assert [type(m) for m in teacher.modules() if isinstance(m, WindowAttention)] == attention
+    state = student.state_dict()
+    assert teacher.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in teacher.state_dict().items())
+    assert any(isinstance(m, DropPath) and m.drop_prob > 0 for m in student.modules())  # student_drop_path_rate
+    assert not any(isinstance(m, DropPath) for m in teacher.modules())
+
+
+def test_views_augment_the_global_crops_as_the_augmentation_group_says():
+    views = _parser(**{"augmentation#global_crop_2#solarize_prob": 0.3}).get_parsed_content("train#views")
+    assert (views.global_blur_prob, views.global_solarize_prob) == ((1.0, 0.1), (0.0, 0.3))
+    assert (views.local_blur_prob, views.local_solarize_prob, views.blur_sigma) == (0.5, 0.0, (0.1, 2.0))
+
+
+def _koleo_check(parser: ConfigParser) -> None:
+    """Evaluates the KoLeo batch check of ``initialize`` (and nothing else of it)."""
+    (index,) = [i for i, e in enumerate(parser["initialize"]) if "check_koleo_batch" in e]
+    parser.get_parsed_content(f"initialize#{index}")
+
+
+def test_one_volume_per_step_with_koleo_fails_in_initialize_naming_both_settings():
+    """Before any data is cached or any network built: batch_size x num_samples < 2 with KoLeo on."""
+    with pytest.raises(RuntimeError) as err:  # MONAI wraps what an expression raises
+        _koleo_check(_parser(batch_size=1))
+    assert isinstance(err.value.__cause__, ValueError)
+    assert str(err.value.__cause__).startswith("batch_size 1 with koleo_weight 0.1: KoLeo compares every student")
+    assert "--training#koleo_weight 0" in str(err.value.__cause__)
+    _koleo_check(_parser(batch_size=1, **{"training#num_samples": 2}))
+    _koleo_check(_parser(batch_size=1, **{"training#koleo_weight": 0}))
 
 
 def test_one_process_run_logs_the_named_parts_and_collapse_diagnostics(trained):

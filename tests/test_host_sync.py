@@ -223,7 +223,8 @@ def _fresh_scenario(rank: int) -> dict:
     ssl = _trainer(_batches(6, seed=rank), 3, [StopOnNonFiniteLoss(check_interval=3)], DDP(TinySSLNet()), equal_rank_batches=True)
     student = _student()
     recipe = _recipe(student, total_iterations=6, koleo=0.1, equal_rank_batches=True)
-    sd = PretrainingTrainer(device="cpu", max_epochs=1, train_data_loader=_volumes(6, seed=rank), network=DDP(student),
+    # 2 volumes per rank: KoLeo runs on each rank's own batch
+    sd = PretrainingTrainer(device="cpu", max_epochs=1, train_data_loader=_volumes(6, volumes=2, seed=rank), network=DDP(student),
                             optimizer=torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=1e-3), recipe=recipe,
                             log_interval=3, train_handlers=[StopOnNonFiniteLoss(check_interval=3)])  # fmt: skip
     for name, trainer in (("ssl", ssl), ("self_distillation", sd)):

@@ -4,11 +4,16 @@ stop, resume equality and (2 gloo processes) the DDP equalities of shared/notes/
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from ignite.engine import Engine, Events
+from monai.networks.layers import DropPath
+from monai.networks.nets.swin_unetr import WindowAttention
+from scipy.ndimage import gaussian_filter
 
 from components import (
     MultiCrop,
@@ -20,9 +25,10 @@ from components import (
     SelfDistillationRecipe,
     StopOnCollapse,
     TeacherCollapseError,
+    use_fused_attention,
     weight_decay_groups,
 )
-from components.recipes.self_distillation import koleo_loss
+from components.recipes.self_distillation import check_koleo_batch, gaussian_blur, koleo_loss
 from tests.ranks import run_scenario
 from tests.test_engine import _one_thread  # noqa: F401 (autouse fixture: one thread here too)
 
@@ -31,9 +37,11 @@ WORLD = 2
 LAUNCH_TIMEOUT_S = 240
 
 
-def _student(seed: int = 0) -> SelfDistillationNetwork:
+def _student(seed: int = 0, drop_path: float = 0.0) -> SelfDistillationNetwork:
+    """A tiny student; window 4 tiles the 16^3 tokens of a 32^3 crop (window 7 pads them to 21^3: ~8x slower)."""
     torch.manual_seed(seed)
-    return SelfDistillationNetwork(feature_size=12, out_dim=K, hidden_dim=24, bottleneck_dim=8)
+    return SelfDistillationNetwork(feature_size=12, out_dim=K, hidden_dim=24, bottleneck_dim=8, window_size=4,
+                                   dropout_path_rate=drop_path)  # fmt: skip
 
 
 def _recipe(
@@ -80,11 +88,58 @@ def test_multi_crop_boxes_from_the_host_generator_need_no_device_read():
     assert views.global_crops.shape == (4, 1, 32, 32, 32) and views.global_crops.device.type == "meta"
     x = torch.rand(2, 1, 48, 40, 56)
     crops_only = MultiCrop((32, 32, 32), (32, 32, 32), num_local=2, intensity_scale=0.0, intensity_shift=0.0,
-                           contrast_prob=0.0, noise_prob=0.0, flip_prob=0.0)  # fmt: skip
+                           contrast_prob=0.0, noise_prob=0.0, flip_prob=0.0, global_blur_prob=(0.0, 0.0),
+                           global_solarize_prob=(0.0, 0.0), local_blur_prob=0.0)  # fmt: skip
     from_host = crops_only(x, torch.Generator().manual_seed(9), torch.Generator().manual_seed(3))
     from_device = crops_only(x, torch.Generator().manual_seed(3))
     assert torch.equal(from_host.global_crops, from_device.global_crops)
     assert torch.equal(from_host.local_crops, from_device.local_crops)
+
+
+def _ramp_with_a_cube(size: int = 32) -> torch.Tensor:
+    """A (1, 1, size^3) volume of range exactly [0, 1]: a ramp along the first axis plus a bright cube (sharp edges
+    to blur)."""
+    x = torch.linspace(0.0, 0.6, size).view(size, 1, 1).expand(size, size, size).clone()
+    x[8:20, 10:22, 6:18] += 0.4
+    return ((x - x.min()) / (x.max() - x.min()))[None, None]
+
+
+def test_global_crop_1_is_blurred_and_global_crop_2_solarised():
+    """DINO's asymmetric augmentations, here with probabilities 1 / 0 and every other augmentation off: global crop 1
+    is the input smoothed by a Gaussian of sigma 1 voxel (scipy's filter as reference), global crop 2 the input with
+    the intensities of the upper half of its range inverted; neither gets the other's augmentation."""
+    x = _ramp_with_a_cube()
+    crop = MultiCrop((32, 32, 32), (32, 32, 32), num_local=1, global_scale=(1.0, 1.0), local_scale=(1.0, 1.0),
+                     flip_prob=0.0, intensity_scale=0.0, intensity_shift=0.0, contrast_prob=0.0, noise_prob=0.0,
+                     global_blur_prob=(1.0, 0.0), global_solarize_prob=(0.0, 1.0), local_blur_prob=0.0,
+                     blur_sigma=(1.0, 1.0))  # fmt: skip
+    first, second = crop(x, torch.Generator().manual_seed(0)).global_crops
+    blurred = torch.from_numpy(gaussian_filter(x[0, 0].double().numpy(), sigma=1.0, mode="nearest", truncate=3.0))
+    torch.testing.assert_close(first[0].double(), blurred, rtol=0, atol=1e-6)
+    assert (first - x[0]).abs().max() > 0.1  # the cube's edges did move
+    torch.testing.assert_close(second, torch.where(x[0] >= 0.5, 1.0 - x[0], x[0]), rtol=0, atol=1e-6)
+    assert second.max() <= 0.5 + 1e-6 and not torch.equal(second, x[0])
+
+
+def test_gaussian_blur_gives_each_crop_its_own_sigma_and_sigma_0_is_the_identity():
+    x = torch.rand(3, 2, 20, 16, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    y = gaussian_blur(x, torch.tensor([2.0, 0.5, 0.0], dtype=torch.float64), radius=6)
+    for i, sigma in ((0, 2.0), (1, 0.5)):
+        for c in range(2):
+            reference = gaussian_filter(x[i, c].numpy(), sigma=sigma, mode="nearest", truncate=6 / sigma)
+            torch.testing.assert_close(y[i, c], torch.from_numpy(reference), rtol=0, atol=1e-12)
+    assert torch.equal(y[2], x[2])
+
+
+def test_multi_crop_needs_one_blur_and_solarisation_probability_per_global_crop():
+    with pytest.raises(ValueError, match=r"global_blur_prob needs one probability per global crop \(num_global=3"):
+        MultiCrop((32, 32, 32), (32, 32, 32), num_global=3)
+    with pytest.raises(ValueError, match=r"global_solarize_prob\[1\] must lie in \[0, 1\], got 1.5"):
+        MultiCrop((32, 32, 32), (32, 32, 32), global_solarize_prob=(0.0, 1.5))
+    three = MultiCrop((32, 32, 32), (32, 32, 32), num_global=3, num_local=0, global_blur_prob=(1.0, 0.1, 0.5),
+                      global_solarize_prob=(0.0, 0.2, 0.0))  # fmt: skip
+    views = three(torch.rand(2, 1, 40, 40, 40), torch.Generator())
+    assert views.global_crops.shape == (6, 1, 32, 32, 32) and views.local_crops.shape[0] == 0
 
 
 def test_loss_is_the_mean_cross_entropy_over_pairs_and_updates_the_centre():
@@ -113,6 +168,33 @@ def test_koleo_uses_the_nearest_other_sample():
     torch.testing.assert_close(koleo_loss(z), expected)
 
 
+def test_koleo_is_the_sum_over_the_global_crops_of_each_crops_own_term_times_the_weight():
+    """DINOv2: KoLeo of the student's embeddings of global crop 1, plus that of global crop 2, times the weight
+    (not their mean, and not over the two crops together)."""
+    g = torch.Generator().manual_seed(0)
+    b, v = 3, 4
+    student, teacher = torch.randn(v * b, K, generator=g), torch.randn(2 * b, K, generator=g)
+    embeddings = torch.randn(v * b, 16, generator=g)
+    total, parts = SelfDistillationLoss(K, koleo_weight=0.1)(student, teacher, 0.04, 2, student_embeddings=embeddings)
+    dino, _ = SelfDistillationLoss(K)(student, teacher, 0.04, 2)
+    expected = koleo_loss(embeddings[:b]) + koleo_loss(embeddings[b : 2 * b])
+    torch.testing.assert_close(parts["koleo"], expected)
+    torch.testing.assert_close(total, dino + 0.1 * expected)
+    assert abs(float(parts["koleo"]) - float(koleo_loss(embeddings[: 2 * b]))) > 0.1  # the crops are not pooled
+
+
+def test_koleo_on_one_volume_per_rank_fails_naming_batch_size_and_koleo_weight():
+    message = r"batch_size 1 with koleo_weight 0.1: .*at least 2 volumes per rank"
+    with pytest.raises(ValueError, match=message):
+        check_koleo_batch(1, 0.1)
+    check_koleo_batch(1, 0.0)  # KoLeo off: one volume is fine
+    check_koleo_batch(2, 0.1)
+    loss = SelfDistillationLoss(K, koleo_weight=0.1)
+    with pytest.raises(ValueError, match=message):
+        loss(torch.randn(3, K), torch.randn(2, K), 0.04, 2, student_embeddings=torch.randn(3, 16))
+    assert torch.equal(loss.center, torch.zeros(1, K))  # failed before the centre moved
+
+
 def test_teacher_follows_the_student_by_ema_and_gets_no_gradient():
     student = _student()
     recipe = _recipe(student, total_iterations=2, koleo=0.1, momentum=(0.9, 1.0))
@@ -131,6 +213,80 @@ def test_teacher_follows_the_student_by_ema_and_gets_no_gradient():
         torch.testing.assert_close(new, m * old + (1 - m) * s.detach())
     log = trainer.state.output[0]["log"]
     assert {"loss", "loss_dino", "loss_koleo", "teacher_entropy", "kl", "teacher_temperature", "momentum", "lr"} == set(log)
+
+
+def test_teacher_ema_is_two_foreach_kernels_equal_to_the_per_parameter_loop(monkeypatch):
+    """DINOv2's EMA: one _foreach_mul_ and one _foreach_add_ per step, no per-parameter kernel; over several steps
+    with a moving student and momentum it equals the loop ``t.mul_(m).add_(s, alpha=1 - m)``."""
+    student = _student()
+    recipe = _recipe(student, total_iterations=4, momentum=(0.9, 1.0))
+    looped = [p.detach().clone() for p in recipe.teacher.parameters()]
+    calls: Counter = Counter()
+
+    def counting(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    for name in ("_foreach_mul_", "_foreach_add_"):
+        monkeypatch.setattr(torch, name, counting(name, getattr(torch, name)))
+    g = torch.Generator().manual_seed(0)
+    for step in range(3):
+        with torch.no_grad():
+            for p in student.parameters():
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+        m = recipe.momentum_at(step)
+        for teacher, s in zip(looped, student.parameters()):
+            teacher.mul_(m).add_(s.detach(), alpha=1.0 - m)
+        recipe.step = step
+        with monkeypatch.context() as patch:
+            patch.setattr(torch.Tensor, "mul_", counting("mul_", torch.Tensor.mul_))
+            recipe.after_step(SimpleNamespace(network=student))
+    assert calls == {"_foreach_mul_": 3, "_foreach_add_": 3}
+    assert len({recipe.momentum_at(s) for s in range(3)}) == 3
+    for ema, loop in zip(recipe.teacher.parameters(), looped):
+        torch.testing.assert_close(ema, loop, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(looped[0], student.swinViT.patch_embed.proj.weight)
+
+
+def test_student_drops_paths_and_the_teacher_has_no_drop_path():
+    """The student's stochastic depth is on in training; the teacher's copy has none (identities), so in any mode
+    it computes the student's eval-mode function with the same weights."""
+    student = _student(drop_path=0.1)
+    recipe = _recipe(student)
+    assert sum(isinstance(m, DropPath) for m in student.modules()) == 7  # linspace(0, 0.1, 8): the first block gets 0
+    assert not any(isinstance(m, DropPath) for m in recipe.teacher.modules())
+    assert recipe.teacher.state_dict().keys() == student.state_dict().keys()
+    x = torch.rand(4, 1, 32, 32, 32, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(1)
+    student.train()
+    assert not torch.equal(student(x)[0], student(x)[0])  # paths dropped at random
+    recipe.teacher.train()
+    with torch.no_grad():
+        teacher = recipe.teacher(x)[0]
+        assert torch.equal(teacher, recipe.teacher(x)[0])
+        torch.testing.assert_close(teacher, student.eval()(x)[0])
+
+
+def test_a_teacher_copied_before_the_attention_switch_fails_the_start_and_a_prepared_one_matches():
+    """The teacher is a copy of the network the recipe is given: given the bare network, switched to fused attention
+    afterwards (what a config resolving the recipe before the network did), the run stops at its start naming the
+    modules; given the prepared network, teacher and student have the same attention class and weights."""
+    student = _student()
+    recipe = _recipe(student)
+    use_fused_attention(student)
+    trainer = _trainer(student, recipe, _batches(1))
+    with pytest.raises(ValueError, match=r"attn: student FusedWindowAttention, teacher WindowAttention"):
+        trainer.run()
+    assert trainer.state.iteration == 0
+    prepared = use_fused_attention(_student())
+    recipe = _recipe(prepared)
+    attention = [type(m) for m in prepared.modules() if isinstance(m, WindowAttention)]
+    assert [type(m) for m in recipe.teacher.modules() if isinstance(m, WindowAttention)] == attention
+    assert len(attention) == 8 and attention[0] is not WindowAttention
+    assert all(torch.equal(a, b) for a, b in zip(recipe.teacher.state_dict().values(), prepared.state_dict().values()))
 
 
 def test_last_layer_is_frozen_in_the_first_epoch_and_weight_decay_follows_its_schedule():
@@ -234,11 +390,13 @@ def _views(rows: slice):
 
 def _gradient_step(network, student, recipe, rows: slice) -> dict:
     views = _views(rows)
-    total, _ = recipe.loss(recipe.forward(network, views), views)
+    total, parts = recipe.loss(recipe.forward(network, views), views)
     total.backward()
     return {
         "grads": {n: p.grad.detach().clone() for n, p in student.named_parameters() if p.grad is not None},
         "center": recipe.criterion.center.clone(),
+        "total": total.detach(),
+        "parts": {k: v.detach() for k, v in parts.items()},
     }
 
 
@@ -246,15 +404,11 @@ def _scenario(rank: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     result: dict = {}
-    # 1. gradient and centre of one step on each rank's half of the global batch
-    student = _student()
-    recipe = _recipe(student, koleo=0.1)
-    network = DDP(student)
-    result["step"] = _gradient_step(network, student, recipe, slice(2 * rank, 2 * rank + 2))
-    student = _student()
-    recipe = _recipe(student, koleo=0.1, equal_rank_batches=True)
-    network = DDP(student)
-    result["equal_step"] = _gradient_step(network, student, recipe, slice(2 * rank, 2 * rank + 2))
+    # 1. loss, gradient and centre of one step on each rank's half of the global batch
+    for key, equal in (("step", False), ("equal_step", True)):
+        student = _student()
+        recipe = _recipe(student, koleo=0.1, equal_rank_batches=equal)
+        result[key] = _gradient_step(DDP(student), student, recipe, slice(2 * rank, 2 * rank + 2))
     # 2. training with per-rank initialisations and data: the teacher after every step, on every rank
     student = _student(seed=100 + rank)  # DDP broadcasts rank 0's weights; the teacher must follow them
     recipe = _recipe(student, total_iterations=2)
@@ -276,17 +430,34 @@ def ranks(tmp_path_factory):
     return run_scenario(_scenario, tmp_path_factory.mktemp("sd_ranks"), WORLD, LAUNCH_TIMEOUT_S)
 
 
-def test_ddp_gradient_and_centre_equal_one_process_on_the_global_batch(ranks):
+def _one_process(rows: slice) -> dict:
     student = _student()
-    recipe = _recipe(student, koleo=0.1)
-    reference = _gradient_step(student, student, recipe, slice(0, 4))
-    for step in [rank[key] for rank in ranks for key in ("step", "equal_step")]:
-        assert step["grads"].keys() == reference["grads"].keys()
-        for name, grad in reference["grads"].items():
-            # atol 5e-7: float32 sums in another order across ranks (an AVX2-only CPU left 1.2e-7 on 2 of 36864)
-            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=5e-7, msg=lambda m: f"{name}: {m}")
-        torch.testing.assert_close(step["center"], reference["center"], rtol=1e-6, atol=1e-8)
-    assert not torch.equal(reference["center"], torch.zeros_like(reference["center"]))
+    return _gradient_step(student, student, _recipe(student, koleo=0.1), rows)
+
+
+def test_ddp_koleo_is_each_ranks_own_and_the_centre_is_that_of_the_global_batch(ranks):
+    """DINOv2's KoLeo per rank: each rank's loss (and its parts) equals one process's on the rank's own shard,
+    whatever the world size, so DDP's averaged gradient is the mean of the shards' gradients; the DINO centre is
+    still updated with the mean over all ranks (DINO), the centre of one process on the global batch."""
+    shards = [_one_process(slice(2 * rank, 2 * rank + 2)) for rank in range(WORLD)]
+    whole = _one_process(slice(0, 4))
+    mean_grads = {name: torch.stack([s["grads"][name] for s in shards]).mean(0) for name in whole["grads"]}
+    for rank, result in enumerate(ranks):
+        for step in (result["step"], result["equal_step"]):
+            torch.testing.assert_close(step["total"], shards[rank]["total"], rtol=1e-5, atol=1e-6)
+            assert step["parts"].keys() == {"dino", "koleo"}
+            for key, part in shards[rank]["parts"].items():
+                torch.testing.assert_close(step["parts"][key], part, rtol=1e-5, atol=1e-6)
+            assert step["grads"].keys() == mean_grads.keys()
+            for name, grad in mean_grads.items():
+                # atol 5e-7: float32 sums in another order across ranks (an AVX2-only CPU left 1.2e-7 on 2 of 36864)
+                torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=5e-7, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(step["center"], whole["center"], rtol=1e-6, atol=1e-8)
+    assert not torch.equal(whole["center"], torch.zeros_like(whole["center"]))
+    assert not torch.equal(shards[0]["center"], whole["center"])  # a shard alone would give another centre
+    # the ranks' KoLeo differ from each other and from the global batch's: no gathering
+    koleo = [float(r["step"]["parts"]["koleo"]) for r in ranks]
+    assert abs(koleo[0] - koleo[1]) > 1e-3 and all(abs(k - float(whole["parts"]["koleo"])) > 1e-3 for k in koleo)
 
 
 def test_ddp_teacher_is_identical_on_every_rank_after_every_step_and_never_gets_gradients(ranks):

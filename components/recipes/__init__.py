@@ -19,6 +19,7 @@ from .self_distillation import (
     StopOnCollapse,
     SwinViTEmbedding,
     TeacherCollapseError,
+    check_koleo_batch,
     weight_decay_groups,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "SwinViTEmbedding",
     "TeacherCollapseError",
     "aug_rand",
+    "check_koleo_batch",
     "rot_rand",
     "ssl_views",
     "weight_decay_groups",

@@ -1,10 +1,10 @@
 """Self-distillation (DINO, Caron et al. 2021; DINOv2, Oquab et al. 2023) for the Swin ViT encoder."""
 
 from .collapse import StopOnCollapse, TeacherCollapseError
-from .loss import SelfDistillationLoss, koleo_loss
+from .loss import SelfDistillationLoss, check_koleo_batch, koleo_loss
 from .network import ProjectionHead, SelfDistillationNetwork, SwinViTEmbedding, weight_decay_groups
-from .recipe import SelfDistillationRecipe, cosine_schedule
-from .views import MultiCrop, MultiCropViews
+from .recipe import SelfDistillationRecipe, cosine_schedule, teacher_copy
+from .views import MultiCrop, MultiCropViews, gaussian_blur
 
 __all__ = [
     "MultiCrop",
@@ -16,7 +16,10 @@ __all__ = [
     "StopOnCollapse",
     "SwinViTEmbedding",
     "TeacherCollapseError",
+    "check_koleo_batch",
     "cosine_schedule",
+    "gaussian_blur",
     "koleo_loss",
+    "teacher_copy",
     "weight_decay_groups",
 ]

@@ -4,13 +4,13 @@ DINO (Caron et al., 2021): the teacher's outputs of the global crops, centred an
 (``softmax((t - c) / tau_t)``), are the targets of the student's outputs of every *other* crop
 (``log_softmax(s / tau_s)``); the centre ``c`` is an EMA of the teacher's batch mean. KoLeo (Sablayrolles et al.,
 2019; used by DINOv2, Oquab et al., 2023) spreads the student's normalised embeddings within a batch:
-``-mean_i log(min_{j != i} ||z_i - z_j||)``.
+``-mean_i log(min_{j != i} ||z_i - z_j||)``; DINOv2 computes it separately for each global crop (the student's
+embeddings of crop 1, then of crop 2) and adds the per-crop terms, each times the weight.
 
 Distributed: the centre is updated with the mean over *all ranks'* teacher outputs (an all-reduce weighted by the
-rows of each rank), so every rank holds the same centre, equal to that of one process on the global batch. The
-KoLeo neighbours are searched among all ranks' embeddings (an autograd-aware all-gather), and each rank's terms are
-scaled by its share of the global batch, so that after DDP averages the gradients they equal the single-process
-gradient on the global batch (as :class:`~components.SSLLoss` does for its contrastive term).
+rows of each rank), so every rank holds the same centre, equal to that of one process on the global batch, as in
+DINO. KoLeo is computed on each rank's own batch, as in DINOv2: its value on a rank equals that of one process on
+the rank's shard, whatever the world size, and needs at least 2 volumes per rank (:func:`check_koleo_batch`).
 """
 
 from __future__ import annotations
@@ -23,32 +23,59 @@ from torch import nn
 
 from ...distributed import RankBatches, all_reduce_mean, get_world_size, is_distributed
 
-__all__ = ["SelfDistillationLoss", "koleo_loss"]
+__all__ = ["SelfDistillationLoss", "check_koleo_batch", "koleo_loss"]
 
 
-def koleo_loss(z: torch.Tensor, candidates: torch.Tensor | None = None, offset: int = 0, eps: float = 1e-8) -> torch.Tensor:
-    """KoLeo entropy estimator of the anchors ``z`` (normalised here), mean over the anchors.
+def koleo_loss(z: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """KoLeo entropy estimator of the embeddings ``z`` (normalised here), mean over the rows.
 
     Args:
-        z: anchors ``(B, D)``.
-        candidates: neighbours to search ``(N, D)`` (normalised here), holding the anchors at rows
-            ``offset .. offset + B - 1`` (e.g. all ranks' embeddings); None: the anchors themselves.
-        offset: row of the first anchor in ``candidates``.
+        z: embeddings ``(B, D)``, B >= 2 (every row needs a neighbour).
         eps: added to the distances before the log.
 
     Returns:
-        scalar ``-mean_i log(||z_i - z_nn(i)|| + eps)``, nn(i) the nearest other candidate (cosine similarity).
+        scalar ``-mean_i log(||z_i - z_nn(i)|| + eps)``, nn(i) the nearest other row (cosine similarity).
+
+    Raises:
+        ValueError: with fewer than 2 rows.
     """
+    if z.ndim != 2 or z.shape[0] < 2:
+        raise ValueError(
+            f"koleo_loss needs embeddings (B, D) with B >= 2 (a neighbour for every row), got {tuple(z.shape)}."
+        )
     z = F.normalize(z.float(), dim=-1)
-    candidates = z if candidates is None else F.normalize(candidates.float(), dim=-1)
-    if candidates.shape[0] < 2:
-        raise ValueError("koleo_loss needs at least 2 candidates (a neighbour for every anchor).")
     rows = torch.arange(z.shape[0], device=z.device)
-    similarity = (z @ candidates.T).detach()  # (B, N); only the choice of neighbour, no gradient
-    similarity[rows, rows + offset] = -2.0  # never its own neighbour (cosine similarity >= -1 otherwise)
-    nearest = similarity.argmax(dim=1)
-    distance = (z - candidates[nearest]).norm(dim=1)
+    similarity = (z @ z.T).detach()  # (B, B); only the choice of neighbour, no gradient
+    similarity[rows, rows] = -2.0  # never its own neighbour (cosine similarity >= -1 otherwise)
+    distance = (z - z[similarity.argmax(dim=1)]).norm(dim=1)
     return -torch.log(distance + eps).mean()
+
+
+def check_koleo_batch(batch_size: int, koleo_weight: float) -> None:
+    """Fails when KoLeo is on and a rank's batch cannot give every embedding a neighbour.
+
+    KoLeo is computed per rank and per global crop (DINOv2), so every rank needs at least 2 volumes per step.
+    A bundle calls this in ``initialize`` with ``@batch_size * @training#num_samples``, before any data is cached;
+    :class:`SelfDistillationLoss` checks every step's batch the same way.
+
+    Args:
+        batch_size: volumes per rank and step (a loader's ``batch_size`` times the crops drawn per volume).
+        koleo_weight: the KoLeo weight (0: off, nothing to check).
+
+    Raises:
+        ValueError: naming both settings and the fixes.
+
+    Example::
+
+        >>> check_koleo_batch(batch_size=2, koleo_weight=0.1)  # batch_size=1 raises, unless koleo_weight=0
+    """
+    if float(koleo_weight) > 0 and int(batch_size) < 2:
+        raise ValueError(
+            f"batch_size {batch_size} with koleo_weight {koleo_weight}: KoLeo compares every student embedding with "
+            "its nearest neighbour in the same rank's batch (per global crop, as DINOv2), which needs at least 2 "
+            "volumes per rank and step; raise the batch size (bundle: --batch_size, or --training#num_samples crops "
+            "per volume) or turn KoLeo off (--training#koleo_weight 0)."
+        )
 
 
 class SelfDistillationLoss(nn.Module):
@@ -58,11 +85,10 @@ class SelfDistillationLoss(nn.Module):
         out_dim: number of prototypes K (size of the centre).
         student_temperature: tau_s (0.1 in DINO).
         center_momentum: the centre's EMA momentum (0.9 in DINO).
-        koleo_weight: weight of the KoLeo term on the student's embeddings of the global crops (0: off; DINOv2 0.1).
-        gather_distributed: KoLeo neighbours over all ranks; None (default): when a process group is initialised.
+        koleo_weight: weight of each global crop's KoLeo term on the student's embeddings (0: off; DINOv2 0.1).
         equal_rank_batches: every rank has a batch of the same size at every step (the bundle's equal training
-            shards): no batch sizes are exchanged and read back to the host, and KoLeo gathers with one
-            ``all_gather_into_tensor``; checked once, at the first distributed step.
+            shards): no batch sizes are exchanged and read back to the host; checked once, at the first distributed
+            step.
 
     ``forward(student_logits, teacher_logits, teacher_temperature, num_global, student_embeddings=None)``:
 
@@ -71,7 +97,12 @@ class SelfDistillationLoss(nn.Module):
     - teacher_logits ``(G * B, K)``: the teacher's outputs of the G = ``num_global`` global crops, same order;
     - student_embeddings ``(V * B, D)``: needed when ``koleo_weight > 0`` (its first G * B rows are used);
     - returns ``(total, parts)``: ``parts["dino"]`` the mean over the G * (V - 1) pairs (teacher crop g, student
-      crop v != g) of the per-volume cross-entropy, and ``parts["koleo"]`` when ``koleo_weight > 0``.
+      crop v != g) of the per-volume cross-entropy; with ``koleo_weight > 0`` ``parts["koleo"]``, the sum over the
+      G global crops of :func:`koleo_loss` of that crop's B embeddings on this rank, and
+      ``total = dino + koleo_weight * koleo``.
+
+    Raises:
+        ValueError: for logits of the wrong shapes, or ``koleo_weight > 0`` with B < 2 (:func:`check_koleo_batch`).
 
     After the loss, the centre is updated (no gradient) and ``stats`` holds the teacher's mean output entropy
     normalised by log K (``teacher_entropy``: ~0 when one prototype takes everything, ~1 when the output is uniform,
@@ -91,7 +122,6 @@ class SelfDistillationLoss(nn.Module):
         student_temperature: float = 0.1,
         center_momentum: float = 0.9,
         koleo_weight: float = 0.0,
-        gather_distributed: bool | None = None,
         equal_rank_batches: bool = False,
     ) -> None:
         super().__init__()
@@ -107,9 +137,8 @@ class SelfDistillationLoss(nn.Module):
         self.student_temperature = float(student_temperature)
         self.center_momentum = float(center_momentum)
         self.koleo_weight = float(koleo_weight)
-        self.gather_distributed = gather_distributed
         self.equal_rank_batches = bool(equal_rank_batches)
-        self._ranks = RankBatches(gather_distributed, equal_rank_batches, "SelfDistillationLoss(equal_rank_batches=True)")
+        self._ranks = RankBatches(False, equal_rank_batches, "SelfDistillationLoss(equal_rank_batches=True)")
         self.register_buffer("center", torch.zeros(1, self.out_dim))
         self.stats: dict[str, torch.Tensor] = {}
 
@@ -139,8 +168,10 @@ class SelfDistillationLoss(nn.Module):
                 f"student_logits must be (V * {b}, {self.out_dim}) (V crops of the {b} volumes), got "
                 f"{tuple(student_logits.shape)}."
             )
-        if self.koleo_weight > 0 and student_embeddings is None:
-            raise ValueError("koleo_weight > 0 needs student_embeddings.")
+        if self.koleo_weight > 0:
+            if student_embeddings is None:
+                raise ValueError("koleo_weight > 0 needs student_embeddings.")
+            check_koleo_batch(b, self.koleo_weight)
         with torch.autocast(device_type=student_logits.device.type, enabled=False):
             teacher = teacher_logits.detach().float()
             targets = F.softmax((teacher - self.center) / teacher_temperature, dim=-1).chunk(g)
@@ -152,33 +183,24 @@ class SelfDistillationLoss(nn.Module):
             dino = torch.stack(pairs).mean()
             entropy = -(log_targets.exp() * log_targets).sum(dim=-1).mean()
             self.stats = {"teacher_entropy": entropy / math.log(self.out_dim), "kl": dino.detach() - entropy}
-            share = self._batch_share(b, student_logits.device)
-            parts = {"dino": dino * share}
+            parts = {"dino": dino * self._batch_share(b, student_logits.device)}
             total = parts["dino"]
             if self.koleo_weight > 0:
-                parts["koleo"] = self._koleo(student_embeddings[: g * b].float().chunk(g)) * share
+                crops = student_embeddings[: g * b].chunk(g)
+                parts["koleo"] = torch.stack([koleo_loss(z) for z in crops]).sum()
                 total = total + self.koleo_weight * parts["koleo"]
         self.update_center(teacher)
         return total, parts
 
     def _batch_share(self, rows: int, device: torch.device) -> float:
-        """This rank's rows over the mean rows per rank: 1 with equal batches, 1 on one process."""
+        """This rank's rows over the mean rows per rank: after DDP averages the gradients, the DINO term's equals
+        that of one process on the global batch. 1 with equal batches, 1 on one process."""
         if not is_distributed() or get_world_size() == 1:
             return 1.0
         if self.equal_rank_batches:
             self._ranks.check_once(torch.empty(rows, 0, device=device))
             return 1.0
         return rows / float(all_reduce_mean(torch.full((), float(rows), device=device)))
-
-    def _koleo(self, crops: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        terms = []
-        for z in crops:
-            if self._ranks.active:
-                candidates, offset = self._ranks.gather(z)
-                terms.append(koleo_loss(z, candidates, offset=offset))
-            else:
-                terms.append(koleo_loss(z))
-        return torch.stack(terms).mean()
 
     @torch.no_grad()
     def update_center(self, teacher_logits: torch.Tensor) -> None:

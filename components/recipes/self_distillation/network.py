@@ -134,6 +134,8 @@ class SelfDistillationNetwork(SwinViTEmbedding):
 
     Args:
         out_dim, hidden_dim, bottleneck_dim, num_layers, norm_last_layer: of the :class:`ProjectionHead`.
+        dropout_path_rate: the student's stochastic depth (DINO's ViT-S: 0.1); the teacher, copied by
+            :func:`~components.recipes.self_distillation.teacher_copy`, has none.
         other args: as :class:`SwinViTEmbedding`.
 
     Returns:

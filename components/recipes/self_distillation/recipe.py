@@ -1,7 +1,9 @@
 """Self-distillation (DINO) as a recipe of :class:`~components.engine.PretrainingTrainer`.
 
 The student is the trainer's network (DDP-wrapped under torchrun); the teacher lives here, is never wrapped, never
-receives gradients and follows the student by an exponential moving average after every optimizer step. The
+receives gradients and follows the student by an exponential moving average after every optimizer step (one
+``torch._foreach_mul_`` / ``_foreach_add_`` pair over all parameters, as DINOv2). The teacher is a copy of the
+*prepared* student (its attention kernel chosen, its checkpointing set) without stochastic depth. The
 schedules (EMA momentum, teacher temperature, weight decay) are functions of the trainer's iteration, so a resumed
 run continues them exactly; the teacher and the loss's centre are this module's state (``state_dict``), which
 :class:`~components.ResumableCheckpointSaver` saves and :class:`~components.ResumeHandler` restores as ``recipe``.
@@ -16,6 +18,7 @@ from typing import Any, NamedTuple
 import torch
 from ignite.engine import Engine, Events
 from monai.engines.utils import IterationEvents
+from monai.networks.layers import DropPath
 from monai.utils import CommonKeys as Keys
 from torch import nn
 
@@ -23,13 +26,41 @@ from ...engine import unwrap
 from .loss import SelfDistillationLoss
 from .views import MultiCrop, MultiCropViews
 
-__all__ = ["SelfDistillationRecipe", "cosine_schedule"]
+__all__ = ["SelfDistillationRecipe", "cosine_schedule", "teacher_copy"]
 
 
 def cosine_schedule(start: float, end: float, step: int, total: int) -> float:
     """Half-cosine from ``start`` (step 0) to ``end`` (step ``total``), constant at ``end`` after it."""
     progress = min(max(step, 0) / max(total, 1), 1.0)
     return end + (start - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def teacher_copy(student: nn.Module) -> nn.Module:
+    """The teacher of ``student``: a frozen copy in eval mode whose stochastic-depth (``DropPath``) modules are
+    replaced by identities, so it never drops a path, whatever mode it is later set to. Same state-dict keys.
+
+    Example::
+
+        >>> teacher = teacher_copy(SelfDistillationNetwork(feature_size=12, dropout_path_rate=0.1))
+        >>> any(isinstance(m, DropPath) for m in teacher.modules()), teacher.training
+        (False, False)
+    """
+    teacher = copy.deepcopy(unwrap(student))
+    for name, module in list(teacher.named_modules()):
+        if isinstance(module, DropPath):
+            parent, _, attribute = name.rpartition(".")
+            setattr(teacher.get_submodule(parent), attribute, nn.Identity())
+    return teacher.requires_grad_(False).eval()
+
+
+def _mismatched_modules(teacher: nn.Module, student: nn.Module) -> list[str]:
+    """Modules of ``student`` whose counterpart in ``teacher`` has another class (``DropPath`` aside)."""
+    copied = dict(teacher.named_modules())
+    return [
+        f"{name or 'the network'}: student {type(module).__name__}, teacher {type(copied.get(name)).__name__}"
+        for name, module in student.named_modules()
+        if not isinstance(module, DropPath) and type(copied.get(name)) is not type(module)
+    ]
 
 
 class _Outputs(NamedTuple):
@@ -48,14 +79,19 @@ class SelfDistillationRecipe(nn.Module):
     ``total_iterations``).
 
     Also attached to the trainer (:meth:`attach`): at the start of a fresh run the teacher takes the student's
-    weights (after any pretrained weights were loaded; a resumed run keeps the restored teacher); before every
+    weights (after any pretrained weights were loaded; a resumed run keeps the restored teacher), and every run
+    checks that the teacher's modules are of the student's classes; before every
     iteration the ``scheduled_weight_decay`` parameter groups (see
     :func:`~components.recipes.self_distillation.weight_decay_groups`) get the cosine weight decay from
     ``weight_decay[0]`` to ``weight_decay[1]``; during the first ``freeze_last_layer_epochs`` epochs the gradients
     of the student's prototype layer (``head.last_layer``) are dropped after backward, as DINO does.
 
     Args:
-        student: the student network (e.g. :class:`SelfDistillationNetwork`, wrappers allowed); copied as the teacher.
+        student: the student network as it trains (e.g. :class:`SelfDistillationNetwork` after
+            :func:`~components.prepare_network`, wrappers allowed), copied as the teacher by :func:`teacher_copy`.
+            A bundle passes ``@network``, the prepared network, so the copy is made after the attention kernel was
+            chosen whichever id the config resolves first; a teacher copied before (explicit attention under a
+            fused student) fails the run's start with the modules that differ.
         loss_function: the :class:`SelfDistillationLoss` (its centre is part of this module's state).
         views: the :class:`MultiCrop` drawing the views.
         total_iterations: iterations of the whole run (the schedules' length), e.g. ``max_epochs * len(loader)``.
@@ -94,7 +130,7 @@ class SelfDistillationRecipe(nn.Module):
             )
         if not hasattr(unwrap(student), "head"):
             raise ValueError(f"the student ({type(unwrap(student)).__name__}) has no projection head 'head'.")
-        self.teacher = copy.deepcopy(unwrap(student)).requires_grad_(False).eval()
+        self.teacher = teacher_copy(student)
         self.criterion = loss_function
         self.multi_crop = views
         self.total_iterations = int(total_iterations)
@@ -154,10 +190,13 @@ class SelfDistillationRecipe(nn.Module):
 
     @torch.no_grad()
     def after_step(self, engine: Engine) -> None:
-        """The teacher's EMA: ``teacher <- m teacher + (1 - m) student`` with this iteration's momentum."""
+        """The teacher's EMA: ``teacher <- m teacher + (1 - m) student`` with this iteration's momentum, for all
+        parameters at once (two multi-tensor kernels per device and dtype instead of two per parameter)."""
         m = self.momentum_at(self.step)
-        for teacher, student in zip(self.teacher.parameters(), unwrap(engine.network).parameters()):
-            teacher.mul_(m).add_(student.detach(), alpha=1.0 - m)
+        teacher = list(self.teacher.parameters())
+        student = [p.detach() for p in unwrap(engine.network).parameters()]
+        torch._foreach_mul_(teacher, m)
+        torch._foreach_add_(teacher, student, alpha=1.0 - m)
 
     # ------------------------------------------------------------------------------------------ handlers
     def attach(self, engine: Engine) -> None:
@@ -168,8 +207,16 @@ class SelfDistillationRecipe(nn.Module):
         engine.add_event_handler(IterationEvents.BACKWARD_COMPLETED, self._freeze_last_layer)
 
     def _init_teacher(self, engine: Engine) -> None:
+        student = unwrap(engine.network)
+        mismatched = _mismatched_modules(self.teacher, student)
+        if mismatched:
+            raise ValueError(
+                f"SelfDistillationRecipe: the teacher was copied from another network than the one training "
+                f"({len(mismatched)} modules differ, e.g. {mismatched[0]}); give the recipe the prepared network "
+                "(the bundle's @network, after components.prepare_network), not the bare network_def."
+            )
         if engine.state.iteration == 0:  # a fresh run; a resumed one restored its teacher
-            self.teacher.load_state_dict(unwrap(engine.network).state_dict())
+            self.teacher.load_state_dict(student.state_dict())
 
     def _schedule(self, engine: Engine) -> None:
         self.step = engine.state.iteration - 1
