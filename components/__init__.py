@@ -76,6 +76,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "wrap_ddp",
     ),
     "encoder_lr": ("FreezeEncoder", "encoder_param_groups"),
+    "export": ("ExportedModule", "export_network", "load_exported"),
     "engine": (
         "NonFiniteLossError",
         "PretrainingEvaluator",

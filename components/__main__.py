@@ -129,6 +129,35 @@ def fetch(url: str, dest: str = ".", sha256: str | None = None, extract: bool = 
         print(f"verified {path}")
 
 
+def export(
+    bundle: str,
+    checkpoint: str | None = None,
+    out: str | None = None,
+    roi_size=None,
+    device: str = "cpu",
+    overrides=None,
+) -> None:
+    """Writes BUNDLE's trained network as a deployable torch.export program to OUT (default: the bundle's
+    models/model.pt2), checked to compute what the network computes. BUNDLE: a finetuning bundle folder, or a name
+    under bundles/. The network is built as configs/inference.json builds it, with --checkpoint (default:
+    models/model.pt) loaded strictly. The program takes (batch, channels, *ROI_SIZE) float32 with any batch size:
+    --roi_size 96,96,96 (default: the config's; multiples of 32). --device cpu|cuda: where it is exported and will
+    run. --overrides: the config values the model was trained with, e.g. --overrides '{"feature_size": 24}'. Load
+    it with torch.export.load(OUT).module()."""
+    import json
+
+    from .export import export_network
+    from .runner import BUNDLES_DIR
+
+    root = Path(bundle) if Path(bundle).is_dir() else BUNDLES_DIR / bundle
+    if isinstance(overrides, str):
+        overrides = json.loads(overrides)
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ValueError(f"--overrides must be a dict of config ids to values, got {overrides!r}.")
+    path = export_network(root, out_path=out, checkpoint=checkpoint, roi_size=roi_size, device=device, overrides=overrides)
+    print(f"wrote {path}; load it with torch.export.load({str(path)!r}).module()")
+
+
 COMMANDS: dict[str, Callable[..., None]] = {
     "synth": synth,
     "convert-checkpoint": convert_checkpoint,
@@ -136,6 +165,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "check-data": check_data,
     "package": package,
     "fetch": fetch,
+    "export": export,
 }
 
 _HELP_FLAGS = ("-h", "--help")
