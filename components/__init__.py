@@ -87,6 +87,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "loader": ("PersistentWorkerLoader", "default_num_workers"),
     "networks": ("check_roi_size", "prepare_network"),
+    "origin": ("report_origin",),
     "package": ("extract_zip_safely", "fetch", "fetch_bundle", "metadata_schema", "package_bundle", "schema_path"),
     "progress": ("StatsWithEta", "VolumeProgress"),
     "quiet": ("install_filters", "log_from_rank_zero"),

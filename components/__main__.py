@@ -99,15 +99,19 @@ def check_data(
         raise SystemExit(code)
 
 
-def package(bundle: str, out: str = "dist") -> None:
+def package(bundle: str, out: str = "dist", release_url: str | None = None) -> None:
     """Packs BUNDLE (a bundle folder, or a name under bundles/) into OUT/<name>_v<version>.zip, reproducibly
-    (same files, same bytes), with trained models/*.pt when present and without logs, caches, eval/ or data/;
-    writes OUT/<name>_v<version>.zip.sha256 ("<sha256>  <file>", as sha256sum) beside it."""
+    (same files, same bytes), with trained models/*.pt when present and without logs, caches, eval/ or data/, and
+    with this package's source under <name>/components/ (the code its configs import, run from the bundle folder);
+    writes OUT/<name>_v<version>.zip.sha256 ("<sha256>  <file>", as sha256sum) beside it. --release_url URL (where
+    the release's files will be, e.g. https://github.com/OWNER/REPO/releases/download/TAG) adds large_files.yml
+    (the Model Zoo's list of the weights' URLs and SHA-256) and writes each weight as OUT/<name>_v<version>_<file>
+    beside the zip, to attach to the release with it."""
     from .package import package_bundle, sha256_file
     from .runner import BUNDLES_DIR
 
     root = Path(bundle) if Path(bundle).is_dir() else BUNDLES_DIR / bundle
-    path = package_bundle(root, out)
+    path = package_bundle(root, out, release_url=release_url)
     print(f"wrote {path} and {path.name}.sha256 (sha256 {sha256_file(path)})")
 
 

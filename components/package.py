@@ -27,6 +27,9 @@ configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here
   ``in_channels``, ``window_size``) from its ``models/model.pt``, and packaging fails unless every config's
   ``network_def`` then holds exactly the weights' tensors (a segmentation bundle's outputs are its
   ``label_names``: a count that differs from the weights' fails naming them).
+- The code travels in the bundle (as in the Model Zoo): the running package's source goes under ``<name>/components/``
+  at packaging time (:func:`components.origin.package_source`), so a downloaded bundle runs from its folder with only
+  MONAI and its ``required_packages_version``; with a release URL, ``large_files.yml`` lists the weights' URLs.
 - :func:`metadata_schema` is this collection's metadata schema (shipped, offline); :func:`schema_path` finds MONAI's
   published one for ``monai.bundle verify_metadata``.
 """
@@ -49,6 +52,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .atomic import atomic_write
+from .origin import PACKAGE_DIR, package_source
 
 __all__ = [
     "SEMVER_RE",
@@ -58,10 +62,12 @@ __all__ = [
     "extract_zip_safely",
     "fetch",
     "fetch_bundle",
+    "large_files",
     "metadata_schema",
     "package_bundle",
     "packaged_configs",
     "read_metadata",
+    "release_asset_name",
     "schema_path",
     "sha256_file",
     "weight_sizes",
@@ -94,6 +100,7 @@ SCHEMA_NAME = "meta_schema_20240725.json"
 SCHEMA_MD5 = "06954cad2cc5d3784e72077ac76f0fc8"
 SCHEMA_URL = f"https://github.com/Project-MONAI/MONAI-extra-test-data/releases/download/0.8.1/{SCHEMA_NAME}"
 OWN_SCHEMA = Path(__file__).resolve().parent / "schema" / "bundle_metadata.schema.json"
+LARGE_FILES = "large_files.yml"  # the Model Zoo's list of weights to download by URL (monai.bundle download_large_files)
 
 
 class HashMismatchError(ValueError):
@@ -322,7 +329,33 @@ def _zip_info(arcname: str, mode: int, compress_type: int) -> zipfile.ZipInfo:
     return info
 
 
-def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "dist") -> Path:
+def _release_base(release_url: str) -> str:
+    """``release_url`` without a trailing ``/``, checked: an absolute ``http(s)://`` or ``file://`` URL."""
+    parts = urllib.parse.urlparse(str(release_url))
+    if parts.scheme not in ("http", "https", "file") or not (parts.netloc or parts.path.strip("/")):
+        raise ValueError(f"release_url {release_url!r} is not an http(s):// or file:// URL of the release's files.")
+    return str(release_url).rstrip("/")
+
+
+def release_asset_name(name: str, version: str, weight: str) -> str:
+    """The release file of weight ``models/<file>``, beside the zip: ``swin_unetr_btcv_finetune_v0.2.0_model.pt``."""
+    return f"{name}_v{version}_{PurePosixPath(weight).name}"
+
+
+def large_files(weights: Mapping[str, str], release_url: str, name: str, version: str) -> str:
+    """``large_files.yml`` in the Model Zoo's format for ``weights`` (bundle-relative path -> SHA-256): per weight
+    ``path``, ``url`` (``<release_url>/`` :func:`release_asset_name`), ``hash_val`` and ``hash_type: "sha256"``, as
+    ``python -m monai.bundle download_large_files`` reads it (JSON strings are valid YAML double-quoted scalars)."""
+    base = _release_base(release_url)
+    lines = ["large_files:"]
+    for path, digest in sorted(weights.items()):
+        url = f"{base}/{release_asset_name(name, version, path)}"
+        lines += [f"  - path: {json.dumps(path)}", f"    url: {json.dumps(url)}",
+                  f"    hash_val: {json.dumps(_normalize_sha256(digest, path))}", '    hash_type: "sha256"']  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "dist", release_url: str | None = None) -> Path:
     """Writes ``<out_dir>/<name>_v<version>.zip`` and ``<out_dir>/<name>_v<version>.zip.sha256`` for a bundle.
 
     ``name`` is the bundle folder's name, ``version`` the one in ``configs/metadata.json`` (checked first by
@@ -330,31 +363,38 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     which is what ``python -m monai.bundle download --name <name> --url <zip url> --bundle_dir D`` (and the
     ``github`` source) extract to ``D/<name>/``. The same files give the same bytes: entries sorted, every
     timestamp 1980-01-01 00:00, permissions 0644 (files) / 0755 (folders), no extra fields or comment, deflate.
-    The files are :func:`bundle_files` (trained ``models/*.pt`` included when present), the configs as
-    :func:`packaged_configs` makes them fit ``models/model.pt`` (which raises when they cannot). The zip is written to a
-    temporary name and moved into place. Returns the zip's path."""
+    The files are :func:`bundle_files` (``models/*.pt`` when present), the configs as :func:`packaged_configs` makes
+    them fit ``models/model.pt`` (it raises when they cannot), and the running package's source under
+    ``<name>/components/`` (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is
+    refused). With ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``)
+    the zip holds :func:`large_files` of its weights, each written beside the zip as :func:`release_asset_name` to
+    attach to the release. The zip is written to a temporary name and moved into place. Returns the zip's path."""
     root = Path(bundle_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"no bundle folder at {str(root)!r}.")
     name = root.resolve().name
     if not _NAME_RE.match(name):
         raise ValueError(f"bundle folder name {name!r} is not a usable bundle name (letters, digits, '_', '.', '-').")
+    if (root / "components").exists():
+        raise ValueError(f"{root / 'components'} exists: a package carries the components package copied from "
+                         f"{PACKAGE_DIR} at packaging time, never a copy kept in the bundle folder; remove it.")  # fmt: skip
+    base = _release_base(release_url) if release_url is not None else None
     meta = read_metadata(root)
     if not (root / "LICENSE").is_file():
         raise FileNotFoundError(f"{root / 'LICENSE'} not found: a bundle release needs a LICENSE file.")
     version = meta["version"]
     files = bundle_files(root)
-    replaced = packaged_configs(root)
+    weights = [f for f in files if f.startswith("models/")]
+    contents: dict[str, Path | bytes] = {rel: root / rel for rel in files}
+    contents.update(packaged_configs(root))
+    contents.update({f"components/{rel}": PACKAGE_DIR / rel for rel in package_source(PACKAGE_DIR)})
+    digests = {w: sha256_file(root / w) for w in weights} if base is not None else {}
+    if digests:
+        contents[LARGE_FILES] = large_files(digests, base, name, version).encode()
 
-    folders = {PurePosixPath(name)}
-    for rel in files:
-        for parent in PurePosixPath(name, rel).parents:
-            if parent != PurePosixPath("."):
-                folders.add(parent)
-    entries = sorted([(f"{d.as_posix()}/", None) for d in folders] + [(f"{name}/{rel}", rel) for rel in files])
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    folders = {parent for rel in contents for parent in PurePosixPath(name, rel).parents if parent != PurePosixPath(".")}
+    entries = sorted([(f"{d.as_posix()}/", None) for d in folders] + [(f"{name}/{rel}", rel) for rel in contents])
+    out = Path(out_dir)  # created by atomic_write
     zip_path = out / f"{name}_v{version}.zip"
     with atomic_write(zip_path) as archive:
         with zipfile.ZipFile(archive, "w") as zf:
@@ -362,10 +402,9 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
                 if rel is None:
                     zf.writestr(_zip_info(arcname, _DIR_MODE, zipfile.ZIP_STORED), b"")
                     continue
-                src = root / rel
-                info = _zip_info(arcname, _FILE_MODE, zipfile.ZIP_DEFLATED)
-                if rel in replaced:
-                    zf.writestr(info, replaced[rel])
+                info, src = _zip_info(arcname, _FILE_MODE, zipfile.ZIP_DEFLATED), contents[rel]
+                if isinstance(src, bytes):
+                    zf.writestr(info, src)
                     continue
                 large = src.stat().st_size >= zipfile.ZIP64_LIMIT
                 with open(src, "rb") as fin, zf.open(info, "w", force_zip64=large) as fout:
@@ -375,11 +414,11 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     sidecar = zip_path.with_name(zip_path.name + ".sha256")
     with atomic_write(sidecar, "w", encoding="ascii") as f:
         f.write(f"{digest}  {zip_path.name}\n")
-    weights = [f for f in files if f.startswith("models/")]
-    logger.info(
-        "package_bundle: wrote %s (%d files, weights: %s), sha256 %s",
-        zip_path, len(files), ", ".join(weights) or "none", digest,
-    )
+    for weight in digests:  # the files large_files.yml points at
+        with open(root / weight, "rb") as fin, atomic_write(out / release_asset_name(name, version, weight)) as fout:
+            shutil.copyfileobj(fin, fout, _CHUNK)
+    logger.info("package_bundle: wrote %s (%d files, weights: %s, components from %s), sha256 %s", zip_path,
+                len(files), ", ".join(weights) or "none", PACKAGE_DIR, digest)  # fmt: skip
     return zip_path
 
 

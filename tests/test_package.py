@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -25,6 +26,7 @@ from monai.networks.nets import SwinUNETR
 import components
 from components import package as pkg
 from components.__main__ import COMMANDS
+from components.origin import package_source
 from components.runner import BUNDLES_DIR, bundle_command
 
 pytestmark = [
@@ -155,7 +157,8 @@ def test_package_includes_weights_and_excludes_outputs(ssl_copy, packaged, fake_
         files = sorted(n[len(SSL) + 1 :] for n in zf.namelist() if not n.endswith("/"))
         weights = torch.load(zf.open(f"{SSL}/models/model.pt"), map_location="cpu", weights_only=True)
     tracked = pkg.bundle_files(BUNDLES_DIR / SSL, include_weights=False)
-    assert files == sorted(tracked + ["models/model.pt"])
+    carried = [f"components/{rel}" for rel in package_source()]
+    assert files == sorted(tracked + ["models/model.pt"] + carried)  # no large_files.yml without a release URL
     for rel in JUNK:
         assert rel not in files
     assert weights.keys() == fake_state.keys()
@@ -196,6 +199,136 @@ def test_bundle_files_refuses_symlinks(tmp_path):
     (root / "docs" / "link.md").symlink_to(root / "docs" / "README.md")
     with pytest.raises(ValueError, match="symbolic link"):
         pkg.bundle_files(root)
+
+
+def test_package_carries_the_running_components_source(packaged):
+    """The zip holds the running package's modules and schema, byte for byte, under <name>/components/ (what its
+    configs import when run from the bundle folder), and no cache or compiled file."""
+    with zipfile.ZipFile(packaged) as zf:
+        carried = {n[len(f"{SSL}/components/") :]: zf.read(n) for n in zf.namelist()
+                   if n.startswith(f"{SSL}/components/") and not n.endswith("/")}  # fmt: skip
+    package = Path(components.__file__).resolve().parent
+    assert sorted(carried) == package_source(package)
+    assert {"__init__.py", "origin.py", "package.py", "schema/bundle_metadata.schema.json"} <= set(carried)
+    assert {"checkpoint/__init__.py", "recipes/self_distillation/__init__.py"} <= set(carried)  # sub-packages too
+    assert not [n for n in carried if "__pycache__" in n or n.endswith(".pyc") or "/." in f"/{n}"]
+    different = [n for n, data in carried.items() if data != (package / n).read_bytes()]
+    assert not different, different
+
+
+def test_package_refuses_a_components_copy_kept_in_the_bundle(tmp_path):
+    root = _copy_bundle(SSL, tmp_path / "src")
+    (root / "components").mkdir()
+    (root / "components" / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    with pytest.raises(ValueError, match=r"components exists: a package carries the components package copied from"):
+        pkg.package_bundle(root, tmp_path / "dist")
+    assert not (tmp_path / "dist").exists()
+
+
+@pytest.fixture(scope="module")
+def released(ssl_copy, tmp_path_factory) -> tuple[Path, str]:
+    """The SSL package made with a release URL: the dist folder itself, as a file:// URL (where the assets lie)."""
+    dist = tmp_path_factory.mktemp("release")
+    return pkg.package_bundle(ssl_copy, dist, release_url=dist.as_uri() + "/"), dist.as_uri()
+
+
+def test_large_files_yml_lists_the_packaged_weights(ssl_copy, released, fake_state):
+    """With a release URL, large_files.yml in the Model Zoo's format names models/model.pt with its URL among the
+    release's files and the SHA-256 of the packaged file; that file is written beside the zip under that name."""
+    zip_path, url = released
+    with zipfile.ZipFile(zip_path) as zf:
+        listed = zf.read(f"{SSL}/{pkg.LARGE_FILES}").decode()
+        packaged_weights = zf.read(f"{SSL}/models/model.pt")
+    digest = hashlib.sha256(packaged_weights).hexdigest()
+    asset = zip_path.with_name(pkg.release_asset_name(SSL, _version(ssl_copy), "models/model.pt"))
+    assert asset.name == f"{SSL}_v{_version(ssl_copy)}_model.pt"
+    assert listed == (
+        "large_files:\n"
+        '  - path: "models/model.pt"\n'
+        f'    url: "{url}/{asset.name}"\n'
+        f'    hash_val: "{digest}"\n'
+        '    hash_type: "sha256"\n'
+    )
+    assert asset.read_bytes() == packaged_weights
+    weights = torch.load(asset, map_location="cpu", weights_only=True)
+    assert all(torch.equal(weights[k], fake_state[k]) for k in fake_state)
+
+
+def test_monai_download_large_files_restores_the_weights(released, tmp_path):
+    """MONAI's own reader of the Model Zoo format (`monai.bundle download_large_files`, as the Model Zoo CI calls it)
+    downloads models/model.pt from the URL in large_files.yml and checks its SHA-256."""
+    pytest.importorskip("yaml", reason="MONAI reads large_files.yml with pyyaml")
+    import monai.bundle
+    from monai.apps.utils import HashCheckError
+
+    zip_path, _ = released
+    folder = pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
+    original = (folder / "models" / "model.pt").read_bytes()
+    (folder / "models" / "model.pt").unlink()
+    monai.bundle.download_large_files(bundle_path=str(folder))
+    assert (folder / "models" / "model.pt").read_bytes() == original
+
+    # a changed weight file fails MONAI's hash check: the hash is checked, not only the name
+    (folder / "models" / "model.pt").unlink()
+    asset = zip_path.with_name(f"{zip_path.stem}_model.pt")
+    asset.write_bytes(original + b"x")
+    try:
+        with pytest.raises(HashCheckError, match="sha256 hash check of downloaded file failed"):
+            monai.bundle.download_large_files(bundle_path=str(folder))
+    finally:
+        asset.write_bytes(original)
+
+
+def test_release_url_must_be_a_url(ssl_copy, tmp_path):
+    for bad in ("dist/releases", "s3://bucket/tag", "https://"):
+        with pytest.raises(ValueError, match="is not an http"):
+            pkg.package_bundle(ssl_copy, tmp_path / "dist", release_url=bad)
+    assert not (tmp_path / "dist").exists()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# which copy of components runs
+
+
+def _fake_bundle_with_components(root: Path, version: str) -> Path:
+    (root / "components").mkdir(parents=True)
+    (root / "components" / "__init__.py").write_text(f'"""A carried copy."""\n\n__version__ = "{version}"\n')
+    return root
+
+
+def test_report_origin_warns_when_the_bundle_carries_another_copy(tmp_path, caplog):
+    """A bundle folder whose components/ (version 9.9.9) is not the imported package: a WARNING names both versions
+    and folders and says which one runs; the imported package's folder is returned."""
+    from components.origin import report_origin
+
+    bundle = _fake_bundle_with_components(tmp_path / "bundle", "9.9.9")
+    package = Path(components.__file__).resolve().parent
+    caplog.set_level(logging.INFO, logger="components.origin")
+    assert report_origin(bundle) == package
+    records = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "components.origin"]
+    assert records[0] == ("INFO", f"components {components.__version__} from {package}")
+    assert [level for level, _ in records] == ["INFO", "WARNING"]
+    warning = records[1][1]
+    carried = (bundle / "components").resolve()
+    assert f"carries components 9.9.9 at {carried}" in warning
+    assert f"but components {components.__version__} from {package} is imported and runs" in warning
+
+
+def test_report_origin_is_quiet_for_the_imported_copy_or_none(tmp_path, caplog):
+    """No warning when the bundle folder holds no components/ (a bundle of this repository) or when its
+    components/ is the imported package (here: the repository root, whose package is installed editable); a
+    carried copy of the same version elsewhere still warns (another copy runs)."""
+    from components.origin import declared_version, report_origin
+
+    package = Path(components.__file__).resolve().parent
+    assert declared_version(package) == components.__version__
+    caplog.set_level(logging.INFO, logger="components.origin")
+    report_origin(tmp_path)
+    report_origin(package.parent)
+    assert [r.levelname for r in caplog.records if r.name == "components.origin"] == ["INFO", "INFO"]
+    caplog.clear()
+    report_origin(_fake_bundle_with_components(tmp_path / "same_version", components.__version__))
+    assert [r.levelname for r in caplog.records if r.name == "components.origin"] == ["INFO", "WARNING"]
 
 
 # ------------------------------------------------------------------------------------------------------------
