@@ -93,7 +93,7 @@ _CHUNK = 1 << 20
 _TOP_LEVEL_OUTPUT_DIRS = {"eval", "data", "dist", "logs", "runs", "mlruns", "lightning_logs", "wandb", "tmp", "temp"}
 _CACHE_DIRS = {"__pycache__", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".cache"}
 _EXCLUDED_SUFFIXES = {".pyc", ".pyo", ".log", ".tmp", ".temp", ".part", ".partial", ".swp", ".swo", ".bak", ".orig"}
-_WEIGHT_SUFFIXES = {".pt", ".ts"}
+_WEIGHT_SUFFIXES = {".pt", ".pt2", ".ts"}
 
 # the metadata schema used by the Model Zoo checks (and MONAI's tests)
 SCHEMA_NAME = "meta_schema_20240725.json"
@@ -167,7 +167,7 @@ def _is_excluded_file(rel: PurePosixPath) -> bool:
 
 
 def _is_weight_file(rel: PurePosixPath) -> bool:
-    """``models/<file>.pt|.ts``, except resumable training state (``checkpoint*.pt``: optimizer, scheduler...)."""
+    """``models/<file>.pt|.pt2|.ts`` (weights, an exported program, TorchScript), except resumable training state (``checkpoint*.pt``: optimizer, scheduler...)."""
     return (
         len(rel.parts) == 2
         and rel.parts[0] == "models"

@@ -165,6 +165,16 @@ def test_package_includes_weights_and_excludes_outputs(ssl_copy, packaged, fake_
     assert all(torch.equal(weights[k], fake_state[k]) for k in fake_state)
 
 
+def test_bundle_files_include_an_exported_program_but_not_training_state(tmp_path):
+    """``python -m components export`` writes models/model.pt2: a release carries it; checkpoint.pt stays out."""
+    root = _copy_bundle(BTCV, tmp_path / "src")
+    (root / "models").mkdir()
+    for name in ("model.pt", "model.pt2", "checkpoint.pt"):
+        (root / "models" / name).write_bytes(b"x")
+    files = pkg.bundle_files(root)
+    assert "models/model.pt2" in files and "models/model.pt" in files and "models/checkpoint.pt" not in files
+
+
 def test_package_without_weights_and_metadata_checks(tmp_path):
     root = _copy_bundle(SSL, tmp_path / "src")
     z = pkg.package_bundle(root, tmp_path / "dist")
