@@ -31,14 +31,24 @@ def convert_checkpoint(
     in_channels: int = 1,
     feature_size: int = 48,
     channel_policy: str = "error",
+    use_v2: bool | None = None,
+    window_size: int | None = None,
 ) -> None:
-    """Maps a checkpoint in any known layout (published model_swinvit.pt, original SSL code, this collection,
-    MONAI ssl_pretrained_weights.pth, full SwinUNETR) onto TARGET (swinunetr | sslhead) and writes a clean
-    state dict to DST. Prints the load report; fails when the encoder does not fully load."""
+    """Maps a checkpoint in any known layout (published model_swinvit.pt, original SSL code, VoCo, SuPreM, this
+    collection, MONAI ssl_pretrained_weights.pth, full SwinUNETR) onto TARGET (swinunetr | sslhead) and writes a
+    clean state dict to DST. USE_V2 and WINDOW_SIZE default to the checkpoint's (read from its tensors). Prints the
+    load report; fails when the encoder does not fully load."""
     from .conversion import convert_checkpoint as convert
 
     report = convert(
-        src, dst, target=target, in_channels=in_channels, feature_size=feature_size, channel_policy=channel_policy
+        src,
+        dst,
+        target=target,
+        in_channels=in_channels,
+        feature_size=feature_size,
+        channel_policy=channel_policy,
+        use_v2=use_v2,
+        window_size=window_size,
     )
     print(report.summary())
     print(f"wrote {dst}")

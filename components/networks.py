@@ -103,12 +103,27 @@ def swin_vit(
     dropout_path_rate: float = 0.0,
     use_checkpoint: bool = False,
     window_size: int = DEFAULT_WINDOW,
+    use_v2: bool | str = False,
 ) -> SwinTransformer:
     """MONAI's Swin ViT encoder in the configuration of ``SwinUNETR`` (window 7 by default, patch 2, depths
     (2, 2, 2, 2), heads (3, 6, 12, 24)): held as attribute ``swinViT``, its state dict loads into
-    ``SwinUNETR(feature_size=f, window_size=w).swinViT``.
+    ``SwinUNETR(feature_size=f, window_size=w, use_v2=v).swinViT``.
+
+    ``use_v2``: SwinUNETR v2 (the encoder of VoCo B / L / H): MONAI's residual convolution block
+    (``UnetrBasicBlock``: two bias-free 3x3x3 convolutions, instance norm without parameters) before each stage,
+    keys ``layers1c`` .. ``layers4c``; a stage taking ``c`` channels (``f``, ``2f``, ``4f``, ``8f``) adds
+    ``2 * 27 * c ** 2`` weights, ``4590 * f ** 2`` in all (3D). The other keys are those of v1. Accepts a config
+    flag ("true" / "false").
 
     Its last stage output (``swinViT(x, normalize=True)[4]``) has shape ``(B, 16 * feature_size, *[s // 32])``.
+
+    Raises:
+        ValueError: ``use_v2`` is not a clear yes / no.
+
+    Example::
+
+        >>> swin_vit(1, 48, use_v2=True).layers1c[0].__class__.__name__
+        'UnetrBasicBlock'
     """
     return SwinTransformer(
         in_chans=in_channels,
@@ -126,7 +141,7 @@ def swin_vit(
         use_checkpoint=bool(use_checkpoint),
         spatial_dims=spatial_dims,
         downsample="merging",
-        use_v2=False,
+        use_v2=as_bool(use_v2, "use_v2"),
     )
 
 

@@ -1,7 +1,9 @@
-"""Tests of components.recipes.inpainting_contrast.network.SSLHead: layout, parameter counts, shapes, input checks, gradients.
+"""Tests of components.recipes.inpainting_contrast.network.SSLHead: layout, parameter counts, shapes, input checks, gradients;
+and of the SwinUNETR v2 encoder (``use_v2``) in components.networks.swin_vit, SSLHead, the self-distillation networks and
+components.conversion.convert_checkpoint.
 
 CPU budget: forward passes use feature_size 12 and the smallest valid ROIs (64^3, or 32x32x64 which gives
-the minimum of 2 final tokens); parameter counts at feature_size 48 need no forward pass.
+the minimum of 2 final tokens; 64x32x32 at window 4 for v2); parameter counts at feature_size 48 need no forward pass.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ import torch
 from monai.networks.nets import SwinUNETR
 from torch import nn
 
-from components.networks import check_roi_size
+from components.__main__ import main
+from components.checkpoint import CheckpointLoadError
+from components.conversion import convert_checkpoint
+from components.networks import check_roi_size, swin_vit
 from components.recipes.inpainting_contrast.network import SSLHead
+from components.recipes.self_distillation import SelfDistillationNetwork, SwinViTEmbedding
 
 DECODERS = ("vae", "deconv", "large_kernel_deconv")
 SMALL_3D = (32, 32, 64)  # anisotropic, the smallest 3D ROI with 2 final tokens
@@ -301,3 +307,119 @@ def test_reconstruction_output_mode_returns_the_same_reconstruction():
     assert torch.allclose(got, expected)
     with pytest.raises(ValueError, match="output must be one of"):
         SSLHead(feature_size=12, output="features")
+
+
+# ---------------------------------------------------------------- SwinUNETR v2 encoders (use_v2)
+
+V2_BLOCKS = ("swinViT.layers1c.", "swinViT.layers2c.", "swinViT.layers3c.", "swinViT.layers4c.")
+TINY_ROI = (64, 32, 32)
+
+
+def _encoders(use_v2: bool) -> dict[str, nn.Module]:
+    """The encoders of every network of the collection at feature 12, window 4."""
+    return {
+        "SSLHead": SSLHead(feature_size=12, window_size=4, use_v2=use_v2).swinViT,
+        "SwinViTEmbedding": SwinViTEmbedding(feature_size=12, window_size=4, use_v2=use_v2).swinViT,
+        "SelfDistillationNetwork": SelfDistillationNetwork(
+            feature_size=12, out_dim=32, hidden_dim=32, bottleneck_dim=16, window_size=4, use_v2=use_v2
+        ).swinViT,
+    }
+
+
+@pytest.mark.parametrize("use_v2", [False, True], ids=["v1", "v2"])
+def test_encoders_load_into_swinunetr_of_the_same_version(use_v2):
+    """Keys and shapes of every recipe's encoder are those of ``SwinUNETR(use_v2=...).swinViT``: a strict load."""
+    target = SwinUNETR(in_channels=1, out_channels=2, feature_size=12, window_size=4, use_v2=use_v2).swinViT
+    expected = {k: tuple(v.shape) for k, v in target.state_dict().items()}
+    assert any(k.startswith("layers1c.") for k in expected) == use_v2
+    for name, encoder in _encoders(use_v2).items():
+        state = encoder.state_dict()
+        assert {k: tuple(v.shape) for k, v in state.items()} == expected, name
+        result = target.load_state_dict(state, strict=True)
+        assert not result.missing_keys and not result.unexpected_keys, name
+        assert all(torch.equal(target.state_dict()[k], v) for k, v in state.items()), name
+
+
+def test_v1_is_the_default_and_v2_only_adds_the_residual_blocks():
+    v1_default = SSLHead(feature_size=12).state_dict()
+    v1 = SSLHead(feature_size=12, use_v2=False).state_dict()
+    v2 = SSLHead(feature_size=12, use_v2="true").state_dict()  # a bundle's command-line string
+    assert list(v1_default) == list(v1)
+    assert not any(k.startswith(V2_BLOCKS) for k in v1)
+    assert [k for k in v2 if not k.startswith(V2_BLOCKS)] == list(v1)
+    assert {k: tuple(v.shape) for k, v in v2.items() if k in v1} == {k: tuple(v.shape) for k, v in v1.items()}
+    # MONAI's UnetrBasicBlock per stage: two bias-free 3x3x3 convolutions on the stage's c = f, 2f, 4f, 8f channels
+    added = {k: tuple(v.shape) for k, v in v2.items() if k.startswith(V2_BLOCKS)}
+    assert added == {
+        f"swinViT.layers{i + 1}c.0.layer.conv{j}.conv.weight": (12 * 2**i, 12 * 2**i, 3, 3, 3)
+        for i in range(4)
+        for j in (1, 2)
+    }
+    assert n_params(swin_vit(1, 12, use_v2=True)) - n_params(swin_vit(1, 12)) == 54 * 12**2 * (1 + 4 + 16 + 64)
+    with pytest.raises(ValueError, match="use_v2 must be true or false, got 'v2'"):
+        SSLHead(feature_size=12, use_v2="v2")
+
+
+def test_v2_encoder_computes_what_swinunetr_v2_computes():
+    """The recipes' v2 networks run on a tiny ROI, and their encoder's features equal SwinUNETR v2's own with the
+    same weights (the residual blocks are used, not only present)."""
+    torch.manual_seed(0)
+    x = torch.rand(2, 1, *TINY_ROI)
+    ssl = SSLHead(feature_size=12, window_size=4, use_v2=True).eval()
+    student = SelfDistillationNetwork(
+        feature_size=12, out_dim=32, hidden_dim=32, bottleneck_dim=16, window_size=4, use_v2=True
+    ).eval()
+    seg = SwinUNETR(in_channels=1, out_channels=2, feature_size=12, window_size=4, use_v2=True).eval()
+    with torch.no_grad():
+        rot, contrastive, rec = ssl(x)
+        assert rot.shape == (2, 4) and contrastive.shape == (2, 512) and rec.shape == (2, 1, *TINY_ROI)
+        seg.swinViT.load_state_dict(ssl.swinViT.state_dict())
+        expected = seg.swinViT(x, normalize=True)[4]
+        torch.testing.assert_close(ssl.swinViT(x, normalize=True)[4], expected, rtol=0, atol=0)
+        v1 = SwinUNETR(in_channels=1, out_channels=2, feature_size=12, window_size=4).swinViT.eval()
+        v1.load_state_dict({k: v for k, v in ssl.swinViT.state_dict().items() if "c.0.layer." not in k})
+        assert not torch.allclose(v1(x, normalize=True)[4], expected, atol=1e-3)  # the residual blocks count
+        embeddings, logits = student([x, x[:, :, :32]])
+        assert embeddings.shape == (4, 16 * 12) and logits.shape == (4, 32)
+        seg.swinViT.load_state_dict(student.swinViT.state_dict())
+        torch.testing.assert_close(embeddings[:2], seg.swinViT(x, normalize=True)[4].flatten(2).mean(2))
+
+
+def _voco_checkpoint(feature_size: int, window_size: int) -> tuple[dict, dict]:
+    """A checkpoint as VoCo's ``voco_train.py`` saves it (``{"global_step", "state_dict": {"module.backbone.*",
+    "module.student.*", "module.teacher.*"}}``, the backbone a SwinUNETR v2 without its decoder), with random
+    values; and the backbone's encoder tensors by their SwinUNETR key."""
+    voco = nn.Module()
+    voco.backbone = SwinUNETR(
+        in_channels=1, out_channels=21, feature_size=feature_size, window_size=window_size, use_v2=True
+    )
+    for name in ("decoder5", "decoder4", "decoder3", "decoder2", "decoder1", "out"):
+        delattr(voco.backbone, name)
+    voco.student = nn.Linear(24 * feature_size, 8)
+    voco.teacher = nn.Linear(24 * feature_size, 8)
+    state = {k: torch.randn(v.shape) if v.is_floating_point() else v for k, v in voco.state_dict().items()}
+    encoder = {k[len("backbone.") :]: v for k, v in state.items() if k.startswith("backbone.swinViT.")}
+    return {"global_step": 100, "state_dict": {f"module.{k}": v for k, v in state.items()}}, encoder
+
+
+def test_convert_a_v2_checkpoint_without_flags(tmp_path):
+    """use_v2 and the window are read from the file: a VoCo v2 checkpoint (window 4 here, to tell it from the default
+    7) converts into SwinUNETR v2 and SSLHead v2 state dicts that load strictly, every encoder tensor the file's."""
+    checkpoint, encoder = _voco_checkpoint(12, 4)
+    src = tmp_path / "voco.pt"
+    torch.save(checkpoint, src)
+    report = convert_checkpoint(src, tmp_path / "swinunetr.pt", feature_size=12)
+    assert report.layout == "voco" and len(report.encoder_loaded) == len(encoder)
+    seg = SwinUNETR(in_channels=1, out_channels=14, feature_size=12, window_size=4, use_v2=True)
+    seg.load_state_dict(torch.load(tmp_path / "swinunetr.pt", weights_only=True), strict=True)
+    assert all(torch.equal(seg.state_dict()[k], v) for k, v in encoder.items())
+    assert main(["convert-checkpoint", str(src), str(tmp_path / "ssl.pt"), "--target", "sslhead", "--feature_size", "12"]) == 0
+    ssl = SSLHead(feature_size=12, window_size=4, use_v2=True)
+    ssl.load_state_dict(torch.load(tmp_path / "ssl.pt", weights_only=True), strict=True)
+    assert all(torch.equal(ssl.state_dict()[k], v) for k, v in encoder.items())
+    # an explicit value other than the file's fails before anything is written, naming it
+    with pytest.raises(CheckpointLoadError, match="use_v2=true in the checkpoint, false in the network"):
+        convert_checkpoint(src, tmp_path / "v1.pt", feature_size=12, use_v2=False)
+    with pytest.raises(CheckpointLoadError, match="window_size=4 in the checkpoint, 7 in the network"):
+        convert_checkpoint(src, tmp_path / "w7.pt", feature_size=12, window_size=7)
+    assert not (tmp_path / "v1.pt").exists() and not (tmp_path / "w7.pt").exists()

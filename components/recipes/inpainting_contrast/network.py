@@ -45,7 +45,7 @@ class SSLHead(nn.Module):
 
     The encoder is MONAI's :class:`~monai.networks.nets.swin_unetr.SwinTransformer` with the configuration of
     ``SwinUNETR`` (window 7 by default, patch 2, depths (2, 2, 2, 2), heads (3, 6, 12, 24)), so
-    ``model.swinViT``'s state dict loads into ``SwinUNETR(feature_size=f, window_size=w).swinViT`` as is. Its
+    ``model.swinViT``'s state dict loads into ``SwinUNETR(feature_size=f, window_size=w, use_v2=v).swinViT`` as is. Its
     last stage output (normalised) of shape ``(B, 16 * feature_size, *[s // 32 for s in spatial])`` is
     flattened to tokens ``(B, N, 16 * feature_size)``; token 0 feeds ``rotation_head``, token 1
     ``contrastive_head``, and the whole map the reconstruction decoder ``conv``.
@@ -65,6 +65,9 @@ class SSLHead(nn.Module):
             (the relative position bias table has ``(2 * window_size - 1) ** spatial_dims`` rows).
         use_checkpoint: activation checkpointing in every Swin block (``torch.utils.checkpoint`` with
             ``use_reentrant=False`` in MONAI >= 1.3): less memory, about one more encoder forward of compute.
+        use_v2: a SwinUNETR v2 encoder (:func:`~components.networks.swin_vit`: a residual convolution block
+            before each stage, as VoCo's); its weights load into ``SwinUNETR(use_v2=True).swinViT``. The heads
+            and the decoder are the same.
         upsample: the reconstruction decoder, one of
 
             - ``"vae"`` (default): five blocks ``[Conv k3 p1, InstanceNorm, LeakyReLU, Upsample x2]`` taking
@@ -112,6 +115,7 @@ class SSLHead(nn.Module):
         upsample: str = "vae",
         output: str = "all",
         window_size: int = DEFAULT_WINDOW,
+        use_v2: bool | str = False,
     ) -> None:
         super().__init__()
         in_channels = _as_int("in_channels", in_channels, 1)
@@ -143,7 +147,9 @@ class SSLHead(nn.Module):
         dim = 16 * feature_size  # channels of the last stage output (after the final patch merging)
         self.hidden_dim = dim
 
-        self.swinViT = swin_vit(in_channels, feature_size, self.spatial_dims, dropout_path_rate, use_checkpoint, window_size)
+        self.swinViT = swin_vit(
+            in_channels, feature_size, self.spatial_dims, dropout_path_rate, use_checkpoint, window_size, use_v2
+        )
         self.rotation_head = nn.Linear(dim, _NUM_ROTATIONS)
         self.contrastive_head = nn.Linear(dim, _CONTRASTIVE_DIM)
         self.conv = self._build_decoder(upsample, dim, feature_size, in_channels, self.spatial_dims)

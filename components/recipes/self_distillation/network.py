@@ -31,6 +31,8 @@ class SwinViTEmbedding(nn.Module):
         use_checkpoint: activation checkpointing in the Swin blocks.
         window_size: edge of the cubic attention window (7, as published); weights load only into an encoder of the
             same window size.
+        use_v2: a SwinUNETR v2 encoder (a residual convolution block before each stage, as VoCo's); its weights load
+            into ``SwinUNETR(use_v2=True).swinViT``.
 
     Shapes:
         input ``(B, in_channels, *spatial)``, every spatial size a multiple of 32; output ``(B, 16 * feature_size)``.
@@ -49,6 +51,7 @@ class SwinViTEmbedding(nn.Module):
         dropout_path_rate: float = 0.0,
         use_checkpoint: bool = False,
         window_size: int = DEFAULT_WINDOW,
+        use_v2: bool | str = False,
     ) -> None:
         super().__init__()
         if int(feature_size) < 12 or int(feature_size) % 12:
@@ -57,7 +60,13 @@ class SwinViTEmbedding(nn.Module):
         self.spatial_dims = int(spatial_dims)
         self.embed_dim = 16 * int(feature_size)
         self.swinViT = swin_vit(
-            self.in_channels, int(feature_size), self.spatial_dims, dropout_path_rate, use_checkpoint, int(window_size)
+            self.in_channels,
+            int(feature_size),
+            self.spatial_dims,
+            dropout_path_rate,
+            use_checkpoint,
+            int(window_size),
+            use_v2,
         )
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -155,8 +164,11 @@ class SelfDistillationNetwork(SwinViTEmbedding):
         dropout_path_rate: float = 0.0,
         use_checkpoint: bool = False,
         window_size: int = DEFAULT_WINDOW,
+        use_v2: bool | str = False,
     ) -> None:
-        super().__init__(in_channels, feature_size, spatial_dims, dropout_path_rate, use_checkpoint, window_size)
+        super().__init__(
+            in_channels, feature_size, spatial_dims, dropout_path_rate, use_checkpoint, window_size, use_v2
+        )
         self.head = ProjectionHead(self.embed_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, norm_last_layer)
 
     def forward(self, crops: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
