@@ -11,6 +11,8 @@ optionally, an update after each optimizer step (a teacher's EMA).
 :class:`StopOnNonFiniteLoss` guards any MONAI trainer (the finetuning bundles' ``SupervisedTrainer`` too): it stops
 the run after a NaN / Inf training loss, naming the first bad iteration's epoch, loss parts and batch files, and
 never lets a checkpoint saver write a state trained past it (:class:`~components.checkpoint.CheckpointEvents`).
+:class:`ReseedEachEpoch` gives any trainer (the finetuning bundles' too) what :class:`PretrainingTrainer` does for its
+own loader: an epoch's crops depend on (seed, epoch, rank) only, so a restart at an epoch boundary replays them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -42,6 +45,7 @@ __all__ = [
     "Recipe",
     "PretrainingTrainer",
     "PretrainingEvaluator",
+    "ReseedEachEpoch",
     "resolve_amp_dtype",
     "epoch_seed",
     "log_filter",
@@ -108,6 +112,53 @@ def reseed_data(loader: Any, seed: int) -> None:
         set_rnd(getattr(dataset, "transform", dataset), seed)
     generator = getattr(loader, "generator", None)
     (generator if generator is not None else torch.default_generator).manual_seed(seed)
+
+
+class ReseedEachEpoch:
+    """Reseeds a trainer's data loader at every epoch start with :func:`epoch_seed` ``(seed, epoch, rank)``
+    (:func:`reseed_data`), so the crops and augmentations of an epoch depend on those three numbers only.
+
+    MONAI seeds a dataset's random transforms once, when ``monai.data.DataLoader`` is built (from its generator), or
+    when a worker process starts (from the base seed its iterator drew), and their random streams then run on from
+    epoch to epoch. A run resumed at epoch ``e`` draws epoch ``e``'s crops from that fresh start, where the
+    uninterrupted run drew them from the state its epochs ``1 .. e-1`` left: the two runs see different crops.
+    Reseeding at ``EPOCH_STARTED`` makes every epoch start from its own seed in both runs. ignite fires
+    ``EPOCH_STARTED`` before it creates the epoch's data iterator (the first epoch's too), so even the epoch's first
+    batch is drawn after the reseeding; worker processes get the seed through the base seed the new iterator draws
+    (persistent ones too, see :class:`~components.PersistentWorkerLoader`).
+
+    :class:`PretrainingTrainer` uses it for its own loader; attach it to other trainers, such as MONAI's
+    ``SupervisedTrainer`` in the finetuning bundles. A mid-epoch restart continues with the epoch's remaining
+    volumes (:class:`~components.EpochShuffleSampler`) but draws their crops from the start of the epoch's stream.
+
+    Args:
+        seed: the run's seed (``training#seed``).
+
+    Raises:
+        ValueError: a seed that is not an integer.
+
+    Example::
+
+        "handlers": [{"_target_": "components.ReseedEachEpoch", "seed": "@training#seed"}, ...]
+    """
+
+    def __init__(self, seed: int) -> None:
+        try:
+            if isinstance(seed, bool):
+                raise TypeError
+            self.seed = operator.index(seed)
+        except TypeError:
+            raise ValueError(f"ReseedEachEpoch: seed must be an integer, got {seed!r}.") from None
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.EPOCH_STARTED, self)
+
+    def __call__(self, engine: Engine) -> int:
+        """Reseeds the loader ``engine`` iterates for its current epoch; returns the seed (for a trainer's own
+        generators)."""
+        seed = epoch_seed(self.seed, engine.state.epoch, get_rank())
+        reseed_data(engine.state.dataloader, seed)
+        return seed
 
 
 def log_filter(log_interval: int) -> Callable[[Any, int], bool]:
@@ -255,6 +306,7 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         self.clip_grad_norm = clip_grad_norm
         use_scaler = self.use_amp and self.amp_dtype == torch.float16
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
+        self._reseed_data = ReseedEachEpoch(self.seed)
         self.add_event_handler(Events.EPOCH_STARTED, self._seed_epoch)
         if callable(getattr(recipe, "attach", None)):
             recipe.attach(self)
@@ -265,11 +317,9 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         Workflow.run(self)
 
     def _seed_epoch(self, engine: Engine) -> None:
-        """Views, crops and worker seeds of an epoch depend on (seed, epoch, rank) only: resuming at an epoch
+        """Crops, worker seeds and views of an epoch depend on (seed, epoch, rank) only: resuming at an epoch
         boundary replays the uninterrupted run."""
-        seed = epoch_seed(self.seed, engine.state.epoch, get_rank())
-        self._seed_views(seed)
-        reseed_data(self.data_loader, seed)
+        self._seed_views(self._reseed_data(engine))
 
     def _optimizer_step(self) -> bool:
         """Clip after unscaling, step through the scaler; True when the optimizer really stepped."""

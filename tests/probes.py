@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -9,18 +10,41 @@ from pathlib import Path
 from ignite.engine import Engine, Events
 
 
+def _crop_digest(batch) -> str:
+    """A digest of the values of a batch's ``image`` (a MONAI trainer's decollated list of samples, or one dict):
+    equal digests, bitwise equal crops."""
+    import torch
+
+    digest = hashlib.sha256()
+    for sample in batch if isinstance(batch, (list, tuple)) else [batch]:
+        digest.update(torch.as_tensor(sample["image"]).detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def record_lr(trainer: Engine, path: str) -> None:
-    """Appends ``{"iteration": i, "lr": lr, "volumes": [...]}`` for every iteration: the exact LR (no log rounding)
-    and the files of the batch."""
+    """Appends ``{"iteration": i, "lr": lr, "volumes": [...], "crop": digest}`` for every iteration: the exact LR
+    (no log rounding), the files of the batch and a digest of its ``image`` (the random crops the loader drew)."""
     from components import batch_filenames
 
     def write(engine: Engine) -> None:
         record = {"iteration": engine.state.iteration, "lr": engine.optimizer.param_groups[0]["lr"],
-                  "volumes": batch_filenames(engine.state.batch)}  # fmt: skip
+                  "volumes": batch_filenames(engine.state.batch), "crop": _crop_digest(engine.state.batch)}  # fmt: skip
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
     trainer.add_event_handler(Events.ITERATION_COMPLETED, write)
+
+
+def scramble_random_state(loader, seed: int = 987_654) -> None:
+    """Reseeds the loader's random transforms and torch's generators with an unrelated ``seed`` after the bundle
+    built them, as another build would leave them: crops that depend on the run's seed alone do not change."""
+    import torch
+    from monai.data.utils import set_rnd
+
+    set_rnd(loader.dataset.transform, seed)
+    torch.manual_seed(seed)
+    if loader.generator is not None:
+        loader.generator.manual_seed(seed)
 
 
 def stop_after_iteration(trainer: Engine, iteration: int) -> None:
@@ -40,6 +64,11 @@ def read_lr(path: str | Path) -> dict[int, float]:
 def read_volumes(path: str | Path) -> list[tuple[int, list[str]]]:
     """(iteration, files of the batch) of every iteration recorded by :func:`record_lr`, in the order run."""
     return [(r["iteration"], r["volumes"]) for r in map(json.loads, Path(path).read_text().splitlines())]
+
+
+def read_crops(path: str | Path) -> dict[int, str]:
+    """iteration -> digest of the batch's image, as recorded by :func:`record_lr`."""
+    return {r["iteration"]: r["crop"] for r in map(json.loads, Path(path).read_text().splitlines())}
 
 
 # ------------------------------------------------------------------ fault injection (tests/test_faults.py)
