@@ -218,29 +218,26 @@ def bundle_files(bundle_dir: str | os.PathLike, include_weights: bool = True) ->
     return sorted(found)
 
 
-# the tensors that carry a Swin UNETR / SSLHead state's sizes: patch embedding (feature_size, in_channels, 2, 2, 2)
-# and SwinUNETR's output block (out_channels, feature_size, 1, 1, 1)
-_PATCH_EMBED = "swinViT.patch_embed.proj.weight"
+# SwinUNETR's output block (out_channels, feature_size, 1, 1, 1): the classes a segmentation state was trained with
 _SEG_OUT = "out.conv.conv.weight"
 _MODEL_FILE = "models/model.pt"
 
 
-def weight_sizes(state: Mapping[str, Any]) -> dict[str, int]:
-    """The network sizes a Swin UNETR or SSLHead state dict was trained with: ``feature_size`` and
-    ``in_channels`` from the patch embedding, ``out_channels`` from SwinUNETR's output block, ``window_size`` from
-    the relative position bias tables ((2 * window - 1)^3 rows); empty for other states. Example:
-    ``weight_sizes(SSLHead(feature_size=12).state_dict()) == {"feature_size": 12, "in_channels": 1, "window_size": 7}``."""
-    sizes: dict[str, int] = {}
-    embed = state.get(_PATCH_EMBED)
-    if embed is not None and embed.ndim == 5:
-        sizes["feature_size"], sizes["in_channels"] = int(embed.shape[0]), int(embed.shape[1])
+def weight_sizes(state: Mapping[str, Any]) -> dict[str, int | bool]:
+    """The network sizes a Swin UNETR or SSLHead state dict was trained with, read by
+    :func:`~components.checkpoint.infer_architecture` (``feature_size``, ``in_channels``, ``window_size``, ``use_v2``),
+    and ``out_channels`` from SwinUNETR's output block; empty for other states. Example:
+    ``weight_sizes(SSLHead(feature_size=12).state_dict())["use_v2"] is False``."""
+    from .checkpoint import CheckpointLoadError, infer_architecture
+
+    try:
+        found = infer_architecture(dict(state)).as_dict()
+    except CheckpointLoadError:  # not a Swin encoder's state
+        found = {}
+    sizes = {k: v for k, v in found.items() if k in ("feature_size", "in_channels", "window_size", "use_v2") and v is not None}
     out = state.get(_SEG_OUT)
     if out is not None and out.ndim == 5:
         sizes["out_channels"] = int(out.shape[0])
-    table = next((v for k, v in state.items() if k.endswith(".relative_position_bias_table") and v.ndim == 2), None)
-    edge = round(int(table.shape[0]) ** (1 / 3)) if table is not None else 0
-    if edge and edge**3 == table.shape[0] and edge % 2 == 1:  # (2 * window - 1)^3 rows for a cubic 3D window
-        sizes["window_size"] = (edge + 1) // 2
     return sizes
 
 
@@ -260,7 +257,7 @@ def _network_state_shapes(config: dict, where: str) -> dict[str, tuple[int, ...]
 
 def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
     """The configs a package of ``bundle_dir`` holds in place of the bundle's own: those with a ``network_def``
-    whose ``feature_size`` / ``in_channels`` / ``out_channels`` / ``window_size`` (top-level ids, or members of
+    whose ``feature_size`` / ``in_channels`` / ``window_size`` / ``use_v2`` (top-level ids, or members of
     ``network_def`` such as ``network_def#window_size``) differ from :func:`weight_sizes` of ``models/model.pt``, with
     these ids set to the weights' values (JSON, 4-space indent). Empty without weights.
 
@@ -338,7 +335,7 @@ def _release_base(release_url: str) -> str:
 
 
 def release_asset_name(name: str, version: str, weight: str) -> str:
-    """The release file of weight ``models/<file>``, beside the zip: ``swin_unetr_btcv_finetune_v0.2.0_model.pt``."""
+    """The release file of weight ``models/<file>``, beside the zip: ``swin_unetr_btcv_finetune_v0.3.0_model.pt``."""
     return f"{name}_v{version}_{PurePosixPath(weight).name}"
 
 

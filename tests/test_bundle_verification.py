@@ -308,3 +308,14 @@ def test_workflow_properties_without_data(bundle, tmp_path, caplog):
         assert isinstance(err.value.__cause__, FileNotFoundError), configs
         assert str(err.value.__cause__).endswith("no_data/dataset.json' does not exist (set `datalist` or `dataset_dir`).")
     assert "does not exist: the 'training' list is empty" in caplog.text or "'test' list is empty" in caplog.text
+
+
+@bundle_param
+def test_eval_metrics_hold_only_figures_traced_in_the_docs(bundle):
+    """metadata.json's eval_metrics: numbers this bundle produced, each named with its value in the bundle docs
+    (where its command and data are), or nothing; never a paper's figure or a string."""
+    metrics = _meta(bundle)["eval_metrics"]
+    docs = (bundle / "docs" / "README.md").read_text()
+    for name, value in metrics.items():
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), (name, value)
+        assert f"`{name}`" in docs and str(value) in docs, f"{bundle.name}: eval_metrics {name} = {value} is not traced in docs/README.md"

@@ -472,6 +472,8 @@ def test_ct_evaluate_writes_per_class_and_mean_dice(ct_eval):
     assert float(metrics["val_mean_dice"]) == pytest.approx(summary["mean"], abs=1e-6)
     assert float(metrics["val_dice_spleen"]) == pytest.approx(summary["per_class"]["spleen"], abs=1e-6)
     assert (out_dir / "val_mean_dice_summary.csv").is_file()
+    log = _ok(result, "CT evaluation")  # per-volume progress with elapsed time and ETA (not a terminal: lines)
+    assert [int(n) for n in re.findall(r"volume (\d)/3 done \([0-9.]+ s\) -- elapsed \d:\d\d:\d\d, ETA \d:\d\d:\d\d", log)] == [1, 2, 3]
 
 
 def test_two_process_evaluation_equals_single_process(ct_eval, ct_eval_ddp):
@@ -584,3 +586,4 @@ def test_finetuning_logs_the_learning_rate_to_tensorboard_and_the_log(ct_train):
         expected.append(optimizer.param_groups[0]["lr"])
     assert [v for _, v in logged] == pytest.approx(expected, rel=1e-6)
     assert re.search(r"lr: [0-9.e-]+", out)
+    assert re.search(r"Epoch: 1/1, Iter: \d+/\d+ -- .*lr: [0-9.e-]+ .* -- elapsed \d:\d\d:\d\d, ETA \d:\d\d:\d\d", out)

@@ -8,6 +8,8 @@ the minimum of 2 final tokens; 64x32x32 at window 4 for v2); parameter counts at
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from monai.networks.nets import SwinUNETR
@@ -423,3 +425,26 @@ def test_convert_a_v2_checkpoint_without_flags(tmp_path):
     with pytest.raises(CheckpointLoadError, match="window_size=4 in the checkpoint, 7 in the network"):
         convert_checkpoint(src, tmp_path / "w7.pt", feature_size=12, window_size=7)
     assert not (tmp_path / "v1.pt").exists() and not (tmp_path / "w7.pt").exists()
+
+
+@pytest.mark.parametrize("bundle", ["swin_unetr_ssl_pretrain", "swin_unetr_dino_pretrain", "swin_unetr_btcv_finetune",
+                                    "swin_unetr_brats_finetune"])
+def test_every_bundle_builds_a_v2_encoder_from_one_id(bundle):
+    """``--network_def#use_v2 true`` gives every network of a bundle (the DINO student included) MONAI's v2 encoder,
+    which runs at a tiny ROI; the default stays v1."""
+    from monai.bundle import ConfigParser
+
+    configs = Path(__file__).resolve().parents[1] / "bundles" / bundle / "configs"
+    for config in ("train.json", "inference.json"):
+        parser = ConfigParser()
+        parser.read_config(str(configs / config))
+        assert parser["network_def"]["use_v2"] is False
+        parser.update({"network_def#use_v2": True, "feature_size": 12, "network_def#window_size": 4})
+        networks = [parser.get_parsed_content("network_def")]
+        if bundle == "swin_unetr_dino_pretrain" and config == "train.json":
+            networks.append(parser.get_parsed_content("train#student_def"))
+        for net in networks:
+            assert any(".layers1c." in k for k in net.state_dict()), (config, type(net).__name__)
+    x = torch.rand(1, networks[0].swinViT.patch_embed.proj.in_channels, 64, 32, 32)
+    with torch.no_grad():
+        assert torch.isfinite(networks[0].swinViT(x)[4]).all()

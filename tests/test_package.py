@@ -446,6 +446,27 @@ def test_monai_bundle_load_returns_every_packaged_tensor(name, tmp_path, monkeyp
             assert tuned == [False], "loading a bundle tuned the allocator of the caller's process"
 
 
+@pytest.mark.parametrize("name", [SSL, BTCV])
+def test_a_v2_model_packages_and_loads_whole(name, tmp_path):
+    """SwinUNETR v2 weights (residual blocks layers1c..): the packaged configs take network_def#use_v2 true from
+    them, and monai.bundle.load returns every tensor."""
+    import monai.bundle
+
+    build = {SSL: lambda: components.SSLHead(feature_size=FS, use_v2=True),
+             BTCV: lambda: SwinUNETR(in_channels=1, out_channels=14, feature_size=FS, use_v2=True)}[name]  # fmt: skip
+    root = _copy_bundle(name, tmp_path / "src")
+    (root / "models").mkdir()
+    state = _perturbed(build(), seed=3)
+    torch.save(state, root / "models" / "model.pt")
+    zip_path = pkg.package_bundle(root, tmp_path / "dist")
+    with zipfile.ZipFile(zip_path) as zf:
+        assert json.loads(zf.read(f"{name}/configs/inference.json"))["network_def"]["use_v2"] is True
+    pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "downloads")
+    net = monai.bundle.load(name=name, bundle_dir=tmp_path / "downloads", workflow_type="inference", source="github",
+                            repo="owner/repo/v0", version=_version(root), device="cpu", progress=False)  # fmt: skip
+    _assert_same(net, state)
+
+
 def test_package_refuses_weights_the_configs_cannot_hold(tmp_path):
     """Weights of another decoder than the config's ``upsample``: no size id can fix that, so packaging fails
     naming the config and tensors instead of publishing a bundle that loads partly random."""

@@ -37,10 +37,10 @@ logger = logging.getLogger("components.checkpoint")  # one logger name for the w
 PRETRAINED_ARCH: tuple[str, ...] = ("config", "auto")
 
 #: the bundle config id of each architecture value, as the overrides of a mismatch message name them
-#: (``--feature_size 96 --use_v2 true --network_def#window_size 7``), in the order the message lists them.
+#: (``--feature_size 96 --network_def#use_v2 true --network_def#window_size 7``), in the order the message lists them.
 OVERRIDE_IDS: dict[str, str] = {
     "feature_size": "feature_size",
-    "use_v2": "use_v2",
+    "use_v2": "network_def#use_v2",
     "window_size": "network_def#window_size",
     "depths": "network_def#depths",
     "num_heads": "network_def#num_heads",
@@ -227,7 +227,7 @@ def check_architecture(
     Raises:
         CheckpointLoadError: (a ValueError) one line naming each mismatch and the exact overrides, e.g.
             ``checkpoint VoCo_L.pt was trained with another network: feature_size=96 in the checkpoint, 48 in the
-            network; use_v2=true in the checkpoint, false in the network. Run with --feature_size 96 --use_v2 true,
+            network; use_v2=true in the checkpoint, false in the network. Run with --feature_size 96 --network_def#use_v2 true,
             or set pretrained_arch: "auto" to build the network the checkpoint describes.``
     """
     differences = architecture_differences(found, configured)
