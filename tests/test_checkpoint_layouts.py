@@ -11,13 +11,14 @@ a tensor equal to its source proves it came from the right key. Loading into rea
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,6 +45,9 @@ from components.checkpoint import (
 from components.recipes.inpainting_contrast import SSLHead
 from components.recipes.self_distillation import SelfDistillationNetwork
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from encoder_sizes import parameters_on_meta  # noqa: E402  (one helper builds huge encoders without their memory)
+
 V1_HEADS = (3, 6, 12, 24)
 V1_DEPTHS = (2, 2, 2, 2)
 
@@ -51,25 +55,6 @@ V1_DEPTHS = (2, 2, 2, 2)
 # ------------------------------------------------------------------------------------------------------------
 # networks without their memory, files of distinct constants
 # ------------------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _meta_parameters():
-    """Every parameter registered inside goes to the ``meta`` device (buffers stay real): shapes without memory.
-
-    ``torch.device("meta")`` cannot build MONAI's SwinTransformer (it calls ``.item()`` on its drop-path rates)."""
-    register = nn.Module.register_parameter
-
-    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        if param is not None:
-            param = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-        register(module, name, param)
-
-    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
 def _constants(state: dict) -> dict:
@@ -217,7 +202,7 @@ class Published:
 
 def _build(materialise: Callable[[dict], dict], make: Callable[[], nn.Module]) -> dict:
     if materialise is _constants:
-        with _meta_parameters():
+        with parameters_on_meta():
             return materialise(make().state_dict())
     torch.manual_seed(0)
     return materialise(make().state_dict())
@@ -326,7 +311,7 @@ MATRIX = [(name, fs) for name, sizes in PUBLISHED_SIZES.items() for fs in sizes]
 @cache
 def _meta_network(**network) -> SwinUNETR:
     """A SwinUNETR with its parameters on ``meta`` (cached: convert_state_dict only reads it)."""
-    with _meta_parameters():
+    with parameters_on_meta():
         return _swinunetr(**network)
 
 
