@@ -924,7 +924,7 @@ def test_pretrained_loader_says_where_the_weights_came_from(tmp_path, caplog):
 def test_window_size_mismatch_names_the_window():
     """An encoder pretrained with another attention window has other bias tables: the error says which window."""
     source = SSLHead(feature_size=12, window_size=4).state_dict()
-    with pytest.raises(CheckpointLoadError, match=r"window_size=4 in the checkpoint, 7 in the network\. Run with --network_def#window_size 4,"):
+    with pytest.raises(CheckpointLoadError, match=r"window_size=4 in the checkpoint, 7 in the network\. Run with --network_def#window_size 4\."):
         load_pretrained(SwinUNETR(in_channels=1, out_channels=2, feature_size=12), source)
     model = SwinUNETR(in_channels=1, out_channels=2, feature_size=12, window_size=4)
     report = load_pretrained(model, source)

@@ -452,8 +452,8 @@ def test_ct_checkpoint_that_does_not_fit_stops_the_run(work, ct_data, ssl_ckpts)
                  "pretrained_path": str(ssl_ckpts[24])}
     code, out, _ = _run(CT, ["train.json"], overrides, work / "ct_bad.log")
     assert code != 0
-    assert "CheckpointLoadError" in out and "would not load" in out
-    assert "embedding size is 24 but the model's is 12" in out
+    assert "CheckpointLoadError" in out
+    assert "feature_size=24 in the checkpoint, 12 in the network. Run with --feature_size 24." in out
     assert not (out_dir / "models" / "model.pt").exists()
 
 

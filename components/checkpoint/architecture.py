@@ -227,8 +227,8 @@ def check_architecture(
     Raises:
         CheckpointLoadError: (a ValueError) one line naming each mismatch and the exact overrides, e.g.
             ``checkpoint VoCo_L.pt was trained with another network: feature_size=96 in the checkpoint, 48 in the
-            network; use_v2=true in the checkpoint, false in the network. Run with --feature_size 96 --network_def#use_v2 true,
-            or set pretrained_arch: "auto" to build the network the checkpoint describes.``
+            network; use_v2=true in the checkpoint, false in the network. Run with --feature_size 96 --network_def#use_v2 true.``
+            (:func:`adopt_architecture` builds the checkpoint's network instead.)
     """
     differences = architecture_differences(found, configured)
     if not differences:
@@ -239,8 +239,7 @@ def check_architecture(
     )
     overrides = " ".join(f"--{ids[name]} {_cli(ours)}" for name, ours, _ in differences)
     raise CheckpointLoadError(
-        f"checkpoint {source} was trained with another network: {named}. Run with {overrides}, or set "
-        f'pretrained_arch: "auto" to build the network the checkpoint describes.'
+        f"checkpoint {source} was trained with another network: {named}. Run with {overrides}."
     )
 
 
