@@ -84,7 +84,7 @@ def convert_checkpoint(
     Example::
 
         >>> report = convert_checkpoint("VoCo_B_SSL_head.pt", "swinunetr_v2.pt")  # v2 and window 7 from the file
-        >>> SwinUNETR(1, 14, feature_size=48, use_v2=True).load_state_dict(torch.load("swinunetr_v2.pt"))
+        >>> SwinUNETR(1, 14, feature_size=48, use_v2=True).load_state_dict(torch.load("swinunetr_v2.pt", weights_only=True))
         <All keys matched successfully>
     """
     if target not in ("swinunetr", "sslhead"):
