@@ -127,8 +127,8 @@ class Plan:
 
 
 PLANS = {
-    # 2 cores, at most 3 hours: 6 arms x k = 1, 2, 4 x 3 seeds of 200 iterations, two runs side by side (one thread each)
-    "cpu": Plan(val_every=40),
+    # 2 cores, at most 3 hours: 6 arms x k = 1, 2 x 3 seeds of 200 iterations, two runs side by side (one thread each)
+    "cpu": Plan(ks=(1, 2), val_every=40),
     # one GPU: more seeds where the interval is wide, a longer budget and k = 8
     "cuda": Plan(ks=(1, 2, 4, 8), max_seeds=10, finetune_iterations=400, val_every=40,
                  budget=DemoBudget(num_unlabeled=64, ssl_epochs=60, ssl_batch=4, finetune_crops=2)),

@@ -255,11 +255,13 @@ def test_a_users_lists_that_cannot_serve_the_plan_are_named(tmp_path):
 
 
 def _comparable(result: dict) -> dict:
-    """The summary without what depends on the invocation: timings, the machine, the output folder."""
-    drop = {"machine", "total_seconds", "plots"}
+    """The summary without what depends on the invocation: timings, the machine, the output folder and the checkout's
+    state (a file edited while the test runs turns the commit into ``<sha>+changes``)."""
+    drop = {"machine", "total_seconds", "plots", "commits"}
+    per_run = {"seconds", "commit"}
     out = {k: v for k, v in result.items() if k not in drop}
-    out["runs"] = [{k: v for k, v in r.items() if k != "seconds"} for r in result["runs"]]
-    out["pretraining"] = {r: {k: v for k, v in p.items() if k != "seconds"} for r, p in result["pretraining"].items()}
+    out["runs"] = [{k: v for k, v in r.items() if k not in per_run} for r in result["runs"]]
+    out["pretraining"] = {r: {k: v for k, v in p.items() if k not in per_run} for r, p in result["pretraining"].items()}
     return out
 
 
