@@ -12,7 +12,6 @@ import inspect
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 
 def synth(kind: str = "ct", num: int = 6, out: str = "data/ct", seed: int = 0) -> None:
@@ -110,7 +109,7 @@ def check_data(
 
 
 def package(bundle: str, out: str = "dist", release_url: str | None = None) -> None:
-    """Packs BUNDLE (a bundle folder, or a name under bundles/) into OUT/<name>_v<version>.zip, reproducibly
+    """Packs BUNDLE (a bundle folder, or the name of a bundle this package carries) into OUT/<name>_v<version>.zip, reproducibly
     (same files, same bytes), with trained models/*.pt when present and without logs, caches, eval/ or data/, and
     with this package's source under <name>/components/ (the code its configs import, run from the bundle folder);
     writes OUT/<name>_v<version>.zip.sha256 ("<sha256>  <file>", as sha256sum) beside it. --release_url URL (where
@@ -118,10 +117,9 @@ def package(bundle: str, out: str = "dist", release_url: str | None = None) -> N
     (the Model Zoo's list of the weights' URLs and SHA-256) and writes each weight as OUT/<name>_v<version>_<file>
     beside the zip, to attach to the release with it."""
     from .package import package_bundle, sha256_file
-    from .runner import BUNDLES_DIR
+    from .runner import bundle_dir
 
-    root = Path(bundle) if Path(bundle).is_dir() else BUNDLES_DIR / bundle
-    path = package_bundle(root, out, release_url=release_url)
+    path = package_bundle(bundle_dir(bundle), out, release_url=release_url)
     print(f"wrote {path} and {path.name}.sha256 (sha256 {sha256_file(path)})")
 
 
@@ -152,8 +150,8 @@ def export(
     overrides=None,
 ) -> None:
     """Writes BUNDLE's trained network as a deployable torch.export program to OUT (default: the bundle's
-    models/model.pt2), checked to compute what the network computes. BUNDLE: a finetuning bundle folder, or a name
-    under bundles/. The network is built as configs/inference.json builds it, with --checkpoint (default:
+    models/model.pt2), checked to compute what the network computes. BUNDLE: a finetuning bundle folder, or the name
+    of one this package carries. The network is built as configs/inference.json builds it, with --checkpoint (default:
     models/model.pt) loaded strictly. The program takes (batch, channels, *ROI_SIZE) float32 with any batch size:
     --roi_size 96,96,96 (default: the config's; multiples of 32). --device cpu|cuda: where it is exported and will
     run. --overrides: the config values the model was trained with, e.g. --overrides '{"feature_size": 24}'. Load
@@ -161,9 +159,9 @@ def export(
     import json
 
     from .export import export_network
-    from .runner import BUNDLES_DIR
+    from .runner import bundle_dir
 
-    root = Path(bundle) if Path(bundle).is_dir() else BUNDLES_DIR / bundle
+    root = bundle_dir(bundle)
     if isinstance(overrides, str):
         overrides = json.loads(overrides)
     if overrides is not None and not isinstance(overrides, dict):

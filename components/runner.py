@@ -15,9 +15,38 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["BUNDLES_DIR", "bundle_command", "fresh_run_dir", "run_bundle", "read_scalars"]
+__all__ = ["BUNDLES_DIR", "bundle_dir", "bundle_command", "fresh_run_dir", "run_bundle", "read_scalars"]
 
-BUNDLES_DIR = Path(__file__).resolve().parent.parent / "bundles"
+
+def _bundles_dir() -> Path:
+    """The folder of the named bundles: ``bundles/`` of the clone this package lives in (a clone, or an editable
+    install of it), else the copy an installed wheel carries as package data (``components/bundles``)."""
+    package = Path(__file__).resolve().parent
+    clone = package.parent
+    if (clone / "pyproject.toml").is_file() and (clone / "bundles").is_dir():
+        return clone / "bundles"
+    return package / "bundles"
+
+
+BUNDLES_DIR = _bundles_dir()
+
+
+def bundle_dir(bundle: str | Path) -> Path:
+    """A bundle's folder: ``bundle`` itself when it is a folder holding ``configs/``, else the bundle of that name
+    in :data:`BUNDLES_DIR`.
+
+    Raises:
+        FileNotFoundError: neither exists; the message lists the bundles this package carries.
+
+    Example::
+
+        bundle_dir("swin_unetr_btcv_finetune")  # <clone or site-packages>/.../swin_unetr_btcv_finetune
+    """
+    for root in (Path(bundle), BUNDLES_DIR / str(bundle)):
+        if (root / "configs").is_dir():
+            return root
+    known = sorted(configs.parent.name for configs in BUNDLES_DIR.glob("*/configs"))
+    raise FileNotFoundError(f"no bundle at {str(bundle)!r}: not a folder with configs/, and not one of the bundles in {BUNDLES_DIR}: {known}.")
 
 _PROGRESS_MARKS = ("Epoch: ", "Metrics -- ", "loaded ", "best value", "Saving")
 
@@ -36,9 +65,7 @@ _EVAL_NOTICE = "ignore:parsing config_file:UserWarning"
 
 def bundle_command(bundle: str | Path, configs: Sequence[str] = ("train.json",), overrides: Mapping | None = None) -> list[str]:
     """The ``python -m monai.bundle run`` command line for ``bundle`` (a name under ``bundles/`` or a path)."""
-    root = Path(bundle) if Path(bundle).is_dir() else BUNDLES_DIR / str(bundle)
-    if not (root / "configs").is_dir():
-        raise FileNotFoundError(f"no bundle at {str(root)!r} (expected a configs/ folder).")
+    root = bundle_dir(bundle)
     files = [str(root / "configs" / c) for c in configs]
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", json.dumps(files) if len(files) > 1 else files[0]]
     cmd += ["--meta_file", str(root / "configs" / "metadata.json"), "--logging_file", str(root / "configs" / "logging.conf")]
