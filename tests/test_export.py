@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -39,6 +39,7 @@ class Case:
     in_channels: int
     out_channels: int
     roi: tuple[int, int, int]
+    overrides: dict = field(default_factory=lambda: dict(TINY))
 
 
 # a 50x45x40 volume at overlap 0.25 is 4 windows of either ROI (one axis padded up to the ROI, two axes of two
@@ -48,6 +49,8 @@ SW_BATCH_SIZE = 3
 CASES = {
     "btcv": Case("swin_unetr_btcv_finetune", 1, 14, (64, 32, 32)),
     "brats": Case("swin_unetr_brats_finetune", 4, 3, (32, 64, 32)),
+    # SwinUNETR v2 (a residual block after each stage, as VoCo's encoders): the same route, the same equality
+    "btcv_v2": Case("swin_unetr_btcv_finetune", 1, 14, (64, 32, 32), {**TINY, "network_def#use_v2": True}),
 }
 
 
@@ -67,12 +70,12 @@ def _bundle_copy(root: Path, case: Case) -> Path:
     return bundle
 
 
-def _network(bundle: Path, roi: tuple[int, ...], seed: int | None = None) -> nn.Module:
+def _network(bundle: Path, roi: tuple[int, ...], overrides: dict, seed: int | None = None) -> nn.Module:
     """The inference config's ``network`` on the CPU; with ``seed``: random weights, shifted away from any default
     initialisation so that a program built without loading the file would differ."""
     parser = ConfigParser()
     parser.read_config(bundle / "configs" / "inference.json")
-    parser.update({"bundle_root": str(bundle), "device": "cpu", "roi_size": list(roi), **TINY})
+    parser.update({"bundle_root": str(bundle), "device": "cpu", "roi_size": list(roi), **overrides})
     network = parser.get_parsed_content("network")
     if seed is not None:
         generator = torch.Generator().manual_seed(seed)
@@ -87,7 +90,8 @@ def _network(bundle: Path, roi: tuple[int, ...], seed: int | None = None) -> nn.
 def exported(request, tmp_path_factory) -> Exported:
     case = CASES[request.param]
     bundle = _bundle_copy(tmp_path_factory.mktemp(request.param), case)
-    network = _network(bundle, case.roi, seed=7)
+    network = _network(bundle, case.roi, case.overrides, seed=7)
+    assert hasattr(network.swinViT, "layers1c") == bool(case.overrides.get("network_def#use_v2"))  # v2 when asked
     (bundle / "models").mkdir()
     torch.save(network.state_dict(), bundle / "models" / "model.pt")
     stdout = io.StringIO()
@@ -98,7 +102,7 @@ def exported(request, tmp_path_factory) -> Exported:
         assert status == 0
         path = bundle / "models" / "model.pt2"
     else:
-        path = export_network(bundle, bundle / "exported" / "brats.pt2", roi_size=case.roi, overrides=TINY)
+        path = export_network(bundle, bundle / "exported" / f"{request.param}.pt2", roi_size=case.roi, overrides=case.overrides)
     program = load_exported(path).eval()  # as MONAI's evaluators switch their network
     return Exported(case, bundle, network, path, program, stdout.getvalue())
 
@@ -147,7 +151,7 @@ def test_export_command_writes_the_program_beside_the_checkpoint(exported):
 def test_checkpoint_with_a_missing_key_fails_naming_the_file_and_keys(tmp_path):
     case = CASES["btcv"]
     bundle = _bundle_copy(tmp_path, case)
-    state = _network(bundle, case.roi, seed=7).state_dict()
+    state = _network(bundle, case.roi, case.overrides, seed=7).state_dict()
     del state["out.conv.conv.weight"]
     state["head.extra"] = torch.zeros(1)
     checkpoint = tmp_path / "partial.pt"
