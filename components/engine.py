@@ -125,7 +125,9 @@ class ReseedEachEpoch:
     Reseeding at ``EPOCH_STARTED`` makes every epoch start from its own seed in both runs. ignite fires
     ``EPOCH_STARTED`` before it creates the epoch's data iterator (the first epoch's too), so even the epoch's first
     batch is drawn after the reseeding; worker processes get the seed through the base seed the new iterator draws
-    (persistent ones too, see :class:`~components.PersistentWorkerLoader`).
+    (persistent ones too, see :class:`~components.PersistentWorkerLoader`). The current CUDA device's generator,
+    which the network's own random draws use on a GPU (the student's drop-path), is reseeded with the same seed; on
+    the CPU those draws come from the default generator that :func:`reseed_data` reseeds.
 
     :class:`PretrainingTrainer` uses it for its own loader; attach it to other trainers, such as MONAI's
     ``SupervisedTrainer`` in the finetuning bundles. A mid-epoch restart continues with the epoch's remaining
@@ -158,6 +160,8 @@ class ReseedEachEpoch:
         generators)."""
         seed = epoch_seed(self.seed, engine.state.epoch, get_rank())
         reseed_data(engine.state.dataloader, seed)
+        if torch.cuda.is_initialized():  # the network's own draws on a GPU (drop-path, dropout) come from its generator
+            torch.cuda.manual_seed(seed)
         return seed
 
 

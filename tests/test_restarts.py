@@ -27,6 +27,7 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data import DataLoader, Dataset
 from monai.data.utils import set_rnd
+from monai.networks.layers import DropPath
 from monai.transforms import RandSpatialCropd
 
 from components import ReseedEachEpoch, write_dataset
@@ -168,6 +169,31 @@ def test_reseed_each_epoch_makes_the_crops_a_function_of_seed_and_epoch():
     plain = _epoch_crops(first_epoch=1, build_seed=0, reseed=False)
     assert not _same(_epoch_crops(first_epoch=2, build_seed=0, reseed=False)[2], plain[2])
     assert not _same(_epoch_crops(first_epoch=1, build_seed=123, reseed=False)[1], plain[1])
+
+
+def _epoch_drop_path_masks(first_epoch: int, device: str) -> dict[int, torch.Tensor]:
+    """The drop-path mask (MONAI's DropPath, p 0.5, in training mode) the network draws in each epoch of a 2-epoch
+    run on ``device`` that starts at ``first_epoch``, after a different random history for each start."""
+    drop = DropPath(0.5).train()
+    torch.manual_seed(first_epoch)  # another history before the run
+    if device == "cuda":
+        torch.cuda.manual_seed(first_epoch)
+    engine = Engine(lambda engine, batch: drop(torch.ones(16, 1, device=device)).flatten().cpu())
+    ReseedEachEpoch(seed=7).attach(engine)
+    engine.add_event_handler(Events.STARTED, lambda e: setattr(e.state, "epoch", first_epoch - 1))
+    masks: dict[int, torch.Tensor] = {}
+    engine.add_event_handler(Events.ITERATION_COMPLETED, lambda e: masks.setdefault(e.state.epoch, e.state.output))
+    engine.run([0], max_epochs=2)
+    return masks
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_reseed_each_epoch_reseeds_the_networks_own_draws(device):
+    """The student's drop-path draws from the device's generator: a run resumed at epoch 2 draws epoch 2's masks as
+    the uninterrupted run does (on a GPU: the CUDA generator is reseeded too)."""
+    uninterrupted, resumed = _epoch_drop_path_masks(1, device), _epoch_drop_path_masks(2, device)
+    assert torch.equal(resumed[2], uninterrupted[2])
+    assert not torch.equal(uninterrupted[1], uninterrupted[2])
 
 
 @pytest.mark.parametrize("seed", ["1", 1.0, True, None])
