@@ -115,5 +115,5 @@ def test_both_pretraining_bundles_rank_the_released_encoder_before_their_stats_h
     handlers = json.loads((BUNDLES / bundle / "configs" / "train.json").read_text())["train"]["handlers"]
     targets = [h["_target_"] for h in handlers]
     rank = targets.index("components.EmbeddingRankHandler")
-    assert rank < targets.index("StatsHandler") and rank < targets.index("TensorBoardStatsHandler")
+    assert rank < targets.index("components.StatsWithEta") and rank < targets.index("TensorBoardStatsHandler")
     assert handlers[rank]["network"] == network and handlers[rank]["data_loader"] == "@validate#dataloader"
