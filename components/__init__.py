@@ -28,6 +28,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ResumeHandler",
         "SwinArchitecture",
         "adopt_architecture",
+        "build_for_weights",
         "check_architecture",
         "convert_state_dict",
         "infer_architecture",

@@ -246,6 +246,8 @@ def _network_state_shapes(config: dict, where: str) -> dict[str, tuple[int, ...]
     from monai.bundle import ConfigParser
 
     parser = ConfigParser(config)
+    if isinstance(config.get("network_def"), dict) and "pretrained_path" in config["network_def"]:
+        parser["network_def#pretrained_path"] = None  # the packaged weights decide the network, not pretrained ones
     try:
         if "imports" in config:
             parser.get_parsed_content("imports")

@@ -36,6 +36,7 @@ from components.checkpoint import (
     ResumableCheckpointSaver,
     SwinArchitecture,
     adopt_architecture,
+    build_for_weights,
     check_architecture,
     convert_state_dict,
     detect_layout,
@@ -46,7 +47,7 @@ from components.recipes.inpainting_contrast import SSLHead
 from components.recipes.self_distillation import SelfDistillationNetwork
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from encoder_sizes import parameters_on_meta  # noqa: E402  (one helper builds huge encoders without their memory)
+from encoder_sizes import parameters_on_meta
 
 V1_HEADS = (3, 6, 12, 24)
 V1_DEPTHS = (2, 2, 2, 2)
@@ -601,6 +602,35 @@ def test_pretrained_arch_auto_adopts_the_checkpoints_architecture(fs, tmp_path, 
         "encoder1.layer.conv1.conv.weight": ((fs, 1, 3, 3, 3), (fs, 4, 3, 3, 3)),
         "encoder1.layer.conv3.conv.weight": ((fs, 1, 1, 1, 1), (fs, 4, 1, 1, 1)),
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("fs", [48, 96, 192])
+def test_build_for_weights_fails_on_another_network_or_builds_the_checkpoints(fs, tmp_path):
+    """The bundles' network_def: a feature-48 v1 config fails on VoCo's v2 encoder of each size with the overrides
+    ("config"), or builds the checkpoint's network ("auto"), for SwinUNETR and for SSLHead (which takes no depths)."""
+    path = tmp_path / f"VoCo_{fs}.pt"
+    torch.save(_published("voco_ssl", fs).checkpoint, path)
+    overrides = "--network_def#use_v2 true." if fs == 48 else f"--feature_size {fs} --network_def#use_v2 true."
+    config = {"in_channels": 1, "out_channels": 14, "feature_size": 48, "use_v2": False}
+    with parameters_on_meta():
+        with pytest.raises(CheckpointLoadError, match=f"Run with {overrides}"):
+            build_for_weights(SwinUNETR, path, **config)
+        networks = {"swinunetr": build_for_weights(SwinUNETR, path, "auto", **config),
+                    "sslhead": build_for_weights(SSLHead, path, "auto", feature_size=48)}  # fmt: skip
+    for network in networks.values():
+        assert network.swinViT.patch_embed.proj.weight.shape == (fs, 1, 2, 2, 2)
+        assert hasattr(network.swinViT, "layers4c")  # v2
+    _, report = convert_state_dict(path, networks["swinunetr"])
+    assert report.encoder_missing == [] and report.shape_mismatched == {}
+
+
+def test_build_for_weights_without_weights_is_the_plain_network():
+    torch.manual_seed(0)
+    expected = SwinUNETR(in_channels=1, out_channels=3, feature_size=12).state_dict()
+    for none in (None, "null"):
+        torch.manual_seed(0)
+        built = build_for_weights(SwinUNETR, none, "auto", in_channels=1, out_channels=3, feature_size=12).state_dict()
+        assert built.keys() == expected.keys() and all(torch.equal(built[k], expected[k]) for k in expected)
 
 
 def test_adopt_architecture_without_a_checkpoint_or_when_it_fits(tmp_path, caplog):

@@ -32,7 +32,14 @@ from components.runner import bundle_command
 from tests.probes import read_lr
 from tests.test_checkpoint_layouts import Published, _published, _random
 from tests.test_pretrain_bundle import REPO, _run
-from tests.test_restarts import BUNDLES, IDS, Bundle, _assert_same_state, _bundle_copy, _load
+from tests.test_restarts import (
+    BUNDLES,
+    IDS,
+    Bundle,
+    _assert_same_state,
+    _bundle_copy,
+    _load,
+)
 
 VOCO_ENCODER = "module.backbone.swinViT."  # where VoCo's file keeps the encoder
 
@@ -174,21 +181,33 @@ def test_published_v2_encoder_starts_the_continued_run(uninterrupted, published,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CONTINUED, ids=CONTINUED_IDS)
-def test_v2_file_into_the_default_v1_network_stops_before_training(tmp_path, data, published, case):
-    """Without ``--network_def#use_v2 true`` the architecture check stops the run when the trainer starts, before any
-    iteration or checkpoint, with one line that names the difference and the override."""
+def test_v2_file_into_the_default_v1_network_stops_before_reading_data_unless_auto(tmp_path, data, published, case):
+    """Without ``--network_def#use_v2 true`` the architecture check stops the run when network_def is built, before
+    any volume is read, iteration run or checkpoint written, with one line that names the difference and the override;
+    with ``--training#pretrained_arch auto`` instead, the run builds the v2 network and loads every encoder tensor."""
     path, _ = published
-    root = _bundle_copy(tmp_path, case.bundle)
-    overrides = {**_overrides(case, data, path, max_epochs=1), "bundle_root": str(root)}
-    del overrides["network_def#use_v2"]
-    proc = subprocess.run(bundle_command(root, overrides=overrides), check=False, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=root)  # fmt: skip
-    output = proc.stdout + proc.stderr
-    assert proc.returncode != 0
+    outputs = {}
+    for arch in ("config", "auto"):
+        root = _bundle_copy(tmp_path / arch, case.bundle)
+        overrides = {**_overrides(case, data, path, max_epochs=1), "bundle_root": str(root), "training#pretrained_arch": arch}
+        del overrides["network_def#use_v2"]
+        proc = subprocess.run(bundle_command(root, overrides=overrides), check=False, capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=root)  # fmt: skip
+        outputs[arch] = (proc.returncode, proc.stdout + proc.stderr, root)
+    code, output, root = outputs["config"]
+    assert code != 0
     message = (f"checkpoint {path} was trained with another network: use_v2=true in the checkpoint, false in the "
                "network. Run with --network_def#use_v2 true.")  # fmt: skip
     assert f"CheckpointLoadError: {message}\n" in output, output[-4000:]
-    assert "Epoch: 1/" not in output and not (root / "models" / "checkpoint.pt").exists()
+    assert "dataset of" not in output and "Epoch: 1/" not in output and not (root / "models" / "checkpoint.pt").exists()
+
+    code, output, root = outputs["auto"]
+    assert code == 0, output[-4000:]
+    assert f"pretrained_arch='auto': use_v2=true from the checkpoint {path} instead of the configured false" in output
+    model = _load(root / "models" / "checkpoint.pt")["model"]
+    n_encoder = sum(k.startswith("swinViT.") for k in model)
+    assert any(k.startswith("swinViT.layers4c.") for k in model)
+    assert f"loaded {n_encoder}/{n_encoder} encoder tensors" in output
 
 
 @pytest.mark.slow

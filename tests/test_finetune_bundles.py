@@ -32,6 +32,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from monai.networks.nets import SwinUNETR
 
 import components
 from components.checkpoint import PATCH_EMBED_WEIGHT
@@ -440,8 +441,6 @@ def test_ct_train_starts_from_ssl_encoder(ct_train, ssl_ckpts):
     encoder = [k for k in best if k.startswith("swinViT.") and not k.endswith("relative_position_index")]
     diffs = [float((best[k] - ssl[k]).abs().max()) for k in encoder]
     assert max(diffs) < 1e-3
-    from monai.networks.nets import SwinUNETR
-
     SwinUNETR(in_channels=1, out_channels=14, feature_size=12).load_state_dict(best)  # strict
 
 
@@ -454,7 +453,41 @@ def test_ct_checkpoint_that_does_not_fit_stops_the_run(work, ct_data, ssl_ckpts)
     assert code != 0
     assert "CheckpointLoadError" in out
     assert "feature_size=24 in the checkpoint, 12 in the network. Run with --feature_size 24." in out
+    assert "dataset of" not in out  # it fails when network_def is built, before any data is read or cached
     assert not (out_dir / "models" / "model.pt").exists()
+
+
+@pytest.fixture(scope="module")
+def v2_swinunetr(work) -> Path:
+    """A full SwinUNETR v2 of feature size 24 (as a finetuned v2 model is saved), for a feature-12 v1 config."""
+    torch.manual_seed(3)
+    path = work / "swinunetr_v2_f24.pt"
+    torch.save(SwinUNETR(in_channels=1, out_channels=14, feature_size=24, use_v2=True).state_dict(), path)
+    return path
+
+
+def test_ct_pretrained_arch_auto_builds_the_checkpoints_network_and_evaluation_follows_it(work, ct_data, v2_swinunetr):
+    """``--training#pretrained_arch auto``: the feature-12 v1 config builds the checkpoint's feature-24 v2 network
+    (each change logged), every encoder tensor loads, and the trained model is v2 at 24; evaluate.json then builds
+    the network of the checkpoint it evaluates, with the same feature-12 overrides."""
+    out_dir = work / "ct_auto"
+    overrides = {**CT_TINY, **TRAIN_TINY, "loader#cache_rate": 0.0, "dataset_dir": str(ct_data["root"]),
+                 "output_dir": str(out_dir / "eval"), "ckpt_dir": str(out_dir / "models"),
+                 "pretrained_path": str(v2_swinunetr), "training#pretrained_arch": "auto"}  # fmt: skip
+    out = _ok(_run(CT, ["train.json"], overrides, work / "ct_auto.log"), "training with pretrained_arch auto")
+    assert "pretrained_arch='auto': feature_size=24 from the checkpoint" in out
+    assert "pretrained_arch='auto': use_v2=true from the checkpoint" in out
+    source = torch.load(v2_swinunetr, weights_only=True)
+    encoder = [k for k in source if k.startswith("swinViT.")]
+    assert _summary(out)[2:4] == (len(encoder), len(encoder))
+    trained = torch.load(out_dir / "models" / "model.pt", weights_only=True)
+    assert trained[PATCH_EMBED_WEIGHT].shape[0] == 24 and any(k.startswith("swinViT.layers1c.") for k in trained)
+
+    evaluated = work / "ct_auto_eval"
+    eval_overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(evaluated), "ckpt_dir": str(out_dir / "models")}
+    eval_out = _ok(_run(CT, ["train.json", "evaluate.json"], eval_overrides, work / "ct_auto_eval.log"), "evaluation")
+    assert "feature_size=24 from the checkpoint" in eval_out
+    assert json.loads((evaluated / "metrics.json").read_text())
 
 
 def test_ct_evaluate_writes_per_class_and_mean_dice(ct_eval):
@@ -525,8 +558,6 @@ def test_mri_train_adapts_ssl_patch_embedding(mri_train, ssl_ckpts):
     assert loaded == total and enc_missing == 0 and adapted == 1
     assert f"adapted {PATCH_EMBED_WEIGHT}: repeat: input channels 1 -> 4" in out  # named in the run's log
     # the one adapted tensor is the patch embedding, as the loader reports it for this model and policy
-    from monai.networks.nets import SwinUNETR
-
     channel_policy = json.loads((MRI / "configs" / "train.json").read_text())["training"]["channel_policy"]
     report = components.load_pretrained(SwinUNETR(in_channels=4, out_channels=3, feature_size=12), ssl_ckpts[12],
                                         channel_policy=channel_policy)

@@ -19,6 +19,7 @@ from .architecture import (
     PRETRAINED_ARCH,
     SwinArchitecture,
     adopt_architecture,
+    build_for_weights,
     check_architecture,
     infer_architecture,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "infer_architecture",
     "check_architecture",
     "adopt_architecture",
+    "build_for_weights",
     "convert_state_dict",
     "load_pretrained",
     "save_atomic",

@@ -12,12 +12,15 @@ with the bundle overrides that fix it, and :func:`adopt_architecture` takes the 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from torch import nn
 
 from ..config_values import as_bool, optional_path
 from .layouts import (
@@ -294,3 +297,46 @@ def adopt_architecture(
         where, ", ".join(f"{name}={_cli(value)}" for name, value in taken.items()),
     )  # fmt: skip
     return {**configured, **taken}
+
+
+def build_for_weights(
+    network: Callable[..., nn.Module],
+    pretrained_path: str | os.PathLike | None = None,
+    pretrained_arch: str = "config",
+    **kwargs: Any,
+) -> nn.Module:
+    """``network(**kwargs)`` with the architecture of the weights it will start from: the bundles' ``network_def``.
+
+    The architecture values ``network`` accepts (``feature_size``, ``use_v2``, ``window_size``, and for MONAI's
+    ``SwinUNETR`` also ``depths``, ``num_heads``, ``patch_size``; ``kwargs`` or the signature's defaults) go through
+    :func:`adopt_architecture`: with ``pretrained_arch="config"`` a checkpoint of another architecture fails here,
+    when the config builds the network (the bundles build it before their data is cached), with one line naming
+    each difference and the overrides; with ``"auto"`` the network takes the checkpoint's values (logged). Without
+    ``pretrained_path`` this is ``network(**kwargs)``. Values the class cannot take (``depths`` of ``SSLHead``) are
+    not compared here; the loader's report names what does not fit.
+
+    Args:
+        network: the class (or factory) to build, e.g. MONAI's ``SwinUNETR`` or :class:`~components.SSLHead`.
+        pretrained_path: the pretrained checkpoint (any layout :mod:`.layouts` knows); None or ``"none"``: none.
+        pretrained_arch: ``"config"`` or ``"auto"`` (:data:`PRETRAINED_ARCH`).
+        kwargs: the network's arguments.
+
+    Raises:
+        CheckpointLoadError: with ``"config"``, a checkpoint of another architecture (or an unreadable one).
+        ValueError: an unknown ``pretrained_arch``.
+
+    Example (``network_def`` of a bundle config)::
+
+        "network_def": {"_target_": "components.build_for_weights", "network": "$monai.networks.nets.SwinUNETR",
+                        "pretrained_path": "@pretrained_path", "pretrained_arch": "@training#pretrained_arch",
+                        "in_channels": 1, "out_channels": 14, "feature_size": 48, "use_v2": false}
+    """
+    accepted = inspect.signature(network).parameters
+    configured = {
+        name: kwargs.get(name, accepted[name].default)
+        for name in OVERRIDE_IDS
+        if name != "in_channels" and name in accepted
+        and (name in kwargs or accepted[name].default is not inspect.Parameter.empty)
+    }
+    values = adopt_architecture(pretrained_path, configured, pretrained_arch)
+    return network(**{**kwargs, **{name: value for name, value in values.items() if name in accepted}})
