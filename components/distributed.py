@@ -40,6 +40,7 @@ __all__ = [
     "default_backend",
     "device_for_rank",
     "get_local_rank",
+    "get_local_world_size",
     "get_rank",
     "get_world_size",
     "init_distributed",
@@ -85,6 +86,23 @@ def get_local_rank() -> int:
     if local_rank < 0:
         raise ValueError(f"LOCAL_RANK must be a non-negative integer, got {value!r}.")
     return local_rank
+
+
+def get_local_world_size() -> int:
+    """Ranks on this node, read from the ``LOCAL_WORLD_SIZE`` variable that torchrun sets (default 1): they share the
+    node's CPUs (data-loader workers) and, on a CPU, its memory.
+
+    Raises:
+        ValueError: when ``LOCAL_WORLD_SIZE`` is set but is not a positive integer.
+    """
+    value = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    try:
+        ranks = int(value)
+    except ValueError:
+        ranks = 0
+    if ranks < 1:
+        raise ValueError(f"LOCAL_WORLD_SIZE must be a positive integer, got {value!r}.")
+    return ranks
 
 
 def default_backend() -> str:

@@ -30,6 +30,8 @@ from monai.data.utils import set_rnd
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.worker import _generate_state
 
+from .distributed import get_local_world_size
+
 __all__ = ["PersistentWorkerLoader", "default_num_workers"]
 
 logger = logging.getLogger(__name__)
@@ -119,8 +121,12 @@ class PersistentWorkerLoader(DataLoader):
 def default_num_workers(max_workers: int = 4) -> int:
     """Data-loader worker processes per rank that this machine has room for: the CPUs this process may run on
     (``os.sched_getaffinity``: a container's or Slurm's CPU set, not the host's count) shared by the ranks of this
-    node (``LOCAL_WORLD_SIZE``, set by torchrun), less one for the training process itself, at most
-    ``max_workers``. On 2 cores: 1 worker for one process, 0 (crops cut in the training process) for two ranks.
+    node (``LOCAL_WORLD_SIZE``, set by torchrun: :func:`~components.distributed.get_local_world_size`), less one
+    for the training process itself, at most ``max_workers``. On 2 cores: 1 worker for one process, 0 (crops cut in
+    the training process) for two ranks.
+
+    Raises:
+        ValueError: a ``LOCAL_WORLD_SIZE`` that is not a positive integer.
 
     Example:
         >>> default_num_workers()  # 16 CPUs, 4 ranks on the node: min(4, 16 // 4 - 1) = 3
@@ -130,8 +136,4 @@ def default_num_workers(max_workers: int = 4) -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         cpus = os.cpu_count() or 1
-    try:
-        ranks = max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
-    except ValueError:
-        ranks = 1
-    return max(0, min(int(max_workers), cpus // ranks - 1))
+    return max(0, min(int(max_workers), cpus // get_local_world_size() - 1))

@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from .attention import FusedWindowAttention
 from .config_values import as_bool
-from .distributed import get_world_size
+from .distributed import get_local_world_size, get_world_size
 
 __all__ = [
     "StepMemory",
@@ -213,14 +213,7 @@ def local_ranks_sharing(device: str | torch.device) -> int:
     """
     if torch.device(device).type == "cuda":
         return 1
-    value = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    try:
-        ranks = int(value)
-    except ValueError:
-        ranks = 0
-    if ranks < 1:
-        raise ValueError(f"LOCAL_WORLD_SIZE must be a positive integer, got {value!r}.")
-    return ranks
+    return get_local_world_size()
 
 
 @dataclass(frozen=True)

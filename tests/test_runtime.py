@@ -83,7 +83,7 @@ def test_as_bool_names_the_flag_on_bad_values(value):
 
 @pytest.mark.parametrize(
     "cpus, local_world, cap, expected",
-    [(2, None, 4, 1), (2, "2", 4, 0), (1, None, 4, 0), (16, "4", 4, 3), (64, "8", 4, 4), (64, "1", 2, 2), (8, "x", 4, 4)],
+    [(2, None, 4, 1), (2, "2", 4, 0), (1, None, 4, 0), (16, "4", 4, 3), (64, "8", 4, 4), (64, "1", 2, 2)],
 )
 def test_default_num_workers_follows_the_cpus_of_each_rank(monkeypatch, cpus, local_world, cap, expected):
     """The issue's 2-core machine: one worker for one process (not 4 on 2 cores), none for two ranks."""
@@ -95,3 +95,13 @@ def test_default_num_workers_follows_the_cpus_of_each_rank(monkeypatch, cpus, lo
     else:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
     assert default_num_workers(cap) == expected
+
+
+@pytest.mark.parametrize("local_world", ["x", "0", "-2"])
+def test_default_num_workers_refuses_a_bad_local_world_size(monkeypatch, local_world):
+    """The memory estimate and the worker count read LOCAL_WORLD_SIZE through one function, which refuses nonsense."""
+    from components import default_num_workers
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
+    with pytest.raises(ValueError, match=f"LOCAL_WORLD_SIZE must be a positive integer, got '{local_world}'"):
+        default_num_workers()
