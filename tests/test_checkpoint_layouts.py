@@ -532,6 +532,23 @@ def test_architecture_of_every_published_layout_and_of_a_truncated_encoder():
         infer_architecture({"swinViT.layers2.0.blocks.0.norm1.weight": torch.zeros(96)})
 
 
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_architecture_of_a_file_is_read_memory_mapped(tmp_path, monkeypatch, zip_format):
+    """Only the shapes are read, so a multi-GB encoder's data is read once, by the loader, not twice."""
+    path = tmp_path / "release.pt"
+    torch.save(_published("model_swinvit", 48).checkpoint, path, _use_new_zipfile_serialization=zip_format)
+    mmap_flags = []
+    load = torch.load
+
+    def recording_load(*args, **kwargs):
+        mmap_flags.append(kwargs.get("mmap", False))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", recording_load)
+    assert infer_architecture(path) == _architecture({"feature_size": 48})
+    assert mmap_flags == [zip_format]  # a legacy-format file cannot be mapped and is read whole
+
+
 def test_mismatch_is_one_line_naming_each_difference_and_the_overrides():
     found = _architecture({"feature_size": 96, "use_v2": True, "depths": (2, 2, 6, 2), "in_channels": 1})
     configured = {"feature_size": "48", "use_v2": "false", "window_size": [7, 7, 7], "depths": [2, 2, 2, 2],

@@ -140,13 +140,13 @@ def encoder_architecture(state: Mapping[str, Any]) -> SwinArchitecture:
     )
 
 
-def infer_architecture(source: str | os.PathLike | Mapping, map_location: Any = "cpu") -> SwinArchitecture:
+def infer_architecture(source: str | os.PathLike | Mapping) -> SwinArchitecture:
     """Read the Swin ViT architecture of a checkpoint of any known layout from its tensors' shapes.
 
     Args:
-        source: a checkpoint path (read with ``torch.load(weights_only=True)``), a loaded checkpoint or a state dict
-            (e.g. ``model.state_dict()``).
-        map_location: passed to ``torch.load``.
+        source: a checkpoint path, a loaded checkpoint or a state dict (e.g. ``model.state_dict()``). A path is
+            read with ``torch.load(weights_only=True, mmap=True)`` onto the CPU: only the shapes are looked at, so
+            the tensors' data stays on disk (a multi-GB encoder is then read once, by the loader).
 
     Raises:
         FileNotFoundError / CheckpointLoadError: an unreadable file, an unknown layout, or no patch embedding and no
@@ -159,7 +159,7 @@ def infer_architecture(source: str | os.PathLike | Mapping, map_location: Any = 
                          num_heads=(3, 6, 12, 24), patch_size=2, in_channels=1)
     """
     where = source_name(source)
-    raw = read_checkpoint(source, map_location) if isinstance(source, (str, os.PathLike)) else source
+    raw = read_checkpoint(source, "cpu", mmap=True) if isinstance(source, (str, os.PathLike)) else source
     state, _ = extract_state_dict(raw, where)
     layout, _, mapped = map_state_dict(state, where)
     found = encoder_architecture({m.target: m.value for m in mapped if m.target is not None})
@@ -251,7 +251,6 @@ def adopt_architecture(
     configured: Mapping[str, Any],
     pretrained_arch: str = "config",
     override_ids: Mapping[str, str] | None = None,
-    map_location: Any = "cpu",
 ) -> dict[str, Any]:
     """The architecture values to build a network with, given the checkpoint it will start from.
 
@@ -263,7 +262,7 @@ def adopt_architecture(
             a mismatch fails when the config is parsed, before any data is cached. ``"auto"``: the checkpoint's
             values replace the configured ones, each change logged at WARNING and the architecture taken at INFO;
             fields the checkpoint determines and ``configured`` lacks are added.
-        override_ids, map_location: as for :func:`check_architecture` and :func:`infer_architecture`.
+        override_ids: as for :func:`check_architecture`.
 
     ``in_channels`` is neither checked nor adopted: the data decides it, and ``channel_policy`` of the loader adapts
     the patch embedding (or fails) when the checkpoint has other channels.
@@ -281,7 +280,7 @@ def adopt_architecture(
     if source is None or (isinstance(source, (str, os.PathLike)) and optional_path(source) is None):
         return dict(configured)
     where = source_name(source)
-    found = infer_architecture(source, map_location)
+    found = infer_architecture(source)
     compared = {k: v for k, v in configured.items() if k != "in_channels"}
     if pretrained_arch == "config":
         check_architecture(found, compared, where, override_ids)

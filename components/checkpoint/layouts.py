@@ -77,6 +77,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,8 +260,12 @@ def _weights_only_reason(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap: bool = False) -> Any:
     """``torch.load(path, map_location, weights_only=True)`` with errors that name the file.
+
+    With ``mmap=True`` the tensors of a zip-format file (every ``torch.save`` since PyTorch 1.6) are memory-mapped:
+    reading their shapes costs no read of their data, which is how the architecture is inferred from a multi-GB
+    file before the loader reads it. A legacy-format file is read whole.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -273,6 +278,8 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
     if not p.is_file():
         raise CheckpointLoadError(f"checkpoint path '{p}' is not a file.")
     try:
+        if mmap and zipfile.is_zipfile(p):
+            return torch.load(p, map_location=map_location, weights_only=True, mmap=True)
         return torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         reason = _weights_only_reason(e)
