@@ -13,11 +13,14 @@ Per feature size, with ``use_v2=True`` and window 7 (VoCo's encoders):
   memory and no GPU are needed, whatever the size;
 - ``cpu_step`` (``--cpu_step``): a real CPU training step (forward, DiceCE loss, backward, AdamW) at a tiny ROI in a
   fresh process per size: the median wall time of ``--iters`` steps after one warm-up, the process's peak resident
-  memory, and the CPU estimate of the same step beside it. Only the sizes of ``--cpu_sizes`` (default 48, 96) run:
-  the AdamW states of H alone are about 13 GB; the others say ``"not measured"``.
+  memory, and the CPU estimate of the same step beside it. When the AdamW step's estimate exceeds the host's
+  ``MemAvailable`` (H needs about 23 GiB at 64x32x32), the step is timed with plain SGD instead, which keeps no
+  optimizer state, and the entry says so (``optimizer``, ``adamw_estimate_gib``, ``mem_available_gib``): a step
+  that cannot fit is not started, so the benchmark never ends in the kernel's out-of-memory kill. Sizes outside
+  ``--cpu_sizes`` say ``"not measured"``.
 
     python benchmarks/encoder_sizes.py                                  # B / L / H estimates (a few seconds)
-    python benchmarks/encoder_sizes.py --cpu_step                       # + CPU steps for 48 and 96 at 64x32x32
+    python benchmarks/encoder_sizes.py --cpu_step                       # + CPU steps for B, L, H at 64x32x32
     python benchmarks/encoder_sizes.py --sizes 12 --roi 64 --cpu_step --cpu_sizes 12    # CI
 
 Prints one JSON object.
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import multiprocessing
+import queue
 import resource
 import statistics
 import sys
@@ -131,22 +135,22 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _cpu_step(feature_size: int, roi: Sequence[int], iters: int, threads: int, results) -> None:
+def _cpu_step(feature_size: int, roi: Sequence[int], iters: int, threads: int, optimizer_name: str, results) -> None:
     """One size's CPU steps, run in a fresh process so that its peak RSS is its own."""
     from monai.losses import DiceCELoss
 
     from components.attention import use_fused_attention
-    from components.step_memory import estimate_step_memory
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     rss_before = _peak_rss_bytes()
     network = use_fused_attention(swinunetr(feature_size)).train()
-    shape = [1, IN_CHANNELS, *roi]
-    estimate = estimate_step_memory(network, [shape], "cpu", amp=False, world_size=1)
     loss_function = DiceCELoss(to_onehot_y=True, softmax=True)
-    optimizer = torch.optim.AdamW(network.parameters(), lr=1e-4, weight_decay=1e-5)
-    image = torch.rand(shape)
+    if optimizer_name == "adamw":
+        optimizer = torch.optim.AdamW(network.parameters(), lr=1e-4, weight_decay=1e-5)
+    else:
+        optimizer = torch.optim.SGD(network.parameters(), lr=1e-4)
+    image = torch.rand(1, IN_CHANNELS, *roi)
     label = torch.randint(0, OUT_CHANNELS, (1, 1, *roi)).float()
     times = []
     for _ in range(iters + 1):  # the first is the warm-up (AdamW allocates its states)
@@ -157,30 +161,59 @@ def _cpu_step(feature_size: int, roi: Sequence[int], iters: int, threads: int, r
         optimizer.step()
         times.append(time.perf_counter() - start)
     results.put({
-        "roi_size": list(roi),
-        "batch": 1,
-        "torch_threads": threads,
         "s_per_step_median": round(statistics.median(times[1:]), 2),
         "s_per_step": [round(t, 2) for t in times[1:]],
         "warmup_s": round(times[0], 2),
         "loss_finite": bool(torch.isfinite(loss).item()),
         "peak_rss_gib": round(_peak_rss_bytes() / _GIB, 2),
         "rss_before_network_gib": round(rss_before / _GIB, 2),
-        "estimate_cpu_gib": round(estimate.total / _GIB, 2),
     })  # fmt: skip
 
 
-def cpu_step(feature_size: int, roi: Sequence[int], iters: int, threads: int) -> dict:
-    """:func:`_cpu_step` in a spawned process; its result."""
+def cpu_step(
+    feature_size: int, roi: Sequence[int], iters: int, threads: int, available_bytes: int | None = None
+) -> dict:
+    """:func:`_cpu_step` in a spawned process, with AdamW where its step's estimate fits ``available_bytes``
+    (default: the host's ``MemAvailable``) and with SGD, which keeps no optimizer state, where it does not.
+
+    Raises:
+        RuntimeError: the step's process died (e.g. killed for memory) before reporting.
+    """
+    from components.attention import use_fused_attention
+    from components.step_memory import estimate_step_memory, free_memory_bytes
+
+    with parameters_on_meta():
+        network = use_fused_attention(swinunetr(feature_size)).train()
+    estimate = estimate_step_memory(network, [[1, IN_CHANNELS, *roi]], "cpu", amp=False, world_size=1)
+    available = free_memory_bytes("cpu") if available_bytes is None else available_bytes
+    optimizer_name = "adamw" if estimate.total <= available else "sgd"
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    process = context.Process(target=_cpu_step, args=(feature_size, list(roi), iters, threads, results))
+    process = context.Process(
+        target=_cpu_step, args=(feature_size, list(roi), iters, threads, optimizer_name, results)
+    )
     process.start()
-    result = results.get()
+    while True:  # a process killed for memory reports nothing: poll, never block on it
+        try:
+            measured = results.get(timeout=5)
+            break
+        except queue.Empty:
+            if not process.is_alive():
+                raise RuntimeError(
+                    f"the CPU step at feature {feature_size} died (exit code {process.exitcode}) before reporting."
+                ) from None
     process.join()
-    if process.exitcode != 0:
-        raise RuntimeError(f"the CPU step at feature {feature_size} failed (exit code {process.exitcode}).")
-    return result
+    return {
+        "roi_size": list(roi),
+        "batch": 1,
+        "torch_threads": threads,
+        "optimizer": optimizer_name,
+        "adamw_estimate_gib": round(estimate.total / _GIB, 2),
+        "mem_available_gib": round(available / _GIB, 2),
+        **measured,
+        # the estimate's states are weights, gradients and AdamW's two moments; an SGD step keeps the first two
+        "estimate_cpu_gib": round((estimate.total - (0 if optimizer_name == "adamw" else estimate.states // 2)) / _GIB, 2),
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -188,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sizes", type=_int_list, default=[48, 96, 192], help="feature sizes, e.g. 48,96,192")
     parser.add_argument("--roi", type=int, default=96, help="cubic ROI edge of the estimated step (BTCV: 96)")
     parser.add_argument("--cpu_step", action="store_true", help="also time a real CPU step for --cpu_sizes")
-    parser.add_argument("--cpu_sizes", type=_int_list, default=[48, 96], help="feature sizes of the CPU step")
+    parser.add_argument("--cpu_sizes", type=_int_list, default=[48, 96, 192], help="feature sizes of the CPU step")
     parser.add_argument("--cpu_roi", type=_int_list, default=[64, 32, 32], help="ROI of the CPU step")
     parser.add_argument("--iters", type=int, default=3, help="timed CPU steps after one warm-up")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of the CPU step")

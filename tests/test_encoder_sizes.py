@@ -72,6 +72,19 @@ def test_json_at_a_tiny_size():
     assert step["roi_size"] == [64, 32, 32] and len(step["s_per_step"]) == 1 and step["s_per_step_median"] > 0
     assert step["loss_finite"] is True
     assert step["peak_rss_gib"] > step["rss_before_network_gib"] > 0
+    assert step["optimizer"] == "adamw" and step["estimate_cpu_gib"] == step["adamw_estimate_gib"]
+    assert step["mem_available_gib"] > step["adamw_estimate_gib"]
+
+
+def test_a_step_whose_adamw_states_do_not_fit_is_timed_with_sgd(benchmarks_on_path):
+    """Where AdamW's estimate exceeds the memory available (H on a 23 GB host), the step runs with SGD and the entry
+    says so; the estimate beside it drops AdamW's two moments (8 bytes per weight)."""
+    from encoder_sizes import cpu_step, parameter_counts
+
+    step = cpu_step(12, [64, 32, 32], iters=1, threads=1, available_bytes=2**20)
+    assert step["optimizer"] == "sgd" and step["mem_available_gib"] == 0.0 and step["loss_finite"] is True
+    dropped_gib = 8 * parameter_counts(12)["swinunetr"] / 2**30
+    assert step["adamw_estimate_gib"] - step["estimate_cpu_gib"] == pytest.approx(dropped_gib, abs=0.011)
 
 
 def test_bad_sizes_fail_before_any_work(benchmarks_on_path, capsys):
