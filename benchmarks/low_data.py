@@ -505,16 +505,22 @@ def paired(runs: list[dict], plan: Plan, seed: int) -> dict:
                     continue
                 for k in plan.ks:
                     seeds = sorted(s for (a, kk, s) in dice if a == arm and kk == k and (base, k, s) in dice)
-                    diffs = [dice[(arm, k, s)][model][held_out]["mean"] - dice[(base, k, s)][model][held_out]["mean"] for s in seeds]
-                    diffs = [d for d in diffs if not math.isnan(d)]
-                    if not diffs:
-                        continue
-                    interval = bootstrap_interval(diffs, seed)
-                    out.setdefault(held_out, {}).setdefault(model, {}).setdefault(contrast, {})[str(k)] = {
-                        "mean": statistics.fmean(diffs), "ci95": interval, "n": len(diffs), "differences": diffs,
-                        "half_width": None if interval is None else (interval[1] - interval[0]) / 2,
-                    }  # fmt: skip
+                    entry = paired_entry([dice[(arm, k, s)][model][held_out]["mean"] - dice[(base, k, s)][model][held_out]["mean"]
+                                          for s in seeds], seed)  # fmt: skip
+                    if entry is not None:
+                        out.setdefault(held_out, {}).setdefault(model, {}).setdefault(contrast, {})[str(k)] = entry
     return out
+
+
+def paired_entry(differences: list[float], seed: int) -> dict | None:
+    """The paired differences without NaNs (a class absent everywhere), their mean, 95 % bootstrap interval and
+    its half-width; None when no difference is left."""
+    diffs = [d for d in differences if not math.isnan(d)]
+    if not diffs:
+        return None
+    interval = bootstrap_interval(diffs, seed)
+    half_width = None if interval is None else (interval[1] - interval[0]) / 2
+    return {"mean": statistics.fmean(diffs), "ci95": interval, "n": len(diffs), "differences": diffs, "half_width": half_width}
 
 
 def table(runs: list[dict], plan: Plan) -> dict:

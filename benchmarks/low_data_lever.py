@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -73,15 +71,10 @@ def versus_plan(lever: dict, baseline: dict, seed: int = 0) -> dict:
         for held_out in low_data.HELD_OUT_SETS:
             for model in low_data.MODELS:
                 for k in sorted({run["k"] for run, _ in pairs}):
-                    diffs = [r["dice"][model][held_out]["mean"] - p["dice"][model][held_out]["mean"] for r, p in pairs if r["k"] == k]
-                    diffs = [d for d in diffs if not math.isnan(d)]
-                    if not diffs:
-                        continue
-                    interval = low_data.bootstrap_interval(diffs, seed)
-                    out.setdefault(held_out, {}).setdefault(model, {}).setdefault(contrast, {})[str(k)] = {
-                        "mean": statistics.fmean(diffs), "ci95": interval, "n": len(diffs), "differences": diffs,
-                        "half_width": None if interval is None else (interval[1] - interval[0]) / 2,
-                    }  # fmt: skip
+                    entry = low_data.paired_entry([r["dice"][model][held_out]["mean"] - p["dice"][model][held_out]["mean"]
+                                                   for r, p in pairs if r["k"] == k], seed)  # fmt: skip
+                    if entry is not None:
+                        out.setdefault(held_out, {}).setdefault(model, {}).setdefault(contrast, {})[str(k)] = entry
     return out
 
 

@@ -22,6 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import low_data  # noqa: E402
+import low_data_lever  # noqa: E402
 
 from components import write_dataset  # noqa: E402
 
@@ -349,3 +350,69 @@ def test_the_small_plan_runs_on_a_users_msd_lists(tmp_path):
         assert all("site_a" in f for f in run["training_files"])
         assert run["held_out_files"]["in_domain"] == result["data"]["in_domain"]
         assert 0.0 <= run["dice"]["selected"]["shifted"]["mean"] <= 1.0
+
+
+# ------------------------------------------------------------------------------------------- the lever (low_data_lever)
+
+def test_the_lever_changes_only_the_corpus_size_and_the_arms():
+    plan, lever = low_data.PLANS["cpu"], low_data_lever.lever_plan(low_data.PLANS["cpu"])
+    assert {f for f in low_data.Plan.__dataclass_fields__ if getattr(plan, f) != getattr(lever, f)} == {"budget", "arms"}
+    changed = {f: getattr(lever.budget, f) for f in type(plan.budget).__dataclass_fields__ if getattr(plan.budget, f) != getattr(lever.budget, f)}
+    assert changed == {"num_unlabeled": 192} and lever.arms == ("scratch", "ssl", "frozen_random", "frozen_ssl")
+
+
+def test_the_lever_reuses_the_plans_baseline_runs_and_retrains_only_from_its_own_encoder(fake_protocol, tmp_path, monkeypatch):
+    """With a corpus whose size follows the plan, the pretraining key (and so the weights) changes with the lever,
+    while scratch and frozen_random keep their keys: the plan's records of them are reused, never re-run."""
+
+    def data_with_corpus(root, plan, seed):
+        data = _fake_data(root, plan, seed)
+        data.unlabeled.write_text(json.dumps({"training": [{"image": f"u{i}.nii.gz"} for i in range(plan.budget.num_unlabeled)], "validation": []}))
+        return data
+
+    def pretrain(recipe, key, overrides, results, threads, report_only=False):  # weights that follow the pretraining's key
+        return {"recipe": recipe, "key": key, "sha256": f"weights-{key}", "commit": "c", "model": f"/w/{recipe}_{key}.pt"}
+
+    monkeypatch.setattr(low_data, "synthetic_data", data_with_corpus)
+    monkeypatch.setattr(low_data, "run_pretraining", pretrain)
+    plan = replace(PLAN, ks=(1, 2), min_seeds=1, max_seeds=1)
+    low_data.run(plan, tmp_path / "plan", "cpu")
+    before = {(c["arm"], c["k"]): (c["key"], c["datalist"]) for c in fake_protocol}
+    fake_protocol.clear()
+    low_data.run(low_data_lever.lever_plan(plan), tmp_path / "lever", "cpu")
+    after = {(c["arm"], c["k"]): (c["key"], c["datalist"]) for c in fake_protocol}
+    assert set(after) == {(a, k) for a in low_data_lever.LEVER_ARMS for k in (1, 2)}
+    for (arm, k), (key, datalist) in after.items():
+        assert datalist == before[(arm, k)][1]  # the same pools, validation and held-out files
+        assert (key == before[(arm, k)][0]) == (arm in ("scratch", "frozen_random")), (arm, k)
+
+
+def _summary(dice: dict, files: str = "a") -> dict:
+    """A summary with one run per (arm, k, seed) of ``dice``: selected and last in-domain / shifted means."""
+    runs = [{"arm": arm, "k": k, "seed": s, "training_files": [f"{files}{k}{s}"], "validation_files": ["v"],
+             "held_out_files": {"in_domain": ["h"], "shifted": ["x"]},
+             "dice": {m: {"in_domain": {"mean": d}, "shifted": {"mean": d / 2}} for m in low_data.MODELS}}
+            for (arm, k, s), d in dice.items()]  # fmt: skip
+    return {"runs": runs, "paired": {}, "settings_hash": "h", "settings": {"budget": {"num_unlabeled": 48, "ssl_epochs": 12}}}
+
+
+def test_the_lever_is_paired_with_the_plans_run_of_the_same_arm_k_and_seed():
+    baseline = _summary({("ssl", 1, 0): 0.40, ("ssl", 1, 1): 0.50, ("ssl", 1, 2): 0.30, ("frozen_ssl", 1, 0): 0.2, ("scratch", 1, 0): 0.9})
+    lever = _summary({("ssl", 1, 0): 0.45, ("ssl", 1, 1): 0.52, ("ssl", 1, 2): 0.36, ("frozen_ssl", 1, 0): 0.1})
+    result = low_data_lever.with_versus_plan(lever, baseline, "plan.json")
+    entry = result["paired"]["in_domain"]["selected"]["ssl - ssl (plan)"]["1"]
+    assert entry["differences"] == pytest.approx([0.05, 0.02, 0.06]) and entry["n"] == 3
+    assert entry["mean"] == pytest.approx(13 / 300) and entry["ci95"][0] == pytest.approx(0.02) and entry["ci95"][1] <= 0.06 + 1e-12
+    assert result["paired"]["shifted"]["last"]["ssl - ssl (plan)"]["1"]["differences"] == pytest.approx([0.025, 0.01, 0.03])
+    frozen = result["paired"]["in_domain"]["selected"]["frozen_ssl - frozen_ssl (plan)"]["1"]
+    assert frozen["differences"] == pytest.approx([-0.1]) and frozen["ci95"] is None
+    assert result["lever"]["baseline"] == "plan.json" and "192 unlabeled volumes (the plan: 48)" in result["lever"]["what"]
+    with pytest.raises(ValueError, match="ssl k=1 seed=0: the lever's training_files differ"):
+        low_data_lever.versus_plan(_summary({("ssl", 1, 0): 0.45}, files="b"), baseline)
+
+
+def test_the_lever_refuses_a_plan_other_than_its_baselines():
+    baseline = json.loads((REPO / "benchmarks/results/low_data_cpu.json").read_text())
+    low_data_lever.check_same_protocol(low_data.PLANS["cpu"], baseline)
+    with pytest.raises(ValueError, match=r"differs from the baseline summary's in \['finetune_iterations'\]"):
+        low_data_lever.check_same_protocol(replace(low_data.PLANS["cpu"], finetune_iterations=400), baseline)
