@@ -523,6 +523,18 @@ def paired_entry(differences: list[float], seed: int) -> dict | None:
     return {"mean": statistics.fmean(diffs), "ci95": interval, "n": len(diffs), "differences": diffs, "half_width": half_width}
 
 
+def seeds_for_half_width(differences: list[float], target: float) -> int | None:
+    """About how many seeds make the 95 % interval of the mean paired difference at most ``target`` wide on either
+    side: ``(1.96 sd / target)^2`` rounded up (at least 2), with ``sd`` the sample sd of ``differences``; None for
+    fewer than 2. A planning figure: the sd of a few differences is itself rough.
+
+    Example: differences 0.00, 0.04, 0.08 (sd 0.04) need 7 seeds for +-0.03.
+    """
+    if len(differences) < 2:
+        return None
+    return max(2, math.ceil((1.96 * statistics.stdev(differences) / target) ** 2))
+
+
 def table(runs: list[dict], plan: Plan) -> dict:
     """Per held-out set, model, arm and k: mean and sd over seeds of the held-out mean Dice."""
     out: dict = {}
@@ -643,8 +655,10 @@ def _signed(value: float) -> str:
 def markdown_tables(result: dict, model: str = "selected") -> str:
     """The result's tables in Markdown, as README.md and benchmarks/README.md show them (a test compares them):
     held-out mean Dice per arm and k (mean +- sd, seeds), then the paired differences with their 95 % bootstrap
-    interval, for both held-out sets, for ``model`` ("selected" or "last")."""
+    interval and the seeds the target half-width would take (:func:`seeds_for_half_width`), for both held-out sets,
+    for ``model`` ("selected" or "last")."""
     ks = [str(k) for k in result["settings"]["ks"]]
+    target = result["settings"]["target_half_width"]
     header = "| " + " | ".join(["", *(f"k = {k}" for k in ks)]) + " |\n| " + " | ".join(["---"] * (len(ks) + 1)) + " |"
     lines = []
     for held_out in HELD_OUT_SETS:
@@ -653,7 +667,8 @@ def markdown_tables(result: dict, model: str = "selected") -> str:
         for arm, per_k in result["table"].get(held_out, {}).get(model, {}).items():
             cells = [f"{per_k[k]['mean']:.3f} +- {per_k[k]['sd']:.3f} ({per_k[k]['n']})" if k in per_k else "not run" for k in ks]
             lines.append("| " + " | ".join([arm, *cells]) + " |")
-        lines += ["", f"Paired differences, {held_out.replace('_', '-')} set, {model} models (mean [95 % bootstrap interval], n pairs):", "",
+        lines += ["", f"Paired differences, {held_out.replace('_', '-')} set, {model} models: mean [95 % bootstrap interval] "
+                      f"(n pairs; ~ the seeds a half-width of {target} would take):", "",
                   header.replace("|  |", "| contrast |", 1)]  # fmt: skip
         for contrast, per_k in result["paired"].get(held_out, {}).get(model, {}).items():
             cells = []
@@ -665,7 +680,8 @@ def markdown_tables(result: dict, model: str = "selected") -> str:
                     cells.append(f"{_signed(entry['mean'])} (n = {entry['n']}: no interval)")
                 else:
                     low, high = entry["ci95"]
-                    cells.append(f"{_signed(entry['mean'])} [{_signed(low)}, {_signed(high)}] ({entry['n']})")
+                    need = seeds_for_half_width(entry["differences"], target)
+                    cells.append(f"{_signed(entry['mean'])} [{_signed(low)}, {_signed(high)}] ({entry['n']}; ~{need})")
             lines.append("| " + " | ".join([contrast, *cells]) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
@@ -722,6 +738,14 @@ def _plots(tables: dict, intervals: dict, curves: dict, out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------- driver
+
+
+def plan_settings(plan: Plan, seed: int, device: str, data: str = "synthetic") -> dict:
+    """The settings a summary records (and hashes into ``settings_hash``): the plan, its data seed, the device and
+    the kind of data (``"synthetic"`` or ``"user datalists"``), as JSON values."""
+    settings = {**{k: v for k, v in asdict(plan).items() if k != "budget"}, "budget": asdict(plan.budget), "data_seed": seed,
+                "device": device, "data": data}  # fmt: skip
+    return json.loads(json.dumps(settings))
 
 
 def run(
@@ -787,8 +811,7 @@ def run(
     curves = convergence(runs, plan)
     rankme = encoder_rankme(data, weights, plan, seed)
     _plots(tables, intervals, curves, out)
-    settings = {**{k: v for k, v in asdict(plan).items() if k != "budget"}, "budget": asdict(plan.budget), "data_seed": seed,
-                "device": device, "data": "user datalists" if labeled else "synthetic"}  # fmt: skip
+    settings = plan_settings(plan, seed, device, "user datalists" if labeled else "synthetic")
     return {
         "benchmark": "low_data",
         "settings": settings,

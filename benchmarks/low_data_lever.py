@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import low_data
@@ -46,7 +46,7 @@ def lever_plan(plan: low_data.Plan) -> low_data.Plan:
 def check_same_protocol(plan: low_data.Plan, baseline: dict) -> None:
     """Raises ValueError naming the settings in which ``plan`` (before the lever) differs from the baseline's: the
     plan's records could not be reused or paired then."""
-    settings = json.loads(json.dumps({**asdict(plan), "budget": asdict(plan.budget)}))
+    settings = low_data.plan_settings(plan, baseline["settings"]["data_seed"], "cpu")
     differ = sorted(name for name, value in settings.items() if baseline["settings"].get(name) != value)
     if differ:
         raise ValueError(f"the CPU plan differs from the baseline summary's in {differ}: re-run the plan first.")

@@ -182,6 +182,18 @@ def test_bootstrap_interval_and_the_seed_rule():
     assert low_data.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3) == (low, high)  # seeded: reproducible
 
 
+def test_the_tables_say_about_how_many_seeds_the_target_half_width_would_take():
+    assert low_data.seeds_for_half_width([0.0, 0.04, 0.08], 0.03) == 7  # (1.96 * 0.04 / 0.03)^2 = 6.8
+    assert low_data.seeds_for_half_width([0.0, 0.12, 0.24], 0.03) == 62  # three times the sd: nine times the seeds
+    assert low_data.seeds_for_half_width([0.05, 0.05], 0.03) == 2 and low_data.seeds_for_half_width([0.1], 0.03) is None
+    entry = low_data.paired_entry([0.0, 0.04, 0.08], seed=0)
+    result = {"settings": {"ks": [1, 2], "target_half_width": 0.03}, "table": {},
+              "paired": {"in_domain": {"selected": {"ssl - scratch": {"1": entry, "2": low_data.paired_entry([0.1], 0)}}}}}
+    row = next(line for line in low_data.markdown_tables(result).splitlines() if line.startswith("| ssl - scratch"))
+    low, high = entry["ci95"]
+    assert row == f"| ssl - scratch | +0.040 [{low:+.3f}, {high:+.3f}] (3; ~7) | +0.100 (n = 1: no interval) |"
+
+
 def test_seeds_are_added_at_the_narrow_ks_until_the_interval_is_narrow(fake_protocol, tmp_path):
     plan = replace(PLAN, ks=(1, 2, 4), min_seeds=2, max_seeds=5, target_half_width=0.0001)
     result = low_data.run(plan, tmp_path, "cpu")
@@ -301,25 +313,53 @@ def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
     assert Path(result["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_documented_tables_equal_their_committed_json(tmp_path):
-    """README.md, benchmarks/README.md and the SSL bundle's docs show the tables of the committed CPU summary; while
-    no run of the shipped code has finished there is no summary, and then no document may show a table (a table of
-    an earlier commit's runs is removed, not kept beside a note)."""
-    summary = Path("benchmarks/results/low_data_cpu.json")
-    docs = ["README.md", "benchmarks/README.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md"]
-    if not (REPO / summary).is_file():
-        for doc in docs:
-            assert "<!-- low_data" not in (REPO / doc).read_text(), f"{doc} shows low_data tables but {summary} is not committed"
-        assert "**Not known yet.**" in (REPO / "README.md").read_text()
-        return
+DOCUMENTED_SUMMARIES = {
+    "benchmarks/results/low_data_cpu.json": ["README.md", "benchmarks/README.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md"],
+}
+
+
+@pytest.mark.parametrize("summary", DOCUMENTED_SUMMARIES)
+def test_the_documented_tables_equal_their_committed_json(summary, tmp_path):
+    """README.md, benchmarks/README.md and the SSL bundle's docs show the tables of the committed CPU summaries (the
+    plan's and the lever's), and every run behind them is committed raw; a table of an earlier commit's runs is
+    removed, not kept beside a note."""
     result = json.loads((REPO / summary).read_text())
-    assert result["settings"]["device"] == "cpu" and result["runs"] and all(r["commit"] for r in result["runs"])
-    for doc in docs:
+    assert result["settings"]["device"] == "cpu" and result["complete"] and all(r["commit"] for r in result["runs"])
+    for doc in DOCUMENTED_SUMMARIES[summary]:
         copy = tmp_path / doc.replace("/", "_")
         copy.write_text((REPO / doc).read_text())
         assert not low_data.write_doc_tables(copy, REPO / summary), f"{doc}: its tables differ from {summary} (python benchmarks/low_data.py --markdown {summary} --write_docs {doc})"
-    runs = {p.name for p in (REPO / "benchmarks" / "results" / "low_data_cpu").glob("*_k*_seed*.json")}
+    results = REPO / "benchmarks" / "results" / "low_data_cpu"
+    runs = {p.name for p in results.glob("*_k*_seed*.json")}
     assert {f"{r['arm']}_k{r['k']}_seed{r['seed']}_{r['key']}.json" for r in result["runs"]} <= runs  # raw records committed
+    assert all((results / f"pretrain_{recipe}_{p['key']}.json").is_file() for recipe, p in result["pretraining"].items())
+
+
+SUMMARY_PLANS = {
+    "benchmarks/results/low_data_cpu.json": low_data.PLANS["cpu"],
+    "benchmarks/results/low_data_cpu_lever.json": low_data_lever.lever_plan(low_data.PLANS["cpu"]),
+}
+
+
+@pytest.mark.parametrize("summary", DOCUMENTED_SUMMARIES)
+def test_every_documented_run_is_the_run_the_shipped_code_makes(summary, tmp_path):
+    """The plan, the data, and the key of every run behind a documented table (its overrides, datalist, the bundle
+    configs, the corpus, the pretrained weights' hash) are what the shipped code gives today: a change of the code or
+    of a config that changes what a table measures fails here until the table is re-measured."""
+    result = json.loads((REPO / summary).read_text())
+    plan, seed = SUMMARY_PLANS[summary], result["settings"]["data_seed"]
+    assert low_data.digest(low_data.plan_settings(plan, seed, "cpu")) == result["settings_hash"], f"{summary}: the plan changed"
+    data = low_data.synthetic_data(tmp_path / "data", plan, seed)
+    assert data.files() == result["data"], f"{summary}: the synthetic data or its splits changed"
+    weights = {}
+    for recipe, record in result["pretraining"].items():
+        key, _ = low_data.pretraining_job(recipe, plan, data, tmp_path, "cpu", seed)
+        assert key == record["key"], f"{summary}: the settings of the {recipe} pretraining changed since it ran"
+        weights[recipe] = {**record, "model": "weights.pt"}
+    for run in result["runs"]:
+        arm, k, s = run["arm"], run["k"], run["seed"]
+        key, _ = low_data.finetune_job(arm, k, s, plan, data, low_data.write_datalist(data, k, s, seed), tmp_path, "cpu", weights)
+        assert key == run["key"], f"{summary}: the settings of {arm} k={k} seed={s} changed since it ran"
 
 
 def test_the_stopped_runs_of_an_earlier_commit_are_kept_whole():
