@@ -149,3 +149,15 @@ def test_bundle_memory_counts_the_whole_process_tree():
     assert result["exit_code"] == 0 and result["first_iteration_s"] is not None
     assert result["peak_tree_pss_gb"] >= 0.39 and result["peak_tree_rss_gb"] >= 0.39
     assert 0.29 <= result["peak_process_rss_gb"] < result["peak_tree_rss_gb"]
+
+
+def test_the_machine_names_its_cpu_model_and_vector_instructions():
+    """VMs that both report "AMD EPYC" ran the low-data finetuning at very different speeds: a benchmark's figures
+    name the CPU model and whether AVX-512 or only AVX2 was there."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from machine import cpu_model
+
+    avx512 = "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu sse2 avx avx2 avx512f avx512bw\n\nprocessor\t: 1\n"
+    assert cpu_model(avx512) == {"cpu_model": "AMD EPYC 9R14", "cpu_simd": "avx512"}
+    assert cpu_model("model name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\n") == {"cpu_model": "AMD EPYC", "cpu_simd": "avx2"}
+    assert cpu_model("flags : sse2\n") == {"cpu_model": "unknown", "cpu_simd": "other"}
