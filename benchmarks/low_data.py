@@ -66,7 +66,7 @@ from machine import machine_info
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from components import synthetic  # noqa: E402
+from components import atomic_write, synthetic  # noqa: E402
 from components.demo import (  # noqa: E402
     CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, pyplot, save_plot, ssl_overrides, training_class_weights,
 )
@@ -279,9 +279,9 @@ def pool_for(data: Data, k: int, seed: int, data_seed: int) -> list[dict]:
 
 def write_datalist(data: Data, k: int, seed: int, data_seed: int) -> Path:
     """The datalist of a (k, seed) pair: ``training`` (its pool), ``validation`` (model selection), ``heldout``
-    (in-domain then shifted: scored once per model) and the MSD ``labels``."""
+    (in-domain then shifted: scored once per model) and the MSD ``labels``. Written atomically: the arms of a pair
+    write and read it side by side, and a read of a half-written list gave a run another result key."""
     path = data.root / "lists" / f"k{k}_seed{seed}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
 
     def rel(items: list[dict]) -> list[dict]:  # paths relative to the datalist's folder
         return [{key: os.path.relpath(data.root / value, path.parent) for key, value in item.items()} for item in items]
@@ -290,7 +290,7 @@ def write_datalist(data: Data, k: int, seed: int, data_seed: int) -> Path:
                "validation": rel(data.validation), "heldout": rel(data.in_domain + data.shifted)}  # fmt: skip
     text = json.dumps(content, indent=2) + "\n"
     if not path.is_file() or path.read_text() != text:
-        path.write_text(text)
+        _write_text(path, text)
     return path
 
 
@@ -403,11 +403,13 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     return {**record, "model": str(model)}
 
 
+def _write_text(path: Path, text: str) -> None:
+    with atomic_write(path, "w") as f:
+        f.write(text)
+
+
 def _write_json(path: Path, value: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
-    tmp.replace(path)
+    _write_text(path, json.dumps(value, indent=2) + "\n")
 
 
 def run_finetuning(

@@ -7,11 +7,13 @@ slow one runs the real ``--small`` plan twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -119,6 +121,29 @@ def test_arms_of_a_pair_differ_only_in_the_starting_weights(fake_protocol, tmp_p
     assert differing("frozen_random", "scratch") == {"training#freeze_encoder_iterations"}
     assert commands["frozen_ssl"]["training#freeze_encoder_iterations"] == PLAN.finetune_iterations
     assert commands["ssl"]["pretrained_path"] == "/w/ssl.pt" and commands["scratch"]["pretrained_path"] is None
+
+
+def test_a_datalist_being_written_is_never_read_half_written(tmp_path):
+    """The arms of a (k, seed) pair write and read its datalist side by side; a reader that saw a half-written list
+    once gave a run of the lever another key than its settings' (and so a needless re-run). A reader polling while
+    the list is written again and again sees the whole list or none."""
+    data = _fake_data(tmp_path, low_data.PLANS["cpu"], 0)
+    path = low_data.write_datalist(data, 1, 0, 0)
+    whole, seen, done = path.read_text(), [], threading.Event()
+
+    def read_while_written() -> None:
+        while not done.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                seen.append(path.read_text())
+
+    reader = threading.Thread(target=read_while_written)
+    reader.start()
+    for _ in range(200):
+        path.unlink()
+        low_data.write_datalist(data, 1, 0, 0)
+    done.set()
+    reader.join()
+    assert seen and all(text == whole for text in seen), f"{sum(text != whole for text in seen)} of {len(seen)} reads were partial"
 
 
 def test_a_result_is_keyed_by_every_setting_of_its_run(fake_protocol, tmp_path):
