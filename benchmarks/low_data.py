@@ -24,8 +24,9 @@ The protocol (all of it decided by the plan and its data seed, never by ``--ks``
   most ``target_half_width`` wide on either side, up to ``max_seeds``; the JSON says how many it took.
 - **Records.** Every run writes its result as soon as it finishes, to ``<results>/<arm>_k<k>_seed<s>_<hash>.json``
   where the hash covers every setting of the run (its overrides, its datalist, the bundle configs, the pretrained
-  weights' sha256). A re-run skips finished runs and never reads a result of other settings; a killed run leaves
-  no result and is run again from its start.
+  weights' sha256) and the numerics it runs on (device, torch, the CPU's vector instructions: ``run_numerics``). A
+  re-run skips finished runs and never reads a result of other settings or numerics; a killed run leaves no result
+  and is run again from its start.
 - **RankMe.** The effective rank of each encoder's embeddings of held-out crops (``components.effective_rank``),
   computed here for the random, SSL and self-distillation encoders, next to the value each pretraining bundle
   logged at its last validation; the JSON says whether RankMe orders the encoders as the frozen arms do.
@@ -323,24 +324,39 @@ def _portable(overrides: dict, out: Path) -> dict:
     return {k: (v.replace(str(out), "<out>") if isinstance(v, str) else v) for k, v in overrides.items() if k not in skip}
 
 
-def pretraining_job(recipe: str, plan: Plan, data: Data, out: Path, device: str, seed: int) -> tuple[str, dict]:
-    """(key, overrides) of a recipe's pretraining run; its folder is ``out/pretrain/<recipe>_<key>``."""
+def run_numerics(device: str) -> dict:
+    """What a run's floating-point results depend on besides its settings, part of every result's key: the device,
+    torch's version and, on the CPU, the vector instructions its kernels dispatch to
+    (``torch.backends.cpu.get_cpu_capability()``). A CPU run repeats bit for bit on one machine, but one finetuning
+    run of the plan, same settings and seed, selected a model of held-out Dice 0.600 on an AVX2 VM and 0.652 on an
+    AVX-512 one: results of other numerics are neither reused nor paired. On CUDA, whose kernels do not repeat bit
+    for bit anyway, the GPU's model is left out, so that pieces of the GPU plan may run on different GPUs."""
+    numerics = {"device": device, "torch": torch.__version__}
+    if device == "cpu":
+        numerics["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return numerics
+
+
+def pretraining_job(recipe: str, plan: Plan, data: Data, out: Path, numerics: dict, seed: int) -> tuple[str, dict]:
+    """(key, overrides) of a recipe's pretraining run on ``numerics`` (:func:`run_numerics`); its folder is
+    ``out/pretrain/<recipe>_<key>``."""
     bundle, make = PRETRAINING[recipe]
-    overrides = {**make(plan.budget, data.unlabeled.parent, Path("."), device, seed), "datalist": str(data.unlabeled),
+    overrides = {**make(plan.budget, data.unlabeled.parent, Path("."), numerics["device"], seed), "datalist": str(data.unlabeled),
                  **plan.pretrain_overrides}  # fmt: skip
     key = digest({"recipe": recipe, "overrides": _portable(overrides, out), "corpus": data.unlabeled.read_text(),
-                  "bundle": _bundle_hash(bundle, ("train.json",))})  # fmt: skip
+                  "bundle": _bundle_hash(bundle, ("train.json",)), "numerics": numerics})  # fmt: skip
     run_dir = out / "pretrain" / f"{recipe}_{key}"
     overrides.update(output_dir=str(run_dir / "eval"), ckpt_dir=str(run_dir / "models"))
     return key, overrides
 
 
 def finetune_job(
-    arm: str, k: int, seed: int, plan: Plan, data: Data, datalist: Path, out: Path, device: str, weights: dict[str, dict],
+    arm: str, k: int, seed: int, plan: Plan, data: Data, datalist: Path, out: Path, numerics: dict, weights: dict[str, dict],
 ) -> tuple[str, dict]:
-    """(key, overrides) of one finetuning run. The arms of a (k, seed) pair get the same overrides but for
-    ``pretrained_path`` (the arm's encoder) and, for the frozen arms, ``training#freeze_encoder_iterations`` (the whole run).
-    ``weights``: per recipe the finished pretraining's record (``model``, ``sha256``)."""
+    """(key, overrides) of one finetuning run on ``numerics`` (:func:`run_numerics`). The arms of a (k, seed) pair get
+    the same overrides but for ``pretrained_path`` (the arm's encoder) and, for the frozen arms,
+    ``training#freeze_encoder_iterations`` (the whole run). ``weights``: per recipe the finished pretraining's record
+    (``model``, ``sha256``)."""
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {list(ARMS)}, got {arm!r}.")
     recipe, frozen = ARMS[arm]
@@ -350,12 +366,13 @@ def finetune_job(
     epochs = plan.finetune_iterations // k
     budget = replace(plan.budget, finetune_epochs=epochs, val_interval=plan.val_every // k)
     pretrained = Path(weights[recipe]["model"]) if recipe else None
-    overrides = finetune_overrides(budget, datalist, Path("."), device, 1000 + seed, pretrained, training_class_weights(datalist, data.label_names))
+    overrides = finetune_overrides(budget, datalist, Path("."), numerics["device"], 1000 + seed, pretrained,
+                                   training_class_weights(datalist, data.label_names))  # fmt: skip
     overrides.update({"label_names": data.label_names,
                       "training#freeze_encoder_iterations": plan.finetune_iterations if frozen else 0, **plan.finetune_overrides})  # fmt: skip
     key = digest({"arm": arm, "k": k, "seed": seed, "overrides": _portable(overrides, out), "datalist": datalist.read_text(),
                   "weights": weights[recipe]["sha256"] if recipe else None,
-                  "bundle": _bundle_hash(CT_BUNDLE, ("train.json", "evaluate.json"))})  # fmt: skip
+                  "bundle": _bundle_hash(CT_BUNDLE, ("train.json", "evaluate.json")), "numerics": numerics})  # fmt: skip
     run_dir = out / "runs" / f"{arm}_k{k}_seed{seed}_{key}"
     overrides.update(output_dir=str(run_dir / "eval"), ckpt_dir=str(run_dir / "models"))
     return key, overrides
@@ -742,11 +759,12 @@ def _plots(tables: dict, intervals: dict, curves: dict, out: Path) -> None:
 # ----------------------------------------------------------------------------------------------------------- driver
 
 
-def plan_settings(plan: Plan, seed: int, device: str, data: str = "synthetic") -> dict:
+def plan_settings(plan: Plan, seed: int, numerics: dict, data: str = "synthetic") -> dict:
     """The settings a summary records (and hashes into ``settings_hash``): the plan, its data seed, the device and
-    the kind of data (``"synthetic"`` or ``"user datalists"``), as JSON values."""
+    the numerics of its runs (:func:`run_numerics`), and the kind of data (``"synthetic"`` or ``"user datalists"``),
+    as JSON values."""
     settings = {**{k: v for k, v in asdict(plan).items() if k != "budget"}, "budget": asdict(plan.budget), "data_seed": seed,
-                "device": device, "data": data}  # fmt: skip
+                "device": numerics["device"], "numerics": numerics, "data": data}  # fmt: skip
     return json.loads(json.dumps(settings))
 
 
@@ -777,14 +795,15 @@ def run(
                 raise ValueError(f"{name} ({getattr(plan, name)}) must be a multiple of every k, got k = {k}.")
     threads = max(1, (os.cpu_count() or 1) // parallel) if device == "cpu" else None
     recipes = sorted({ARMS[a].recipe for a in plan.arms if ARMS[a].recipe})
-    jobs = {recipe: pretraining_job(recipe, plan, data, out, device, seed) for recipe in recipes}
+    numerics = run_numerics(device)
+    jobs = {recipe: pretraining_job(recipe, plan, data, out, numerics, seed) for recipe in recipes}
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(jobs)))) as pool:
         weights = dict(zip(jobs, pool.map(lambda r: run_pretraining(r, *jobs[r], results, threads, report_only), jobs)))
     missing: list[str] = []
 
     def one(job: tuple[str, int, int]) -> dict | None:
         arm, k, s = job
-        key, overrides = finetune_job(arm, k, s, plan, data, write_datalist(data, k, s, seed), out, device, weights)
+        key, overrides = finetune_job(arm, k, s, plan, data, write_datalist(data, k, s, seed), out, numerics, weights)
         late = stop_after_s is not None and time.perf_counter() - started > stop_after_s
         record = run_finetuning(arm, k, s, key, overrides, data, results, threads, report_only or late)
         if record is None:
@@ -813,7 +832,7 @@ def run(
     curves = convergence(runs, plan)
     rankme = encoder_rankme(data, weights, plan, seed)
     _plots(tables, intervals, curves, out)
-    settings = plan_settings(plan, seed, device, "user datalists" if labeled else "synthetic")
+    settings = plan_settings(plan, seed, numerics, "user datalists" if labeled else "synthetic")
     return {
         "benchmark": "low_data",
         "settings": settings,

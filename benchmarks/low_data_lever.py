@@ -44,9 +44,9 @@ def lever_plan(plan: low_data.Plan) -> low_data.Plan:
 
 
 def check_same_protocol(plan: low_data.Plan, baseline: dict) -> None:
-    """Raises ValueError naming the settings in which ``plan`` (before the lever) differs from the baseline's: the
-    plan's records could not be reused or paired then."""
-    settings = low_data.plan_settings(plan, baseline["settings"]["data_seed"], "cpu")
+    """Raises ValueError naming the settings in which ``plan`` (before the lever), run on this machine's numerics,
+    differs from the baseline's: the plan's records could not be reused or paired then."""
+    settings = low_data.plan_settings(plan, baseline["settings"]["data_seed"], low_data.run_numerics("cpu"))
     differ = sorted(name for name, value in settings.items() if baseline["settings"].get(name) != value)
     if differ:
         raise ValueError(f"the CPU plan differs from the baseline summary's in {differ}: re-run the plan first.")

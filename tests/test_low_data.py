@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -146,8 +147,8 @@ def test_a_datalist_being_written_is_never_read_half_written(tmp_path):
     assert seen and all(text == whole for text in seen), f"{sum(text != whole for text in seen)} of {len(seen)} reads were partial"
 
 
-def test_a_result_is_keyed_by_every_setting_of_its_run(fake_protocol, tmp_path):
-    low_data.run(PLAN, tmp_path, "cpu")
+def test_a_result_is_keyed_by_every_setting_of_its_run_and_its_numerics(fake_protocol, tmp_path, monkeypatch):
+    summary = low_data.run(PLAN, tmp_path, "cpu")
     keys = {(c["arm"], c["k"], c["seed"]): c["key"] for c in fake_protocol}
     assert len(set(keys.values())) == len(keys)
     fake_protocol.clear()
@@ -156,6 +157,12 @@ def test_a_result_is_keyed_by_every_setting_of_its_run(fake_protocol, tmp_path):
     fake_protocol.clear()
     low_data.run(PLAN, tmp_path / "elsewhere", "cpu")
     assert {(c["arm"], c["k"], c["seed"]): c["key"] for c in fake_protocol} == keys  # the same settings in another folder
+    numerics = low_data.run_numerics("cpu")
+    assert summary["settings"]["numerics"] == numerics and numerics["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    fake_protocol.clear()
+    monkeypatch.setattr(low_data, "run_numerics", lambda device: {**numerics, "cpu_capability": "AVX2" if numerics["cpu_capability"] != "AVX2" else "AVX512"})
+    other = low_data.run(PLAN, tmp_path, "cpu")  # the same settings on a CPU of other vector instructions
+    assert not {c["key"] for c in fake_protocol} & set(keys.values()) and other["settings_hash"] != summary["settings_hash"]
 
 
 def _stand_in_bundle(calls: list):
@@ -372,18 +379,18 @@ def test_every_documented_run_is_the_run_the_shipped_code_makes(summary, tmp_pat
     configs, the corpus, the pretrained weights' hash) are what the shipped code gives today: a change of the code or
     of a config that changes what a table measures fails here until the table is re-measured."""
     result = json.loads((REPO / summary).read_text())
-    plan, seed = SUMMARY_PLANS[summary], result["settings"]["data_seed"]
-    assert low_data.digest(low_data.plan_settings(plan, seed, "cpu")) == result["settings_hash"], f"{summary}: the plan changed"
+    plan, seed, numerics = SUMMARY_PLANS[summary], result["settings"]["data_seed"], result["settings"]["numerics"]
+    assert low_data.digest(low_data.plan_settings(plan, seed, numerics)) == result["settings_hash"], f"{summary}: the plan changed"
     data = low_data.synthetic_data(tmp_path / "data", plan, seed)
     assert data.files() == result["data"], f"{summary}: the synthetic data or its splits changed"
     weights = {}
     for recipe, record in result["pretraining"].items():
-        key, _ = low_data.pretraining_job(recipe, plan, data, tmp_path, "cpu", seed)
+        key, _ = low_data.pretraining_job(recipe, plan, data, tmp_path, numerics, seed)
         assert key == record["key"], f"{summary}: the settings of the {recipe} pretraining changed since it ran"
         weights[recipe] = {**record, "model": "weights.pt"}
     for run in result["runs"]:
         arm, k, s = run["arm"], run["k"], run["seed"]
-        key, _ = low_data.finetune_job(arm, k, s, plan, data, low_data.write_datalist(data, k, s, seed), tmp_path, "cpu", weights)
+        key, _ = low_data.finetune_job(arm, k, s, plan, data, low_data.write_datalist(data, k, s, seed), tmp_path, numerics, weights)
         assert key == run["key"], f"{summary}: the settings of {arm} k={k} seed={s} changed since it ran"
 
 
@@ -476,8 +483,11 @@ def test_the_lever_is_paired_with_the_plans_run_of_the_same_arm_k_and_seed():
         low_data_lever.versus_plan(_summary({("ssl", 1, 0): 0.45}, files="b"), baseline)
 
 
-def test_the_lever_refuses_a_plan_other_than_its_baselines():
-    baseline = json.loads((REPO / "benchmarks/results/low_data_cpu.json").read_text())
+def test_the_lever_refuses_a_plan_other_than_its_baselines_or_other_numerics(monkeypatch):
+    baseline = {"settings": low_data.plan_settings(low_data.PLANS["cpu"], 0, low_data.run_numerics("cpu"))}
     low_data_lever.check_same_protocol(low_data.PLANS["cpu"], baseline)
     with pytest.raises(ValueError, match=r"differs from the baseline summary's in \['finetune_iterations'\]"):
         low_data_lever.check_same_protocol(replace(low_data.PLANS["cpu"], finetune_iterations=400), baseline)
+    monkeypatch.setattr(low_data, "run_numerics", lambda device: {"device": device, "torch": "2.13.0+cpu", "cpu_capability": "ZVECTOR"})
+    with pytest.raises(ValueError, match=r"differs from the baseline summary's in \['numerics'\]"):
+        low_data_lever.check_same_protocol(low_data.PLANS["cpu"], baseline)
