@@ -394,13 +394,14 @@ def test_every_documented_run_is_the_run_the_shipped_code_makes(summary, tmp_pat
         assert key == run["key"], f"{summary}: the settings of {arm} k={k} seed={s} changed since it ran"
 
 
-def test_the_stopped_runs_of_an_earlier_commit_are_kept_whole():
-    """The 65711b4 records stay committed as raw data, their summary lists every one of them and says why they are
-    superseded."""
-    summary = json.loads((REPO / "benchmarks/results/low_data_cpu_65711b4.json").read_text())
-    runs = {p.name for p in (REPO / "benchmarks/results/low_data_cpu_65711b4").glob("*_k*_seed*.json")}
-    assert {f"{r['arm']}_k{r['k']}_seed{r['seed']}_{r['key']}.json" for r in summary["runs"]} == runs and len(runs) == 28
-    assert {r["commit"][:7] for r in summary["runs"]} == {"65711b4"} and "superseded" in summary
+@pytest.mark.parametrize("commit, num_runs", [("65711b4", 28), ("8a1a45b", 36)])
+def test_the_superseded_runs_of_an_earlier_commit_are_kept_whole(commit, num_runs):
+    """The records of a superseded plan (65711b4: stopped when the recipes changed; 8a1a45b: keys without numerics,
+    another CPU) stay committed as raw data; their summary lists every one of them and says why it is superseded."""
+    summary = json.loads((REPO / f"benchmarks/results/low_data_cpu_{commit}.json").read_text())
+    runs = {p.name for p in (REPO / f"benchmarks/results/low_data_cpu_{commit}").glob("*_k*_seed*.json")}
+    assert {f"{r['arm']}_k{r['k']}_seed{r['seed']}_{r['key']}.json" for r in summary["runs"]} == runs and len(runs) == num_runs
+    assert {r["commit"][:7] for r in summary["runs"]} == {commit} and "superseded" in summary
 
 
 @pytest.mark.slow
