@@ -345,39 +345,48 @@ def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
     assert Path(result["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-DOCUMENTED_SUMMARIES = {
-    "benchmarks/results/low_data_cpu.json": ["README.md", "benchmarks/README.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md"],
+SUMMARY_DOCS = ["README.md", "benchmarks/README.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md",
+                "bundles/swin_unetr_dino_pretrain/docs/README.md"]
+DOCUMENTED_SUMMARIES = {  # summary: (the folder of its runs' records, the documents that show its tables)
+    "benchmarks/results/low_data_cpu.json": ("benchmarks/results/low_data_cpu", SUMMARY_DOCS),
+    "benchmarks/results/low_data_cpu_lever.json": ("benchmarks/results/low_data_cpu", ["benchmarks/README.md"]),
+    "benchmarks/results/low_data_cpu_8a1a45b.json": ("benchmarks/results/low_data_cpu_8a1a45b", ["benchmarks/README.md"]),
 }
-
-
-@pytest.mark.parametrize("summary", DOCUMENTED_SUMMARIES)
-def test_the_documented_tables_equal_their_committed_json(summary, tmp_path):
-    """README.md, benchmarks/README.md and the SSL bundle's docs show the tables of the committed CPU summaries (the
-    plan's and the lever's), and every run behind them is committed raw; a table of an earlier commit's runs is
-    removed, not kept beside a note."""
-    result = json.loads((REPO / summary).read_text())
-    assert result["settings"]["device"] == "cpu" and result["complete"] and all(r["commit"] for r in result["runs"])
-    for doc in DOCUMENTED_SUMMARIES[summary]:
-        copy = tmp_path / doc.replace("/", "_")
-        copy.write_text((REPO / doc).read_text())
-        assert not low_data.write_doc_tables(copy, REPO / summary), f"{doc}: its tables differ from {summary} (python benchmarks/low_data.py --markdown {summary} --write_docs {doc})"
-    results = REPO / "benchmarks" / "results" / "low_data_cpu"
-    runs = {p.name for p in results.glob("*_k*_seed*.json")}
-    assert {f"{r['arm']}_k{r['k']}_seed{r['seed']}_{r['key']}.json" for r in result["runs"]} <= runs  # raw records committed
-    assert all((results / f"pretrain_{recipe}_{p['key']}.json").is_file() for recipe, p in result["pretraining"].items())
-
-
-SUMMARY_PLANS = {
+SUMMARY_PLANS = {  # the summaries of the shipped code: the plan and the lever
     "benchmarks/results/low_data_cpu.json": low_data.PLANS["cpu"],
     "benchmarks/results/low_data_cpu_lever.json": low_data_lever.lever_plan(low_data.PLANS["cpu"]),
 }
 
 
 @pytest.mark.parametrize("summary", DOCUMENTED_SUMMARIES)
+def test_the_documented_tables_equal_their_committed_json(summary, tmp_path):
+    """README.md, benchmarks/README.md and both pretraining bundles' docs show the tables of the committed CPU
+    summaries (the plan's, the lever's, and the plan's replicate on another CPU), and every run behind them is
+    committed raw."""
+    result = json.loads((REPO / summary).read_text())
+    assert result["settings"]["device"] == "cpu" and result["complete"] and all(r["commit"] for r in result["runs"])
+    records, docs = DOCUMENTED_SUMMARIES[summary]
+    for doc in docs:
+        copy = tmp_path / doc.replace("/", "_")
+        copy.write_text((REPO / doc).read_text())
+        assert not low_data.write_doc_tables(copy, REPO / summary), f"{doc}: its tables differ from {summary} (python benchmarks/low_data.py --markdown {summary} --write_docs {doc})"
+    results = REPO / records
+    runs = {p.name for p in results.glob("*_k*_seed*.json")}
+    assert {f"{r['arm']}_k{r['k']}_seed{r['seed']}_{r['key']}.json" for r in result["runs"]} <= runs  # raw records committed
+    assert all((results / f"pretrain_{recipe}_{p['key']}.json").is_file() for recipe, p in result["pretraining"].items())
+
+
+def test_every_summary_a_document_shows_is_either_of_the_shipped_code_or_superseded():
+    for summary in DOCUMENTED_SUMMARIES:
+        assert (summary in SUMMARY_PLANS) != ("superseded" in json.loads((REPO / summary).read_text())), summary
+
+
+@pytest.mark.parametrize("summary", SUMMARY_PLANS)
 def test_every_documented_run_is_the_run_the_shipped_code_makes(summary, tmp_path):
-    """The plan, the data, and the key of every run behind a documented table (its overrides, datalist, the bundle
-    configs, the corpus, the pretrained weights' hash) are what the shipped code gives today: a change of the code or
-    of a config that changes what a table measures fails here until the table is re-measured."""
+    """The plan, the data, and the key of every run behind a documented table of the shipped code (its overrides,
+    datalist, the bundle configs, the corpus, the pretrained weights' hash, the numerics it ran on) are what the
+    shipped code gives today: a change of the code or of a config that changes what a table measures fails here
+    until the table is re-measured."""
     result = json.loads((REPO / summary).read_text())
     plan, seed, numerics = SUMMARY_PLANS[summary], result["settings"]["data_seed"], result["settings"]["numerics"]
     assert low_data.digest(low_data.plan_settings(plan, seed, numerics)) == result["settings_hash"], f"{summary}: the plan changed"
