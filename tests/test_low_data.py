@@ -348,12 +348,14 @@ def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
 SUMMARY_DOCS = ["README.md", "benchmarks/README.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md",
                 "bundles/swin_unetr_dino_pretrain/docs/README.md"]
 DOCUMENTED_SUMMARIES = {  # summary: (the folder of its runs' records, the documents that show its tables)
-    "benchmarks/results/low_data_cpu.json": ("benchmarks/results/low_data_cpu", SUMMARY_DOCS),
+    "benchmarks/results/low_data_cpu.json": ("benchmarks/results/low_data_cpu", ["benchmarks/README.md"]),
+    "benchmarks/results/low_data_cpu_9seeds.json": ("benchmarks/results/low_data_cpu", SUMMARY_DOCS),
     "benchmarks/results/low_data_cpu_lever.json": ("benchmarks/results/low_data_cpu", ["benchmarks/README.md"]),
     "benchmarks/results/low_data_cpu_8a1a45b.json": ("benchmarks/results/low_data_cpu_8a1a45b", ["benchmarks/README.md"]),
 }
-SUMMARY_PLANS = {  # the summaries of the shipped code: the plan and the lever
+SUMMARY_PLANS = {  # the summaries of the shipped code: the plan, its 9-seed extension and the lever
     "benchmarks/results/low_data_cpu.json": low_data.PLANS["cpu"],
+    "benchmarks/results/low_data_cpu_9seeds.json": replace(low_data.PLANS["cpu"], min_seeds=9, max_seeds=9),
     "benchmarks/results/low_data_cpu_lever.json": low_data_lever.lever_plan(low_data.PLANS["cpu"]),
 }
 
@@ -401,6 +403,19 @@ def test_every_documented_run_is_the_run_the_shipped_code_makes(summary, tmp_pat
         arm, k, s = run["arm"], run["k"], run["seed"]
         key, _ = low_data.finetune_job(arm, k, s, plan, data, low_data.write_datalist(data, k, s, seed), tmp_path, numerics, weights)
         assert key == run["key"], f"{summary}: the settings of {arm} k={k} seed={s} changed since it ran"
+
+
+def test_the_9_seed_extension_reuses_the_plans_runs_and_adds_seeds_3_to_8():
+    """The extension's seeds 0-2 are the 3-seed plan's runs (same keys, same Dice: read from their records, not
+    re-run), its pretrainings are the plan's, and it adds seeds 3-8 of every arm at k = 1 and 2."""
+    plan = json.loads((REPO / "benchmarks/results/low_data_cpu.json").read_text())
+    extension = json.loads((REPO / "benchmarks/results/low_data_cpu_9seeds.json").read_text())
+    by_run = {(r["arm"], r["k"], r["seed"]): r for r in extension["runs"]}
+    assert {s for _, _, s in by_run} == set(range(9)) and len(by_run) == len(extension["runs"]) == 9 * 2 * len(low_data.ARMS)
+    for run in plan["runs"]:
+        reused = by_run[run["arm"], run["k"], run["seed"]]
+        assert (reused["key"], reused["dice"]) == (run["key"], run["dice"])
+    assert extension["pretraining"] == plan["pretraining"] and extension["data"] == plan["data"]
 
 
 @pytest.mark.parametrize("commit, num_runs", [("65711b4", 28), ("8a1a45b", 36)])
