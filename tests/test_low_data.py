@@ -363,8 +363,8 @@ SUMMARY_PLANS = {  # the summaries of the shipped code: the plan, its 9-seed ext
 @pytest.mark.parametrize("summary", DOCUMENTED_SUMMARIES)
 def test_the_documented_tables_equal_their_committed_json(summary, tmp_path):
     """README.md, benchmarks/README.md and both pretraining bundles' docs show the tables of the committed CPU
-    summaries (the plan's, the lever's, and the plan's replicate on another CPU), and every run behind them is
-    committed raw."""
+    summaries (the plan's, its 9-seed extension's, the lever's, and the plan's replicate on another CPU), and every
+    run behind them is committed raw."""
     result = json.loads((REPO / summary).read_text())
     assert result["settings"]["device"] == "cpu" and result["complete"] and all(r["commit"] for r in result["runs"])
     records, docs = DOCUMENTED_SUMMARIES[summary]
