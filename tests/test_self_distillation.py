@@ -14,6 +14,7 @@ from ignite.engine import Engine, Events
 from monai.networks.layers import DropPath
 from monai.networks.nets.swin_unetr import WindowAttention
 from scipy.ndimage import gaussian_filter
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from components import (
     MultiCrop,
@@ -166,6 +167,38 @@ def test_koleo_uses_the_nearest_other_sample():
     d01 = (z[0] - z[1]).norm()
     expected = -(torch.log(d01) * 2 + torch.log((z[2] - z[1]).norm())) / 3
     torch.testing.assert_close(koleo_loss(z), expected)
+
+
+# aten ops that make the host wait for a GPU: a read of a device value (item, nonzero, masked_select) or an assignment
+# through index tensors (index_put_: ``t[rows, rows] = -2.0`` copied the Python value from the host, and
+# sync_debug_mode "error" stopped the self-distillation step on an H200)
+SYNCHRONISING_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "index_put", "index_put_", "_index_put_impl_"}
+
+
+class OpNames(TorchDispatchMode):
+    """Records the names of the aten ops run while active (``aten.index_put_.default`` -> ``index_put_``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_loss_with_koleo_runs_no_op_that_synchronises_a_gpu():
+    """Forward and backward of the loss with KoLeo, on the CPU: none of the ops that stall a GPU step (the CUDA
+    test in test_host_sync.py sees them on a GPU; this one fails on any machine if one comes back)."""
+    g = torch.Generator().manual_seed(0)
+    student = torch.randn(4 * 3, K, generator=g, requires_grad=True)
+    embeddings = torch.randn(4 * 3, 16, generator=g, requires_grad=True)
+    with OpNames() as ops:
+        total, _ = SelfDistillationLoss(K, koleo_weight=0.1)(student, torch.randn(2 * 3, K, generator=g), 0.04, 2,
+                                                           student_embeddings=embeddings)  # fmt: skip
+        total.backward()
+    assert {"mm", "_log_softmax"} <= ops.names  # the mode saw the loss's ops
+    assert not ops.names & SYNCHRONISING_OPS, ops.names & SYNCHRONISING_OPS
 
 
 def test_koleo_is_the_sum_over_the_global_crops_of_each_crops_own_term_times_the_weight():

@@ -44,10 +44,11 @@ def koleo_loss(z: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
             f"koleo_loss needs embeddings (B, D) with B >= 2 (a neighbour for every row), got {tuple(z.shape)}."
         )
     z = F.normalize(z.float(), dim=-1)
-    rows = torch.arange(z.shape[0], device=z.device)
     similarity = (z @ z.T).detach()  # (B, B); only the choice of neighbour, no gradient
-    similarity[rows, rows] = -2.0  # never its own neighbour (cosine similarity >= -1 otherwise)
-    distance = (z - z[similarity.argmax(dim=1)]).norm(dim=1)
+    # never its own neighbour (cosine similarity >= -1 otherwise); fill_diagonal_ and index_select, unlike an
+    # assignment through index tensors (index_put_), do not synchronise the host with a GPU
+    similarity.fill_diagonal_(-2.0)
+    distance = (z - z.index_select(0, similarity.argmax(dim=1))).norm(dim=1)
     return -torch.log(distance + eps).mean()
 
 
