@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import pytest
@@ -128,16 +129,30 @@ def test_attention_dropout_only_in_training():
 
 
 def test_bf16_autocast_runs_and_stays_close():
-    """Under autocast the bias takes the query's dtype; the result stays within bf16 precision of float32 (eps
-    2^-8 per operation, a few percent through the network)."""
-    net = components.use_fused_attention(_swin_unetr(4), fused_cpu_training=True)
+    """Under autocast the bias takes the query's dtype (the kernel refuses a float32 mask with bf16 queries); the
+    output stays within bf16 precision of float32 (eps 2^-8 per operation, a few percent through the network) and
+    every gradient is finite wherever MONAI's explicit attention gives a finite one under the same autocast.
+
+    Per parameter, bf16 gradients are not compared: the small ones are rounding noise on both paths (relative errors
+    above 1 against float32 for either). bf16 CPU kernels differ between CPUs, and on one CI machine this test saw
+    non-finite gradients (not reproduced on AVX2, AVX-512 or AMX CPUs, nor with poisoned allocations); MONAI's own
+    path under the same autocast tells a defect of the fused path from one of the platform's kernels, named in a
+    warning, and the failure names the parameters."""
+    explicit = _swin_unetr(4)
+    fused = components.use_fused_attention(copy.deepcopy(explicit), fused_cpu_training=True)
     x = torch.rand(1, 1, 64, 32, 32, generator=torch.Generator().manual_seed(1))
-    reference, _ = _grads(net, x)
+    reference, _ = _grads(explicit, x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = net(x)
-    out.float().square().mean().backward()
+        _, grads_e = _grads(explicit, x)
+        out, grads_f = _grads(fused, x)
     assert out.dtype == torch.bfloat16 and _relative(out.float(), reference) < 0.05
-    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+    platform = sorted(n for n, g in grads_e.items() if not torch.isfinite(g).all())
+    if platform:
+        warnings.warn(f"bf16 autocast on this CPU ({torch.backends.cpu.get_cpu_capability()}): MONAI's explicit "
+                      f"attention gives non-finite gradients of {platform}", stacklevel=1)  # fmt: skip
+    assert len(platform) < len(grads_e)  # the comparison is not empty
+    fused_only = sorted(n for n, g in grads_f.items() if n not in platform and not torch.isfinite(g).all())
+    assert not fused_only, f"non-finite bf16 gradients of the fused path only: {fused_only}"
 
 
 def test_cpu_training_falls_back_to_monais_attention_and_says_so(caplog, monkeypatch):
