@@ -26,7 +26,8 @@ The protocol (all of it decided by the plan and its data seed, never by ``--ks``
   where the hash covers every setting of the run (its overrides, its datalist, the bundle configs, the pretrained
   weights' sha256) and the numerics it runs on (device, torch, the CPU's vector instructions: ``run_numerics``). A
   re-run skips finished runs and never reads a result of other settings or numerics; a killed run leaves no result
-  and is run again from its start.
+  and is run again from its start. Each pretraining keeps its weights beside its record, so the results folder
+  alone continues the plan on another machine.
 - **RankMe.** The effective rank of each encoder's embeddings of held-out crops (``components.effective_rank``),
   computed here for the random, SSL and self-distillation encoders, next to the value each pretraining bundle
   logged at its last validation; the JSON says whether RankMe orders the encoders as the frozen arms do.
@@ -35,6 +36,7 @@ Every training and evaluation step is a real ``python -m monai.bundle run`` with
 
     python benchmarks/low_data.py                        # the device's plan (cpu or cuda), resumable
     python benchmarks/low_data.py --device cuda          # pieces of at most ~9 min: repeat until "complete": true
+    python benchmarks/low_data.py --device cuda --results benchmarks/results/low_data_cuda  # continue the committed pieces
     python benchmarks/low_data.py --report_only          # the summary of the finished runs, running nothing
     python benchmarks/low_data.py --small                # CI: one k, one seed, a few iterations (learns nothing)
     python benchmarks/low_data.py --labeled my_labeled.json --unlabeled my_corpus.json [--shifted other_site.json]
@@ -395,15 +397,24 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     """Runs (or reuses) one pretraining; returns its record (model path and sha256, final losses, last RankMe). With
     ``report_only`` the recorded run is used as it is (its weights may be absent: no RankMe then).
 
+    The weights are kept beside the record, ``<results>/pretrain_<recipe>_<key>.pt``, and reused from there when the
+    run's folder is gone: a piece of the plan on a fresh machine (a GPU lent for one session) continues from the
+    results folder alone. Retraining would not do: a CUDA pretraining need not repeat bit for bit (the SSL recipe's
+    did not on an H200), and the finetuning keys hold the weights' sha256.
+
     Raises:
         FileNotFoundError: with ``report_only``, for a pretraining that has no record.
     """
     run_dir = Path(overrides["ckpt_dir"]).parent
     record_path = results / f"pretrain_{recipe}_{key}.json"
+    kept = record_path.with_suffix(".pt")
     model = run_dir / "models" / "model.pt"
     if record_path.is_file():
         record = json.loads(record_path.read_text())
-        if report_only or (model.is_file() and file_sha256(model) == record["sha256"]):
+        for weights in (model, kept):
+            if weights.is_file() and file_sha256(weights) == record["sha256"]:
+                return {**record, "model": str(weights)}
+        if report_only:
             return {**record, "model": str(model)}
     if report_only:
         raise FileNotFoundError(f"no record of the {recipe} pretraining with these settings ({record_path}): nothing to report.")
@@ -416,6 +427,8 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     if record_path.is_file() and json.loads(record_path.read_text())["sha256"] != record["sha256"]:
         print(f"WARNING: pretraining {recipe} {key} gave other weights than its recorded run: the finetuning results "
               "of the recorded weights are not reused (their keys hold the weights' hash)", file=sys.stderr, flush=True)  # fmt: skip
+    with atomic_write(kept) as f:  # the weights first: a record never names weights that are not there
+        f.write(model.read_bytes())
     _write_json(record_path, record)
     return {**record, "model": str(model)}
 

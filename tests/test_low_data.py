@@ -205,6 +205,34 @@ def test_a_finished_run_is_reused_and_a_result_of_other_settings_is_never_read(t
     assert len(calls) == 6 and not stale.exists()  # other settings: run again, in an emptied folder
 
 
+def test_a_pretraining_is_continued_from_the_results_folder_alone(tmp_path, monkeypatch):
+    """A piece of the plan on a fresh machine has the results folder (committed) but not the run folders: the
+    pretraining's weights kept beside its record are reused, not retrained; weights that do not match the record
+    are never used."""
+    runs: list = []
+
+    def pretraining_bundle(bundle, configs=("train.json",), overrides=None, log=None, echo=True, threads=None):
+        runs.append(bundle)
+        (Path(overrides["ckpt_dir"])).mkdir(parents=True, exist_ok=True)
+        torch.save({"w": torch.full((2,), float(len(runs)))}, Path(overrides["ckpt_dir"]) / "model.pt")
+        return 1.0
+
+    monkeypatch.setattr(low_data, "run_bundle", pretraining_bundle)
+    monkeypatch.setattr(low_data, "read_scalars", lambda folder: {"loss": [(1, 2.0)]})
+    results, run_dir = tmp_path / "results", tmp_path / "machine1" / "pretrain" / "ssl_k"
+    overrides = {"output_dir": str(run_dir / "eval"), "ckpt_dir": str(run_dir / "models")}
+    first = low_data.run_pretraining("ssl", "k", overrides, results, None)
+    kept = results / "pretrain_ssl_k.pt"
+    assert kept.read_bytes() == (run_dir / "models" / "model.pt").read_bytes() and first["model"] == str(run_dir / "models" / "model.pt")
+    fresh = tmp_path / "machine2" / "pretrain" / "ssl_k"  # another machine: no run folder
+    again = low_data.run_pretraining("ssl", "k", {"output_dir": str(fresh / "eval"), "ckpt_dir": str(fresh / "models")}, results, None)
+    assert runs == [low_data.SSL_BUNDLE] and again == {**first, "model": str(kept)}
+    kept.write_bytes(b"other weights")
+    third = low_data.run_pretraining("ssl", "k", {"output_dir": str(fresh / "eval"), "ckpt_dir": str(fresh / "models")}, results, None)
+    assert len(runs) == 2 and third["sha256"] != first["sha256"] and third["model"] == str(fresh / "models" / "model.pt")
+    assert low_data.file_sha256(kept) == third["sha256"]  # the record and the kept weights agree again
+
+
 def test_bootstrap_interval_and_the_seed_rule():
     assert low_data.bootstrap_interval([0.1]) is None
     low, high = low_data.bootstrap_interval([0.05, 0.05, 0.05])
@@ -416,6 +444,22 @@ def test_the_9_seed_extension_reuses_the_plans_runs_and_adds_seeds_3_to_8():
         reused = by_run[run["arm"], run["k"], run["seed"]]
         assert (reused["key"], reused["dice"]) == (run["key"], run["dice"])
     assert extension["pretraining"] == plan["pretraining"] and extension["data"] == plan["data"]
+
+
+def test_the_committed_gpu_pretrainings_are_the_cuda_plans_and_their_kept_weights_match(tmp_path):
+    """The first pieces of the GPU plan (an H200) left both pretrainings in benchmarks/results/low_data_cuda: their
+    keys are those the shipped code gives the cuda plan on the pieces' numerics, so a next piece run with
+    ``--results benchmarks/results/low_data_cuda`` reuses them, and the kept weights are the recorded ones."""
+    folder = REPO / "benchmarks/results/low_data_cuda"
+    piece = json.loads((folder / "pieces/2.json").read_text())
+    plan, numerics = low_data.PLANS["cuda"], piece["settings"]["numerics"]
+    assert piece["settings_hash"] == low_data.digest(low_data.plan_settings(plan, 0, numerics, "synthetic"))
+    data = low_data.synthetic_data(tmp_path / "data", plan, 0)
+    for recipe in ("ssl", "dino"):
+        key, _ = low_data.pretraining_job(recipe, plan, data, tmp_path, numerics, 0)
+        record = json.loads((folder / f"pretrain_{recipe}_{key}.json").read_text())
+        assert record == piece["pretraining"][recipe]
+        assert low_data.file_sha256(folder / f"pretrain_{recipe}_{key}.pt") == record["sha256"]
 
 
 @pytest.mark.parametrize("commit, num_runs", [("65711b4", 28), ("8a1a45b", 36)])
