@@ -53,6 +53,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -427,8 +428,8 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     if record_path.is_file() and json.loads(record_path.read_text())["sha256"] != record["sha256"]:
         print(f"WARNING: pretraining {recipe} {key} gave other weights than its recorded run: the finetuning results "
               "of the recorded weights are not reused (their keys hold the weights' hash)", file=sys.stderr, flush=True)  # fmt: skip
-    with atomic_write(kept) as f:  # the weights first: a record never names weights that are not there
-        f.write(model.read_bytes())
+    with atomic_write(kept) as f, model.open("rb") as weights:  # first: a record never names weights not there
+        shutil.copyfileobj(weights, f)
     _write_json(record_path, record)
     return {**record, "model": str(model)}
 
