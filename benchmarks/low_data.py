@@ -26,8 +26,8 @@ The protocol (all of it decided by the plan and its data seed, never by ``--ks``
   where the hash covers every setting of the run (its overrides, its datalist, the bundle configs, the pretrained
   weights' sha256) and the numerics it runs on (device, torch, the CPU's vector instructions: ``run_numerics``). A
   re-run skips finished runs and never reads a result of other settings or numerics; a killed run leaves no result
-  and is run again from its start. Each pretraining keeps its weights beside its record, so the results folder
-  alone continues the plan on another machine.
+  and is run again from its start. Each pretraining keeps its weights beside its record (git-ignored), so the
+  results folder alone, carried to another machine, continues the plan there.
 - **RankMe.** The effective rank of each encoder's embeddings of held-out crops (``components.effective_rank``),
   computed here for the random, SSL and self-distillation encoders, next to the value each pretraining bundle
   logged at its last validation; the JSON says whether RankMe orders the encoders as the frozen arms do.
@@ -36,7 +36,7 @@ Every training and evaluation step is a real ``python -m monai.bundle run`` with
 
     python benchmarks/low_data.py                        # the device's plan (cpu or cuda), resumable
     python benchmarks/low_data.py --device cuda          # pieces of at most ~9 min: repeat until "complete": true
-    python benchmarks/low_data.py --device cuda --results benchmarks/results/low_data_cuda  # continue the committed pieces
+    python benchmarks/low_data.py --device cuda --results benchmarks/results/low_data_cuda  # the GPU plan's records
     python benchmarks/low_data.py --report_only          # the summary of the finished runs, running nothing
     python benchmarks/low_data.py --small                # CI: one k, one seed, a few iterations (learns nothing)
     python benchmarks/low_data.py --labeled my_labeled.json --unlabeled my_corpus.json [--shifted other_site.json]
@@ -399,9 +399,9 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     ``report_only`` the recorded run is used as it is (its weights may be absent: no RankMe then).
 
     The weights are kept beside the record, ``<results>/pretrain_<recipe>_<key>.pt``, and reused from there when the
-    run's folder is gone: a piece of the plan on a fresh machine (a GPU lent for one session) continues from the
-    results folder alone. Retraining would not do: a CUDA pretraining need not repeat bit for bit (the SSL recipe's
-    did not on an H200), and the finetuning keys hold the weights' sha256.
+    run's folder is gone: a piece of the plan on a fresh machine (a GPU lent for one call) continues from the results
+    folder alone, carried there with its weights (git ignores them). Retraining would not do: a CUDA pretraining need
+    not repeat bit for bit (the SSL recipe's did not on an H200), and the finetuning keys hold the weights' sha256.
 
     Raises:
         FileNotFoundError: with ``report_only``, for a pretraining that has no record.

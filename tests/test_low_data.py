@@ -446,20 +446,16 @@ def test_the_9_seed_extension_reuses_the_plans_runs_and_adds_seeds_3_to_8():
     assert extension["pretraining"] == plan["pretraining"] and extension["data"] == plan["data"]
 
 
-def test_the_committed_gpu_pretrainings_are_the_cuda_plans_and_their_kept_weights_match(tmp_path):
-    """The first pieces of the GPU plan (an H200) left both pretrainings in benchmarks/results/low_data_cuda: their
-    keys are those the shipped code gives the cuda plan on the pieces' numerics, so a next piece run with
-    ``--results benchmarks/results/low_data_cuda`` reuses them, and the kept weights are the recorded ones."""
-    folder = REPO / "benchmarks/results/low_data_cuda"
-    piece = json.loads((folder / "pieces/2.json").read_text())
-    plan, numerics = low_data.PLANS["cuda"], piece["settings"]["numerics"]
-    assert piece["settings_hash"] == low_data.digest(low_data.plan_settings(plan, 0, numerics, "synthetic"))
+@pytest.mark.parametrize("piece", ["1", "2"])
+def test_the_committed_gpu_pieces_are_the_cuda_plans_runs(piece, tmp_path):
+    """The first pieces of the GPU plan (an H200, benchmarks/results/low_data_cuda/pieces/) ran the cuda plan of the
+    shipped code: their settings hash and both pretrainings' keys are those the code gives on the pieces' numerics."""
+    summary = json.loads((REPO / f"benchmarks/results/low_data_cuda/pieces/{piece}.json").read_text())
+    plan, numerics = low_data.PLANS["cuda"], summary["settings"]["numerics"]
+    assert summary["settings_hash"] == low_data.digest(low_data.plan_settings(plan, 0, numerics, "synthetic"))
     data = low_data.synthetic_data(tmp_path / "data", plan, 0)
-    for recipe in ("ssl", "dino"):
-        key, _ = low_data.pretraining_job(recipe, plan, data, tmp_path, numerics, 0)
-        record = json.loads((folder / f"pretrain_{recipe}_{key}.json").read_text())
-        assert record == piece["pretraining"][recipe]
-        assert low_data.file_sha256(folder / f"pretrain_{recipe}_{key}.pt") == record["sha256"]
+    keys = {recipe: low_data.pretraining_job(recipe, plan, data, tmp_path, numerics, 0)[0] for recipe in ("ssl", "dino")}
+    assert {recipe: record["key"] for recipe, record in summary["pretraining"].items()} == keys
 
 
 @pytest.mark.parametrize("commit, num_runs", [("65711b4", 28), ("8a1a45b", 36)])
