@@ -1,44 +1,70 @@
-"""Running a function on several local processes, one per rank, as the multi-process tests and benchmarks do."""
+"""Running a function on several local processes, one per rank, as the multi-process tests and benchmarks do.
+
+The rendezvous cannot race: the launching process hosts the ranks' TCP store on a port the OS picks (port 0) and
+keeps it bound until the ranks are done, then hands that port to them. Asking for a free port, closing it and
+letting rank 0 bind it later (what this module did before) leaves a window in which another process can take the
+port; a CI run once failed two tests there. The ranks connect as clients, as torchrun's workers do with the
+agent's store (``TORCHELASTIC_USE_AGENT_STORE``), so ``components.init_distributed`` runs its ``env://`` path
+unchanged.
+"""
 
 from __future__ import annotations
 
-import socket
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
-def free_port() -> int:
-    """A TCP port that was free a moment ago, for a process group's rendezvous on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
+@contextmanager
+def hosted_store(timeout_s: float = 300) -> Iterator[int]:
+    """A ``TCPStore`` server on 127.0.0.1 at a port the OS chose, bound for the whole ``with`` block; yields the
+    port. Processes reach it as clients: ranks through :func:`run_ranks`, torchrun launchers through
+    ``--rdzv_endpoint=127.0.0.1:PORT --rdzv_conf=is_host=false``."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+    try:
+        yield store.port
+    finally:
+        del store
+
+
+def _as_client_rank(target: Callable, *args: Any) -> None:
+    """``target(*args)`` in a rank that reaches the launcher's store as a client (see the module docstring)."""
+    os.environ[AGENT_STORE_ENV] = str(True)
+    target(*args)
 
 
 def run_ranks(ctx: Any, target: Callable, rank_args: Callable[[int, int], Sequence], world: int, timeout: float) -> list:
     """Starts ``world`` processes of ``ctx`` (a multiprocessing context) running ``target(*rank_args(rank, port))``
     and returns their exit codes (None: still running at ``timeout`` seconds, then killed).
 
-    When one rank fails the others are killed at once instead of waiting for their process-group timeout, so a
-    failing test reports in seconds.
+    ``port`` is that of the store this process hosts for the ranks (:func:`hosted_store`); ``target`` sets it as
+    ``MASTER_PORT`` (with ``MASTER_ADDR=127.0.0.1``) before ``init_distributed``. When one rank fails the others are
+    killed at once instead of waiting for their process-group timeout, so a failing test reports in seconds.
     """
-    port = free_port()
-    procs = [ctx.Process(target=target, args=tuple(rank_args(rank, port))) for rank in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    codes: list = [None] * world
-    try:
-        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-            time.sleep(0.05)
-        codes = [p.exitcode for p in procs]
-    finally:
+    with hosted_store(timeout) as port:
+        procs = [ctx.Process(target=_as_client_rank, args=(target, *rank_args(rank, port))) for rank in range(world)]
         for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
+            p.start()
+        deadline = time.monotonic() + timeout
+        codes: list = [None] * world
+        try:
+            while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    break
+                time.sleep(0.05)
+            codes = [p.exitcode for p in procs]
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                p.join(timeout=10)
     return codes
 
 

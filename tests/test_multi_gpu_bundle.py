@@ -38,7 +38,7 @@ import pytest
 import torch
 
 from components import write_dataset
-from tests.ranks import free_port, run_ranks
+from tests.ranks import hosted_store, run_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
@@ -281,11 +281,11 @@ def multi_node(data_dir, tmp_path_factory) -> Run:
         "loader#replace_rate": 0.5,
     }
     configs = CONFIGS + [str(probe / "extra.json")]
-    port = free_port()
-    rdzv = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}"]
-    rdzv.append(f"--rdzv_id=mgpu{port}")
-    cmds = [_torchrun(*rdzv, f"--node_rank={n}", *_bundle_args(configs, overrides)) for n in (0, 1)]
-    return Run(_launch_all(cmds, _env(probe), tmp), tmp, probe, overrides)
+    with hosted_store() as port:  # the rendezvous store is bound before either launcher starts: no port race
+        rdzv = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                "--rdzv_conf=is_host=false", f"--rdzv_id=mgpu{port}"]  # fmt: skip
+        cmds = [_torchrun(*rdzv, f"--node_rank={n}", *_bundle_args(configs, overrides)) for n in (0, 1)]
+        return Run(_launch_all(cmds, _env(probe), tmp), tmp, probe, overrides)
 
 
 @pytest.fixture(scope="module")
