@@ -37,7 +37,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "save_atomic",
     ),
     "compilation": ("CompileMonitor", "compiled_graphs"),
-    "config_values": ("as_bool", "optional_path"),
+    "config_values": ("as_bool", "optional_path", "require_file"),
     "conversion": ("convert_checkpoint",),
     "data": (  # a package: datalists, partitioning, datasets, the compact cache transforms, the data check
         "CompactCropForegroundd",
@@ -115,7 +115,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "weight_decay_groups",
     ),
     "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
-    "settings": ("check_settings",),
+    "settings": ("check_overrides", "check_settings", "rotation_axes"),
     "step_memory": ("checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"),
     "synthetic": ("write_dataset",),
 }

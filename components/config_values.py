@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["as_bool", "optional_path"]
+__all__ = ["as_bool", "optional_path", "require_file"]
 
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
@@ -37,3 +37,18 @@ def optional_path(value: str | os.PathLike | None) -> str | None:
     if value is None or str(value).strip().lower() in _NONE:
         return None
     return str(value)
+
+
+def require_file(path: str | os.PathLike, made_by: str) -> None:
+    """Stops a run that needs ``path`` (a trained ``models/model.pt`` for evaluation or inference) before it reads any
+    data, in one line naming the file and ``made_by``, the command that writes it.
+
+    Raises:
+        FileNotFoundError: ``path`` is not a file.
+
+    Example (``run`` of an inference config)::
+
+        "$components.require_file(@checkpoint, 'python -m monai.bundle run --config_file configs/train.json ...')"
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: it is written by `{made_by}`, run in the bundle folder first.")

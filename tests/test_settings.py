@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from monai.bundle import ConfigParser
 
-from components import check_settings, rot_rand
+from components import check_overrides, check_settings, rot_rand, rotation_axes
+from components.running_bundle import RunningBundle, running_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,3 +69,159 @@ def test_bundles_check_their_settings_at_start(bundle):
             parser.get_parsed_content("probe")
         assert isinstance(err.value.__cause__, ValueError)
         assert str(err.value.__cause__).startswith("roi_size [64, 48, 48] does not fit the network")
+
+
+# ------------------------------------------------------------------ overrides of ids the configs do not define
+
+TRAIN = REPO / "bundles" / "swin_unetr_ssl_pretrain" / "configs" / "train.json"
+
+
+def _check(overrides: dict, *files: Path) -> None:
+    check_overrides(RunningBundle(files or (TRAIN,), overrides))
+
+
+@pytest.mark.parametrize(
+    "old, moved, new",
+    [
+        ("val_interval", "val_interval moved to training#val_interval", "training#val_interval"),
+        ("amp", "amp moved to speed#amp", "speed#amp"),
+        ("num_workers", "num_workers moved to loader#num_workers", "loader#num_workers"),
+        ("seed", "seed moved to training#seed", "training#seed"),
+        ("ckpt_time_interval_s", "ckpt_time_interval_s moved to checkpointing#time_interval_s",
+         "checkpointing#time_interval_s"),
+        ("window_size", "window_size moved to network_def#window_size", "network_def#window_size"),
+        ("optimizer#lr", "optimizer moved to train#optimizer", "train#optimizer#lr"),
+    ],
+)
+def test_an_id_that_0_2_0_moved_stops_the_run_naming_its_new_name(old, moved, new):
+    """0.2.0 moved these ids into groups; their old names were accepted as new ids that nothing read."""
+    with pytest.raises(ValueError) as err:
+        _check({old: 1})
+    assert str(err.value) == (f"--{old} names no id of {TRAIN}, so MONAI would add it as a new id that nothing reads: "
+                              f"{moved}; run with --{new} instead.")  # fmt: skip
+
+
+def test_a_misspelt_id_stops_the_run_naming_the_closest_ids():
+    with pytest.raises(ValueError, match=r"^--training#val_intervl names no id of .*; did you mean "
+                                         r"--training#val_interval( or --\S+)*\?$"):
+        _check({"training#val_intervl": 1})
+    with pytest.raises(ValueError, match=r"^--max_epoch names no id .*did you mean --max_epochs\?$"):
+        _check({"max_epoch": 1})
+
+
+def test_overrides_of_defined_ids_and_component_arguments_pass():
+    """Ids the configs define, at any depth, and new arguments of a component (the loader's advice
+    --network_def#depths) are what overrides are for."""
+    _check({"max_epochs": 2, "training#seed": 1, "loader#cache": "none", "network_def#window_size": 4,
+            "network_def#depths": [2, 2, 6, 2], "train#optimizer#lr": 1e-3})  # fmt: skip
+
+
+def test_ids_of_every_config_file_given_are_known():
+    """An id that only a later config file defines (multi_gpu_train.json's dist_backend) is known when that file is
+    part of the run, and unknown without it."""
+    multi = TRAIN.with_name("multi_gpu_train.json")
+    _check({"dist_backend": "gloo"}, TRAIN, multi)
+    with pytest.raises(ValueError, match="names no id"):
+        _check({"dist_backend": "gloo"}, TRAIN)
+
+
+def test_monai_workflow_creation_stops_at_initialize_on_a_moved_id(tmp_path):
+    """Where the defect showed: MONAI's create_workflow (behind `python -m monai.bundle run` and monai.bundle.load)
+    with a 0.2.0 override; the bundle's initialize stops it, before any data is read."""
+    from monai.bundle.scripts import create_workflow
+
+    with pytest.raises(RuntimeError) as err:  # MONAI wraps what an initialize expression raises
+        create_workflow(config_file=str(TRAIN), workflow_type="train", logging_file=False,
+                        dataset_dir=str(tmp_path), val_interval=1)  # fmt: skip
+    assert str(err.value.__cause__).startswith("--val_interval names no id of")
+    assert "run with --training#val_interval instead" in str(err.value.__cause__)
+
+
+def test_running_bundle_reads_the_files_and_overrides_monai_was_given(tmp_path):
+    """running_bundle() under create_workflow: the config files in order, and only the overrides (not MONAI's own
+    arguments such as workflow_type or logging_file)."""
+    from monai.bundle.scripts import create_workflow
+
+    config = {"imports": ["$import sys", "$from components.running_bundle import running_bundle"], "x": 1,
+              "initialize": [f"$sys.modules[{__name__!r}].SEEN.append(running_bundle())"]}
+    path = tmp_path / "configs" / "probe.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(config))
+    SEEN.clear()
+    create_workflow(config_file=[str(path)], workflow_type=None, logging_file=False, x=2)
+    (bundle,) = SEEN
+    assert bundle.config_files == (path,) and dict(bundle.overrides) == {"x": 2}
+    assert bundle.folder == tmp_path.resolve()
+    assert running_bundle() is None  # no workflow is being created now
+
+
+SEEN: list = []
+
+
+# ------------------------------------------------------------------ 90-degree rotations keep the crop shape
+
+
+@pytest.mark.parametrize("roi, axes", [([96, 96, 96], (0, 1)), ([64, 32, 32], (1, 2)), ([32, 64, 32], (0, 2)),
+                                       ([64, 64, 32], (0, 1))])  # fmt: skip
+def test_rotation_axes_are_a_plane_of_equal_sides(roi, axes):
+    assert rotation_axes(roi) == axes
+
+
+def test_a_roi_without_equal_axes_and_the_rotation_on_stops_at_start():
+    with pytest.raises(ValueError, match=r"^roi_size \[96, 64, 32\] and training#rotate90_prob 0.1 disagree: .* "
+                                         r"or run with --training#rotate90_prob 0\.$"):
+        check_settings(roi_size=[96, 64, 32], network="SwinUNETR", rotate90_prob=0.1)
+    check_settings(roi_size=[96, 64, 32], network="SwinUNETR", rotate90_prob=0)
+
+
+def test_ct_crops_of_a_non_cubic_roi_keep_their_shape_and_collate():
+    """The CT bundle at roi_size [64,32,32] (the docs' CPU size) with its default 4 crops per volume: RandRotate90d
+    turned some crops into [32,64,32] and the first batch failed to collate; now every crop keeps the ROI's shape."""
+    from monai.data import list_data_collate
+
+    parser = ConfigParser()
+    parser.read_config(str(REPO / "bundles" / "swin_unetr_btcv_finetune" / "configs" / "train.json"))
+    parser["roi_size"] = [64, 32, 32]
+    parser["training#rotate90_prob"] = 1.0
+    random = parser.get_parsed_content("train#random_transforms")
+    from monai.transforms import Compose
+
+    pipeline = Compose(random)
+    image = torch.rand(1, 80, 70, 60)
+    label = (image > 0.5).to(torch.float32)
+    for seed in range(4):
+        pipeline.set_random_state(seed)
+        crops = pipeline({"image": image.clone(), "label": label.clone()})
+        assert len(crops) == parser["training#num_samples"] == 4
+        assert {tuple(c["image"].shape) for c in crops} == {(1, 64, 32, 32)}
+        assert list_data_collate(crops)["image"].shape == (4, 1, 64, 32, 32)
+
+
+# ------------------------------------------------------------------ files a config needs
+
+
+@pytest.mark.parametrize(
+    "bundle, configs",
+    [(b, ["inference.json"]) for b in ("swin_unetr_ssl_pretrain", "swin_unetr_dino_pretrain", "swin_unetr_btcv_finetune",
+                                       "swin_unetr_brats_finetune")]
+    + [(b, ["train.json", "evaluate.json"]) for b in ("swin_unetr_btcv_finetune", "swin_unetr_brats_finetune")],
+)  # fmt: skip
+def test_a_missing_trained_model_is_one_line_naming_the_file_and_the_command(bundle, configs, tmp_path):
+    """Inference (and evaluation) without models/model.pt used to fail in CheckpointLoader with a long traceback;
+    `run` now stops first, naming the file and the training command that writes it."""
+    folder = REPO / "bundles" / bundle / "configs"
+    datalist = tmp_path / "dataset.json"
+    datalist.write_text(json.dumps({"training": [], "test": []}))
+    parser = ConfigParser()
+    parser.read_config([str(folder / c) for c in configs])
+    parser.update({"datalist": str(datalist), "ckpt_dir": str(tmp_path / "models")})
+    steps = parser["run"]
+    index = next(i for i, s in enumerate(steps) if "require_file" in s)
+    assert index < next(i for i, s in enumerate(steps) if ".run()" in s)
+    with pytest.raises(RuntimeError) as err:
+        parser.get_parsed_content(f"run#{index}")
+    assert str(err.value.__cause__) == (
+        f"{tmp_path / 'models' / 'model.pt'} not found: it is written by `python -m monai.bundle run --config_file "
+        "configs/train.json --meta_file configs/metadata.json --logging_file configs/logging.conf --dataset_dir DATA`, "
+        "run in the bundle folder first."
+    )
