@@ -2,10 +2,19 @@
 
 A packaged bundle carries this package's source at ``<bundle>/components/`` (:func:`package_source` lists what
 :func:`components.package.package_bundle` copies there at packaging time, from the running package: there is no
-second copy to keep by hand), and its commands are run from the bundle folder, which ``python -m`` puts first on
-``sys.path``. Started from another folder, or in an environment with another ``components`` installed, another
-copy may be imported without any error: :func:`report_origin`, the first item of every bundle config's
-``initialize``, logs which one runs and warns when it is not the bundle's own.
+second copy to keep by hand). Python imports one ``components`` per process, the first it finds on ``sys.path``, and a
+config imports it when its first expression is evaluated (``initialize``). So the bundle's own copy runs when the
+bundle folder comes first on ``sys.path``: ``python -m monai.bundle run`` started in the bundle folder (``python -m``
+puts the working directory first), or ``sys.path.insert(0, <bundle folder>)`` before ``monai.bundle.load``. MONAI
+1.6.1 adds the bundle folder to ``sys.path`` itself only in ``ConfigWorkflow.run``, after ``initialize``, and
+``monai.bundle.load`` never does.
+
+Any other copy, an installed one or the copy of another bundle already imported in the same process, may differ
+(another version, another bundle's edits) and would run the config silently on the wrong code. :func:`report_origin`,
+the first item of every bundle config's ``initialize``, finds the bundle from the config files MONAI is reading
+(:func:`components.running_bundle.running_bundle`; ``bundle_root`` is the caller's directory under
+``monai.bundle.load``), compares the imported package with the bundle's copy by content (:func:`source_digest`) and
+refuses a different one in one line naming both. Two bundles carrying the same code share one import.
 
 Importing this module imports neither torch nor MONAI.
 """
@@ -13,16 +22,31 @@ Importing this module imports neither torch nor MONAI.
 from __future__ import annotations
 
 import ast
+import hashlib
 import logging
 import os
 from pathlib import Path
 
-__all__ = ["PACKAGE_DATA", "PACKAGE_DIR", "declared_version", "package_source", "report_origin"]
+from .running_bundle import running_bundle
+
+__all__ = [
+    "PACKAGE_DATA",
+    "PACKAGE_DIR",
+    "BundleCodeMismatch",
+    "declared_version",
+    "package_source",
+    "report_origin",
+    "source_digest",
+]
 
 logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parent  # the running package: what a bundle packaged now carries
 PACKAGE_DATA = ("schema/*.json",)  # its data files besides the modules (pyproject.toml's package-data)
+
+
+class BundleCodeMismatch(ImportError):
+    """The ``components`` imported in this process is not the code the bundle carries."""
 
 
 def package_source(package_dir: str | os.PathLike = PACKAGE_DIR) -> list[str]:
@@ -52,28 +76,49 @@ def declared_version(package_dir: str | os.PathLike) -> str | None:
     return None
 
 
-def report_origin(bundle_root: str | os.PathLike) -> Path:
-    """Logs ``components <version> from <path>`` (INFO) for the imported package and returns its folder.
+def source_digest(package_dir: str | os.PathLike) -> str:
+    """The SHA-256 of a ``components`` package's source, :func:`package_source` (names and bytes): equal for two copies
+    of the same code wherever they are (a bundle's copy and the installed package it was packaged from)."""
+    root = Path(package_dir)
+    digest = hashlib.sha256()
+    for rel in package_source(root):
+        data = (root / rel).read_bytes()
+        digest.update(f"{rel}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
 
-    When ``bundle_root`` holds a ``components/`` package (a downloaded bundle) that is not the imported one, or
-    whose ``__version__`` differs from the imported one's, a WARNING names both versions and paths and says that the
-    imported one runs. A bundle folder without ``components/`` (a bundle inside this repository, run with the
-    installed package) gets the INFO line only.
+
+def report_origin(bundle_root: str | os.PathLike = ".") -> Path:
+    """Logs ``components <version> from <path>`` (INFO) for the imported package and returns its folder; refuses a run
+    on code other than the bundle's own.
+
+    The bundle folder is that of the config files MONAI is reading (:func:`~components.running_bundle.running_bundle`,
+    whatever the working directory), else ``bundle_root``. When it holds a ``components/`` package (a downloaded
+    bundle) whose source differs from the imported package's (:func:`source_digest`), the run stops. A bundle folder
+    without ``components/`` (a bundle inside this repository, run with the installed package) gets the INFO line only.
 
     Args:
-        bundle_root: the bundle's root folder (the configs' ``@bundle_root``; relative to the working directory).
+        bundle_root: the configs' ``@bundle_root``, used when no MONAI workflow is being created (a bare
+            ``ConfigParser``).
+
+    Raises:
+        BundleCodeMismatch: one line naming the bundle's copy and the imported one (versions and paths), and how to
+            run the bundle's own.
     """
     from . import __version__
 
     logger.info("components %s from %s", __version__, PACKAGE_DIR)
-    carried = (Path(bundle_root) / "components").resolve()
-    if not (carried / "__init__.py").is_file():
+    running = running_bundle()
+    folder = running.folder if running is not None else Path(bundle_root).resolve()
+    carried = folder / "components"
+    if not (carried / "__init__.py").is_file() or carried.resolve() == PACKAGE_DIR:
         return PACKAGE_DIR
-    carried_version = declared_version(carried)
-    if carried != PACKAGE_DIR or carried_version != __version__:
-        logger.warning(
-            "the bundle at %s carries components %s at %s, but components %s from %s is imported and runs; "
-            "run the bundle's commands from its folder (cd %s) so that its own copy is imported",
-            carried.parent, carried_version, carried, __version__, PACKAGE_DIR, carried.parent,
-        )  # fmt: skip
+    if source_digest(carried) != source_digest(PACKAGE_DIR):
+        raise BundleCodeMismatch(
+            f"the bundle at {folder} carries components {declared_version(carried)} at {carried.resolve()}, but this "
+            f"process imported components {__version__} from {PACKAGE_DIR}, other code: run the bundle in a new "
+            f"Python process started in {folder} (python -m monai.bundle run ...), or with that folder first on "
+            "sys.path before monai.bundle.load, so that its own copy is imported."
+        )
+    logger.info("components at %s is the same code as the bundle's own copy at %s", PACKAGE_DIR, carried.resolve())
     return PACKAGE_DIR

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shutil
 import socket
@@ -294,51 +293,6 @@ def test_release_url_must_be_a_url(ssl_copy, tmp_path):
         with pytest.raises(ValueError, match="is not an http"):
             pkg.package_bundle(ssl_copy, tmp_path / "dist", release_url=bad)
     assert not (tmp_path / "dist").exists()
-
-
-# ------------------------------------------------------------------------------------------------------------
-# which copy of components runs
-
-
-def _fake_bundle_with_components(root: Path, version: str) -> Path:
-    (root / "components").mkdir(parents=True)
-    (root / "components" / "__init__.py").write_text(f'"""A carried copy."""\n\n__version__ = "{version}"\n')
-    return root
-
-
-def test_report_origin_warns_when_the_bundle_carries_another_copy(tmp_path, caplog):
-    """A bundle folder whose components/ (version 9.9.9) is not the imported package: a WARNING names both versions
-    and folders and says which one runs; the imported package's folder is returned."""
-    from components.origin import report_origin
-
-    bundle = _fake_bundle_with_components(tmp_path / "bundle", "9.9.9")
-    package = Path(components.__file__).resolve().parent
-    caplog.set_level(logging.INFO, logger="components.origin")
-    assert report_origin(bundle) == package
-    records = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "components.origin"]
-    assert records[0] == ("INFO", f"components {components.__version__} from {package}")
-    assert [level for level, _ in records] == ["INFO", "WARNING"]
-    warning = records[1][1]
-    carried = (bundle / "components").resolve()
-    assert f"carries components 9.9.9 at {carried}" in warning
-    assert f"but components {components.__version__} from {package} is imported and runs" in warning
-
-
-def test_report_origin_is_quiet_for_the_imported_copy_or_none(tmp_path, caplog):
-    """No warning when the bundle folder holds no components/ (a bundle of this repository) or when its
-    components/ is the imported package (here: the repository root, whose package is installed editable); a
-    carried copy of the same version elsewhere still warns (another copy runs)."""
-    from components.origin import declared_version, report_origin
-
-    package = Path(components.__file__).resolve().parent
-    assert declared_version(package) == components.__version__
-    caplog.set_level(logging.INFO, logger="components.origin")
-    report_origin(tmp_path)
-    report_origin(package.parent)
-    assert [r.levelname for r in caplog.records if r.name == "components.origin"] == ["INFO", "INFO"]
-    caplog.clear()
-    report_origin(_fake_bundle_with_components(tmp_path / "same_version", components.__version__))
-    assert [r.levelname for r in caplog.records if r.name == "components.origin"] == ["INFO", "WARNING"]
 
 
 # ------------------------------------------------------------------------------------------------------------
