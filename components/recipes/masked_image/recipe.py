@@ -1,0 +1,124 @@
+"""The recipe object of masked image modelling, for the recipe-agnostic pretraining engines.
+
+One step: block masks for the batch's crops (:mod:`.masks`), one forward of the crops with the masked patch embeddings
+replaced by the mask token (:class:`~.network.MaskedImageModel`), and the reconstruction error on the masked voxels
+(:class:`~.loss.MaskedReconstructionLoss`). :class:`MaskedViewsImageHandler` shows a user what the model sees and
+predicts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ignite.engine import Engine, Events
+from monai.utils import CommonKeys as Keys
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+
+from ...distributed import get_rank
+from .loss import MaskedReconstructionLoss, normalise_blocks
+from .masks import MaskedViews, masked_views
+
+__all__ = ["MaskedImageRecipe", "MaskedViewsImageHandler"]
+
+
+class MaskedImageRecipe:
+    """Views, forward and loss of masked image modelling.
+
+    Args:
+        loss_function: a :class:`MaskedReconstructionLoss` (its ``block_size`` is the mask block's), or None for an
+            evaluator.
+        mask_ratio: the share of each crop's blocks that is masked (SimMIM 2D: 0.6; nnssl's 3D MAE: 0.75).
+        mask_block: the mask block's edge in voxels, a multiple of the patch size that divides the crop (16: nnssl).
+        patch_size: the encoder's patch edge (2 in Swin UNETR).
+
+    Outputs (for handlers and the evaluator's metric): ``image`` (the crops), ``masked`` (the crops with the masked
+    voxels at 0: what the encoder is shown), ``reconstruction`` (every voxel), ``target`` (the loss's target), and
+    ``pred`` / ``label``: the reconstruction and the target at the masked voxels only, flattened, so that a mean error
+    metric over them is the masked-voxel error the loss minimises.
+    """
+
+    def __init__(
+        self,
+        loss_function: MaskedReconstructionLoss | None = None,
+        mask_ratio: float = 0.6,
+        mask_block: int = 16,
+        patch_size: int = 2,
+    ) -> None:
+        self.loss_function = loss_function
+        self.mask_ratio = float(mask_ratio)
+        self.mask_block = int(mask_block)
+        self.patch_size = int(patch_size)
+        if loss_function is not None and loss_function.norm_target and loss_function.block_size != self.mask_block:
+            raise ValueError(
+                f"the loss normalises targets per block of {loss_function.block_size} voxels, the masks use blocks of "
+                f"{self.mask_block}: give both the same size."
+            )
+
+    def views(self, image: torch.Tensor, generator: torch.Generator) -> MaskedViews:
+        return masked_views(image, generator, self.mask_ratio, self.mask_block, self.patch_size)
+
+    def forward(self, network: nn.Module, views: MaskedViews) -> torch.Tensor:
+        return network(views.image, views.token_mask)
+
+    def target(self, image: torch.Tensor) -> torch.Tensor:
+        """What the reconstruction is compared with: the crops, or their per-block normalised values."""
+        if self.loss_function is not None and self.loss_function.norm_target:
+            return normalise_blocks(image, self.mask_block)
+        return image
+
+    def loss(self, outputs: torch.Tensor, views: MaskedViews) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        if self.loss_function is None:
+            raise RuntimeError("MaskedImageRecipe was built without a loss_function (an evaluator's recipe).")
+        return self.loss_function(outputs, views.image, views.voxel_mask)
+
+    def outputs(self, outputs: torch.Tensor, views: MaskedViews) -> dict[str, Any]:
+        reconstruction = outputs.detach().float()
+        target = self.target(views.image).float()
+        mask = views.voxel_mask.expand_as(target)
+        return {
+            Keys.IMAGE: views.image,
+            "masked": views.image.masked_fill(views.voxel_mask, 0.0),
+            "reconstruction": reconstruction,
+            "target": target,
+            Keys.PRED: reconstruction[mask],
+            Keys.LABEL: target[mask],
+        }
+
+
+class MaskedViewsImageHandler:
+    """Writes the middle slice of the first validation crops to TensorBoard after each evaluation: one row per crop
+    (up to ``max_crops``) of the crop, the masked input, the reconstruction and the target. Attach to the evaluator;
+    only rank 0 writes."""
+
+    COLUMNS = (Keys.IMAGE, "masked", "reconstruction", "target")
+
+    def __init__(self, log_dir: str, max_crops: int = 2, tag: str = "masked_views") -> None:
+        self.log_dir = log_dir
+        self.max_crops = int(max_crops)
+        self.tag = tag
+        self._writer: SummaryWriter | None = None
+        self._grid: torch.Tensor | None = None
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.ITERATION_COMPLETED(once=1), self._capture)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self._write)
+
+    def _capture(self, engine: Engine) -> None:
+        out = engine.state.output
+        n = min(self.max_crops, out[Keys.IMAGE].shape[0])
+        middle = [out[key][:n, 0, ..., out[key].shape[-1] // 2].float().cpu() for key in self.COLUMNS]
+        rows = [torch.cat([column[i] for column in middle], dim=1) for i in range(n)]  # (H, 4W) per crop
+        grid = torch.cat(rows, dim=0)
+        low, high = grid.min(), grid.max()
+        self._grid = ((grid - low) / (high - low).clamp_min(1e-8)).unsqueeze(0)  # targets may be normalised
+
+    def _write(self, engine: Engine) -> None:
+        if self._grid is None or get_rank() != 0:
+            return
+        if self._writer is None:
+            self._writer = SummaryWriter(log_dir=self.log_dir)
+        self._writer.add_image(self.tag, self._grid, global_step=engine.state.epoch)
+        self._writer.flush()
+        self._grid = None
