@@ -96,6 +96,10 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
     "recipes": (
         "InpaintingContrastRecipe",
+        "MaskedImageModel",
+        "MaskedImageRecipe",
+        "MaskedReconstructionLoss",
+        "MaskedViewsImageHandler",
         "MultiCrop",
         "SelfDistillationLoss",
         "SelfDistillationNetwork",
@@ -109,6 +113,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "SwinViTEmbedding",
         "TeacherCollapseError",
         "aug_rand",
+        "block_grid",
         "check_koleo_batch",
         "rot_rand",
         "ssl_views",

@@ -11,6 +11,7 @@ from .inpainting_contrast import (
     rot_rand,
     ssl_views,
 )
+from .masked_image import MaskedImageModel, MaskedImageRecipe, MaskedReconstructionLoss, MaskedViewsImageHandler, block_grid
 from .self_distillation import (
     MultiCrop,
     SelfDistillationLoss,
@@ -25,6 +26,10 @@ from .self_distillation import (
 
 __all__ = [
     "InpaintingContrastRecipe",
+    "MaskedImageModel",
+    "MaskedImageRecipe",
+    "MaskedReconstructionLoss",
+    "MaskedViewsImageHandler",
     "MultiCrop",
     "SSLEvaluator",
     "SSLHead",
@@ -38,6 +43,7 @@ __all__ = [
     "SwinViTEmbedding",
     "TeacherCollapseError",
     "aug_rand",
+    "block_grid",
     "check_koleo_batch",
     "rot_rand",
     "ssl_views",

@@ -47,7 +47,7 @@ def block_grid(spatial: Sequence[int], block_size: int, patch_size: int = 2) -> 
         raise ValueError(f"mask block size {block_size} must be a positive multiple of the patch size {patch_size}.")
     if any(int(s) % block for s in spatial):
         raise ValueError(
-            f"mask block size {block_size} must divide every axis of the crop {list(spatial)}: choose a block that "
+            f"mask block size {block_size} (masking#block_size) must divide every axis of the crop {list(spatial)}: choose a block that "
             f"divides roi_size (e.g. 16 for multiples of 32)."
         )
     return tuple(int(s) // block for s in spatial)

@@ -35,8 +35,9 @@ class MaskedImageRecipe:
 
     Outputs (for handlers and the evaluator's metric): ``image`` (the crops), ``masked`` (the crops with the masked
     voxels at 0: what the encoder is shown), ``reconstruction`` (every voxel), ``target`` (the loss's target), and
-    ``pred`` / ``label``: the reconstruction and the target at the masked voxels only, flattened, so that a mean error
-    metric over them is the masked-voxel error the loss minimises.
+    ``pred`` / ``label``: the reconstruction and the target at the masked voxels only, as one row ``(1, N)`` (MONAI's
+    regression metrics need a batch and a channel axis), so that a mean error metric over them is the masked-voxel
+    error the loss minimises (the batch's mean, averaged over batches).
     """
 
     def __init__(
@@ -82,8 +83,8 @@ class MaskedImageRecipe:
             "masked": views.image.masked_fill(views.voxel_mask, 0.0),
             "reconstruction": reconstruction,
             "target": target,
-            Keys.PRED: reconstruction[mask],
-            Keys.LABEL: target[mask],
+            Keys.PRED: reconstruction[mask].unsqueeze(0),
+            Keys.LABEL: target[mask].unsqueeze(0),
         }
 
 
