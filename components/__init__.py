@@ -48,6 +48,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "EpochShuffleSampler",
         "MissingDatalist",
         "RandCompactSpatialCropSamplesd",
+        "ReadStoredd",
         "ResumableSmartCacheHandler",
         "SourceNamingCompose",
         "Store",

@@ -17,11 +17,12 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
-from monai.data import DataLoader
+from monai.data import DataLoader, MetaTensor
 from monai.transforms import Compose, EnsureTyped
 
 from components import (
     RandCompactSpatialCropSamplesd,
+    ReadStoredd,
     StoreDataset,
     StoredArray,
     StoreError,
@@ -300,6 +301,25 @@ def test_crops_from_the_store_equal_the_in_memory_compact_path_and_monais_transf
                 for key in ("foreground_start_coord", "foreground_end_coord"):
                     assert np.array_equal(sample_got[key], sample_original[key]), (index, key)
     assert padded_crops  # some crops reached outside the stored region
+
+
+def test_a_finetuning_store_keeps_float_images_narrow_labels_and_metatensor_metadata(tmp_path):
+    """The BTCV bundle's deterministic transforms (Spacingd, ScaleIntensityRanged, CropForegroundd): the float32
+    label is stored as uint8 and read back as float32, and ReadStoredd gives the in-memory MetaTensors back."""
+    datalist = write_tiny_ct(tmp_path / "data", num=2)
+    transforms = bundle_transforms(bundle_dir("swin_unetr_btcv_finetune"))
+    preprocess(datalist, tmp_path / "store", transforms)
+    store = open_store(tmp_path / "store")
+    assert store.entries[1]["arrays"]["label"]["stored_dtype"] == "|u1"
+    assert store.entries[1]["arrays"]["image"]["stored_dtype"] == "<f4"
+    item = json.loads(datalist.read_text())["training"][1]
+    in_memory = build_transforms(transforms)({k: str(datalist.parent / v) for k, v in item.items()})
+    read = ReadStoredd(["image", "label"])(StoreDataset(store)[1])
+    for key in ("image", "label"):
+        assert isinstance(read[key], MetaTensor) and read[key].dtype == in_memory[key].dtype == torch.float32
+        assert torch.equal(read[key].as_tensor(), in_memory[key].as_tensor())
+        assert torch.equal(read[key].affine, in_memory[key].affine)
+    assert read["image_meta_dict"]["filename_or_obj"] == str(datalist.parent / item["image"])
 
 
 def _whole_image(item: dict) -> torch.Tensor:

@@ -23,7 +23,7 @@ Modules, each one concern:
   (``DataReport``, ``DataIssue``, ``DataCheckError``); ``check_command`` (``python -m components check-data``).
 - ``store`` (a package): the on-disk store of preprocessed volumes for corpora that do not fit in memory:
   ``preprocess`` (``python -m components preprocess``), ``open_store`` / ``Store``, ``StoreDataset`` with lazy
-  ``StoredArray`` handles, ``bundle_transforms`` / ``transforms_fingerprint``, ``StoreError`` / ``StoreReadError``.
+  ``StoredArray`` handles, ``ReadStoredd``, ``bundle_transforms`` / ``transforms_fingerprint``, ``StoreError`` / ``StoreReadError``.
 
 The public names are re-exported here (``from components.data import build_dataset``) and imported on first use
 (PEP 562, as in ``components``): ``check-data`` imports the check without MONAI's datasets and ignite.
@@ -50,6 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "check_report": ("DataCheckError", "DataIssue", "DataReport"),
     "check": ("check_before_caching", "check_datalist", "check_items"),
     "store": (
+        "ReadStoredd",
         "Store",
         "StoreDataset",
         "StoreError",

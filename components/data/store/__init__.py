@@ -13,7 +13,7 @@ Modules, each one concern:
 - ``volume``: one volume's folder, written whole or not at all, and read back with lazy handles;
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
 - ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
-- ``dataset``: ``open_store``, ``Store`` and ``StoreDataset``.
+- ``dataset``: ``open_store``, ``Store``, ``StoreDataset`` and ``ReadStoredd`` (whole arrays as MetaTensors).
 
 Public names are imported on first use (PEP 562), so ``import components.data.store`` loads neither blosc2 nor
 MONAI.
@@ -26,7 +26,7 @@ from typing import Any
 
 # submodule -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "dataset": ("Store", "StoreDataset", "open_store"),
+    "dataset": ("ReadStoredd", "Store", "StoreDataset", "open_store"),
     "handle": ("StoreReadError", "StoredArray"),
     "index": ("StoreError", "transforms_fingerprint"),
     "preprocessing": ("PreprocessSummary", "VolumeFailedError", "preprocess"),

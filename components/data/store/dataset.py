@@ -16,15 +16,16 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from monai.data import Dataset
-from monai.transforms import apply_transform
+from monai.config import KeysCollection
+from monai.data import Dataset, MetaTensor
+from monai.transforms import MapTransform, apply_transform
 
 from ..partition import partition_for_rank
 from .format import FORMAT_VERSION
 from .index import HEADER, INDEX, PARTS, StoreError, read_json
 from .volume import read_item
 
-__all__ = ["Store", "StoreDataset", "open_store"]
+__all__ = ["ReadStoredd", "Store", "StoreDataset", "open_store"]
 
 
 class Store:
@@ -169,3 +170,25 @@ class StoreDataset(Dataset):
     def _transform(self, index: int) -> Any:
         item = read_item(self.root, self.data[index])
         return item if self.transform is None else apply_transform(self.transform, item)
+
+
+class ReadStoredd(MapTransform):
+    """Reads whole stored arrays: the :class:`~components.data.store.handle.StoredArray` under each key becomes the
+    tensor it holds, a ``MetaTensor`` with its stored metadata (affine included) when it was one. For random
+    transforms that need the whole volume (a finetuning pipeline's ``RandCropByPosNegLabeld``); the SSL recipe's
+    ``RandCompactSpatialCropSamplesd`` reads its crops from the handle instead.
+
+    Example:
+        >>> dataset = StoreDataset(store, transform=Compose([ReadStoredd(["image", "label"]), *random_transforms]))
+    """
+
+    def __init__(self, keys: KeysCollection, allow_missing_keys: bool = False) -> None:
+        super().__init__(keys, allow_missing_keys)
+
+    def __call__(self, data: Mapping[Any, Any]) -> dict:
+        d = dict(data)
+        for key in self.key_iterator(d):
+            handle = d[key]
+            values = handle.read()
+            d[key] = values if handle.meta is None else MetaTensor(values, meta=dict(handle.meta))
+        return d
