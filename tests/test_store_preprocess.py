@@ -143,7 +143,7 @@ def test_a_volume_whose_transforms_fail_stops_the_run_or_is_listed_as_failed(tmp
     with pytest.raises(VolumeFailedError, match=rf"{failing} \(training\[2\]\) failed: .*ZeroDivisionError"):
         preprocess(datalist, tmp_path / "stop", transforms)
     assert len(list((tmp_path / "stop" / "volumes").glob("case_*"))) == 2  # kept for the rerun
-    summary = preprocess(datalist, tmp_path / "skip", transforms, on_error="skip", workers=2)
+    summary = preprocess(datalist, tmp_path / "skip", transforms, on_error="skip")
     assert summary.written == 3 and [f["source"] for f in summary.failed] == [failing]
     assert "ZeroDivisionError" in summary.failed[0]["reason"] and f"failed {failing}: " in summary.line()
     assert [f["position"] for f in open_store(tmp_path / "skip").failed] == [2]

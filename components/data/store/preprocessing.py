@@ -164,10 +164,13 @@ def _check(items: list[dict], positions: list[int], ids: list[str], keys: tuple[
     return {p: "; ".join(problems[p]) for p in positions if p in problems}, report
 
 
+_IDENTITY = ("format_version", "fingerprint", "datalist_sha256", "list_key", "volumes")
+
+
 def _prepare_folder(root: Path, header: dict, overwrite: bool) -> None:
     """Writes ``store.json``; a store of other transforms is refused (or emptied with ``overwrite``), the shards and
-    index of another datalist are removed. A header that differs only in its ``command`` (parts started with other
-    spellings of one command) is kept as the first part wrote it, so every part merges the same index."""
+    index of another datalist are removed. A header that differs only in how the datalist and the command were
+    spelled (parts started from other folders) is kept as the first part wrote it: every part merges one index."""
     old = read_json(root / HEADER, "store header") if (root / HEADER).is_file() else None
     if old is not None:
         if old.get("fingerprint") != header["fingerprint"]:
@@ -177,7 +180,7 @@ def _prepare_folder(root: Path, header: dict, overwrite: bool) -> None:
                                  "true to replace it, or another --out.")  # fmt: skip
             for name in (VOLUMES, PARTS):
                 shutil.rmtree(root / name, ignore_errors=True)
-        if {**old, "command": None} == {**header, "command": None}:
+        if all(old.get(field) == header[field] for field in _IDENTITY):
             return
         shutil.rmtree(root / PARTS, ignore_errors=True)
         (root / INDEX).unlink(missing_ok=True)
@@ -230,7 +233,7 @@ def preprocess(
 
     Example::
 
-        preprocess("data/dataset.json", "store", bundle_transforms("swin_unetr_ssl_pretrain"), workers=8)
+        preprocess("data/dataset.json", "store", bundle_transforms("bundles/swin_unetr_ssl_pretrain"), workers=8)
     """
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}.")
