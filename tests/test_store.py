@@ -334,13 +334,13 @@ def test_a_dataloader_reads_the_store_in_worker_processes(ssl_store):
     loader = DataLoader(StoreDataset(store, transform=_whole_image), batch_size=1, num_workers=2)
     batches = list(loader)
     assert len(batches) == 4 and all(torch.equal(got[0], want) for got, want in zip(batches, expected))
-    ids = [e["id"] for e in store.entries]
+    volumes = [(e["id"], e["source"]["image"]) for e in store.entries]
     for rank in range(2):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr("components.data.partition.get_rank", lambda: rank)
             patch.setattr("components.data.partition.get_world_size", lambda: 2)
             shard = StoreDataset(store, shard=True, seed=3)
-        assert list(shard.data) == partition_for_rank(ids, seed=3, rank=rank, world_size=2) and len(shard) == 2
+        assert list(shard.data) == partition_for_rank(volumes, seed=3, rank=rank, world_size=2) and len(shard) == 2
 
 
 def test_a_volume_that_fails_to_read_names_the_store_file_and_the_source(ssl_store, tmp_path):
@@ -356,3 +356,6 @@ def test_a_volume_that_fails_to_read_names_the_store_file_and_the_source(ssl_sto
     error = caught.value if isinstance(caught.value, StoreReadError) else caught.value.__cause__
     assert isinstance(error, StoreReadError), repr(caught.value)
     assert error.source == entry["source"]["image"] and error.store_file.endswith(f"{entry['id']}/image.b2nd")
+    shutil.rmtree(copy / "volumes" / entry["id"])
+    with pytest.raises(StoreReadError, match=rf"{entry['id']}/item.json \(from .*case_0.nii.gz\): no volume entry"):
+        StoreDataset(store)[0]

@@ -57,7 +57,8 @@ class Store:
 
     def item(self, index: int) -> dict:
         """The stored item of the ``index``-th volume: values, metadata and a lazy handle per array."""
-        return read_item(self.root, self.entries[index]["id"])
+        entry = self.entries[index]
+        return read_item(self.root, entry["id"], _source(entry))
 
     def verify(self) -> None:
         """Reads every stored file whole and checks its size and every chunk's CRC-32 (minutes for a large store;
@@ -83,6 +84,11 @@ class Store:
         if command:
             return f"{command} --overwrite true"
         return f"components.data.store.preprocess(..., out={str(self.root)!r}, overwrite=True) as it was written"
+
+
+def _source(entry: Mapping) -> str | None:
+    """The first source file of an index entry (what errors name)."""
+    return next(iter(entry["sha256"]), None)
 
 
 def _file_problem(path: Path, record: Mapping) -> str | None:
@@ -157,18 +163,20 @@ class StoreDataset(Dataset):
             caches split a datalist).
         seed: the partition's seed.
 
-    Picklable: it holds the store's folder and the volume ids; files are opened by the worker that reads them.
+    Picklable: it holds the store's folder and the volumes' ids and sources; files are opened by the worker that
+    reads them. A volume that cannot be read raises :class:`~components.data.store.handle.StoreReadError` naming the
+    store file and the source volume.
     """
 
     def __init__(self, store: Store | str | os.PathLike, transform: Callable | None = None, shard: bool = False,
                  seed: int = 0) -> None:  # fmt: skip
         store = store if isinstance(store, Store) else open_store(store)
-        ids = [entry["id"] for entry in store.entries]
+        volumes = [(entry["id"], _source(entry)) for entry in store.entries]
         self.root = store.root
-        super().__init__(partition_for_rank(ids, seed=seed) if shard else ids, transform)
+        super().__init__(partition_for_rank(volumes, seed=seed) if shard else volumes, transform)
 
     def _transform(self, index: int) -> Any:
-        item = read_item(self.root, self.data[index])
+        item = read_item(self.root, *self.data[index])
         return item if self.transform is None else apply_transform(self.transform, item)
 
 

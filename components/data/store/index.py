@@ -83,7 +83,7 @@ def read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise StoreError(f"{path}: no {what} (not a store, or not finished)") from None
+        raise StoreError(f"{path}: no {what}: the file is missing") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise StoreError(f"{path}: the {what} is unreadable ({type(err).__name__}: {err})") from None
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from .format import ARRAY_SUFFIX, write_array
-from .handle import StoredArray
-from .index import ITEM, VOLUMES, commit_volume, file_sha256, read_json, write_json
+from .handle import StoredArray, StoreReadError
+from .index import ITEM, VOLUMES, StoreError, commit_volume, file_sha256, read_json, write_json
 from .values import decode_value, encode_value
 
 __all__ = ["read_item", "source_files", "write_volume"]
@@ -116,15 +116,19 @@ def write_volume(data: Mapping, item: Mapping, keys: tuple[str, ...], root: Path
     return entry
 
 
-def read_item(root: Path, volume: str) -> dict:
-    """The stored item of ``volume``: its values and metadata decoded, a :class:`StoredArray` per array.
+def read_item(root: Path, volume: str, source: str | None = None) -> dict:
+    """The stored item of ``volume`` (made from ``source``): its values and metadata decoded, a
+    :class:`StoredArray` per array.
 
     Raises:
-        StoreError: its ``item.json`` is missing or unreadable (naming the file).
+        StoreReadError: its ``item.json`` is missing or unreadable, naming the file and ``source``.
     """
     folder = Path(root) / VOLUMES / volume
-    stored = read_json(folder / ITEM, "volume entry")
-    source = next(iter(stored["entry"]["sha256"]), None)
+    try:
+        stored = read_json(folder / ITEM, "volume entry")
+    except StoreError as err:
+        raise StoreReadError(folder / ITEM, source, str(err).removeprefix(f"{folder / ITEM}: ")) from err
+    source = next(iter(stored["entry"]["sha256"]), source)
     item = {key: decode_value(value) for key, value in stored["entry"]["values"].items()}
     item.update({key: decode_value(value) for key, value in stored["meta"].items()})
     for key, record in stored["arrays"].items():
