@@ -1,23 +1,37 @@
-"""How one stored array is kept on disk: a blosc2 NDArray file (``.b2nd``), zstd + byte shuffle, 64^3 chunks of
-32^3 blocks, one CRC-32 per compressed chunk.
+"""How one stored array is kept on disk: a blosc2 NDArray file (``.b2nd``), zstd level 3 with bit shuffle, 64^3
+chunks of 32^3 blocks, one CRC-32 per compressed chunk.
 
-Why blosc2 with these settings: ``benchmarks/store_format.py`` wrote 12 synthetic 256 x 256 x 160 int16 CT
-volumes in each candidate format and read 50 random 96^3 crops from each (results with the machine in
-``benchmarks/results/store_format.json``; a 2-vCPU AMD EPYC VM, one compression thread):
+Why, from ``benchmarks/store_format.py`` (``benchmarks/results/store_format.json``: 32 synthetic 256 x 256 x 160
+int16 CT volumes, 50 random 96^3 crops read from each, one compression thread; a 2-vCPU AMD EPYC VM with AVX-512,
+load 5-6 from other jobs, so the 10th percentile of the crop reads is each format's own cost):
 
-- size: blosc2 zstd + shuffle takes 0.72 of the volume's ``.nii.gz`` (zarr v3 with the same blosc codec 0.76;
-  lz4 0.81-0.97; a raw ``.npy`` memmap 2.3x, 3.2x the blosc2 file: at 100k volumes 2 TB instead of 650 GB);
-- a random 96^3 crop: a few milliseconds with blosc2 (it decompresses only the chunks the crop covers, from a
-  memory-mapped file), several times zarr v3's (its per-chunk Python and asyncio overhead), against well under a
-  millisecond for the memmap, which pays with 3x the disk reads on a cold cache;
-- writing: about 0.1 s per volume, 2-3x faster than zarr;
-- chunk shape: 64^3 chunks with 32^3 blocks read crops as fast as 96^3 or 128^3 chunks and write faster than 16^3
-  blocks; zstd level 1 and 3 give the same size here.
+=================================  ==============  ============  ===================
+format                             bytes / nii.gz  write s/vol   96^3 crop ms p10
+=================================  ==============  ============  ===================
+blosc2 zstd3 bitshuffle 64^3/32^3  0.749           0.16          1.70 (2.30 shipped)
+blosc2 zstd3 shuffle 64^3/32^3     0.724           0.15          2.12
+blosc2 zstd3 shuffle 96^3, 128^3   0.724           0.12-0.13     2.09-2.13
+blosc2 zstd3 shuffle 64^3/16^3     0.729           0.17          2.61
+blosc2 lz4 shuffle / bitshuffle    0.967 / 0.806   0.08          0.77 / 1.37
+zarr v3, blosc zstd3 shuffle       0.758-0.766     0.20          5.69-6.74
+raw ``.npy`` memmap                2.314           0.007         0.26
+=================================  ==============  ============  ===================
 
-blosc2 holds no checksum of its own: a flipped byte in a compressed chunk decompresses into wrong values without
-an error (tried with blosc2 4.14). So every compressed chunk's CRC-32 is recorded at write time
-(:func:`chunk_checksums`) and a reader checks the chunks a slice covers before decompressing them
-(:class:`~components.data.store.handle.StoredArray`); the file's size is checked when it is opened (truncation).
+- Bytes decide first: a 100k-volume corpus of such volumes is about 680 GB here, 2.1 TB as ``.npy`` (and a
+  cold read moves 3x the bytes). zstd is the smallest codec; lz4 reads faster but stores 1.1-1.3x more.
+- Among the zstd settings, bit shuffle reads a crop 20 % faster than byte shuffle (also at the median, in each
+  of the four runs made) for 3.4 % more bytes; zarr v3 with the same codec is larger and 3x slower to read (its
+  per-chunk Python and asyncio overhead). blosc2 is also what nnU-Net v2 and nnssl store their data in.
+- 64^3 chunks read crops as fast as 96^3 or 128^3 and keep the CRC checks fine-grained; 16^3 blocks are slower.
+- Writing (0.1-0.2 s per volume) is small beside decoding the ``.nii.gz`` it comes from.
+
+"shipped" is this module's writer and :class:`~components.data.store.handle.StoredArray` with a fresh handle per
+crop: opening the file and checking the CRC-32 of the chunks a crop covers add about 0.6 ms.
+
+Why the CRCs: blosc2 holds no checksum of its own; a flipped byte in a compressed chunk decompresses into wrong
+values without an error (tried with blosc2 4.14). So each compressed chunk's CRC-32 is recorded at write time
+(:func:`chunk_checksums`) and a reader checks the chunks a slice covers before decompressing them; the file's size
+is checked when it is opened (truncation).
 
 Integer-valued floating arrays (a label map that ``LoadImaged`` loaded as float32) are stored in the narrowest
 integer dtype that holds their values exactly and read back in their own dtype (:func:`storage_dtype`).
