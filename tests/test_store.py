@@ -322,6 +322,23 @@ def test_a_finetuning_store_keeps_float_images_narrow_labels_and_metatensor_meta
     assert read["image_meta_dict"]["filename_or_obj"] == str(datalist.parent / item["image"])
 
 
+def test_a_volume_without_foreground_is_stored_empty_and_cropped_as_zeros(tmp_path):
+    """All air: the compact array has no voxel, the store holds a 0-voxel array, and the crops are the recipe's
+    zeros."""
+    (tmp_path / "images").mkdir()
+    path = tmp_path / "images" / "air.nii.gz"
+    nib.save(nib.Nifti1Image(np.full(SHAPE, -1024, np.int16), np.eye(4)), path)
+    transforms = bundle_transforms(SSL, {"roi_size": ROI})
+    preprocess([{"image": str(path)}], tmp_path / "store", transforms)
+    stored = StoreDataset(open_store(tmp_path / "store"))[0]
+    assert stored["image"].shape == (1, 0, 0, 0)
+    in_memory = build_transforms(transforms)({"image": str(path)})
+    from_store, from_memory = _random_part(2), _random_part(2)
+    from_store.set_random_state(1), from_memory.set_random_state(1)
+    for got, want in zip(from_store(stored), from_memory(in_memory)):
+        assert torch.equal(got["image"], want["image"]) and not got["image"].any()
+
+
 def _whole_image(item: dict) -> torch.Tensor:
     return item["image"].read()
 
