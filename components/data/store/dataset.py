@@ -21,7 +21,8 @@ from monai.data import Dataset, MetaTensor
 from monai.transforms import MapTransform, apply_transform
 
 from ..partition import partition_for_rank
-from .format import FORMAT_VERSION
+from .format import FORMAT_VERSION, chunk_checksums
+from .handle import StoredArray
 from .index import HEADER, INDEX, PARTS, StoreError, read_json
 from .volume import read_item
 
@@ -69,11 +70,10 @@ class Store:
         """
         bad = []
         for index in range(len(self)):
-            for key, handle in self.item(index).items():
-                if hasattr(handle, "record"):
-                    reason = _file_problem(handle.path, handle.record)
-                    if reason:
-                        bad.append(f"{handle.path} (from {handle.source}): {reason}")
+            for handle in self.item(index).values():
+                reason = _file_problem(handle.path, handle.record) if isinstance(handle, StoredArray) else None
+                if reason:
+                    bad.append(f"{handle.path} (from {handle.source}): {reason}")
         if bad:
             raise StoreError(f"{self.root}: {len(bad)} corrupt file(s), rebuild them ({self.rebuild_command()}): "
                              + "; ".join(bad))  # fmt: skip
@@ -93,8 +93,6 @@ def _source(entry: Mapping) -> str | None:
 
 def _file_problem(path: Path, record: Mapping) -> str | None:
     """What is wrong with a stored file against its record, or None."""
-    from .format import chunk_checksums
-
     try:
         size = path.stat().st_size
     except OSError as err:
