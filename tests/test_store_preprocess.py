@@ -149,6 +149,14 @@ def test_a_volume_whose_transforms_fail_stops_the_run_or_is_listed_as_failed(tmp
     assert [f["position"] for f in open_store(tmp_path / "skip").failed] == [2]
 
 
+def test_a_worker_that_dies_stops_the_run_with_one_line(tmp_path):
+    datalist = write_tiny_ct(tmp_path / "data", num=4)
+    exit_on_case_2 = "$lambda x: x if x.shape[1] != 38 else __import__('os')._exit(9)"
+    transforms = bundle_transforms(_bundle(tmp_path / "bundle", exit_on_case_2))
+    with pytest.raises(VolumeFailedError, match=r"a worker process died while writing .*case_\d.nii.gz or another"):
+        preprocess(datalist, tmp_path / "store", transforms, workers=2, on_error="skip")
+
+
 def test_a_store_of_other_transforms_is_not_overwritten_unless_asked(tmp_path):
     datalist = write_tiny_ct(tmp_path / "data", num=3)
     bundle = _bundle(tmp_path / "bundle")

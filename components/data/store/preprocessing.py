@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from multiprocessing import get_all_start_methods, get_context
 from multiprocessing.context import BaseContext
@@ -323,13 +324,23 @@ def _run(todo: list[tuple], configs: list[dict], workers: int, progress: _Progre
         return
     with ProcessPoolExecutor(min(workers, len(todo)), _context(), _init_worker, (configs,)) as pool:
         try:
-            pending = {pool.submit(_run_one, task) for task in todo}
+            pending = {pool.submit(_run_one, task): task for task in todo}
             done = 0
             while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in finished:
+                    task = pending.pop(future)
+                    try:
+                        result = future.result()
+                    except BrokenProcessPool as err:
+                        source = _first_file(task[1], task[2])
+                        raise VolumeFailedError(
+                            f"preprocess: a worker process died while writing {source} or another of the "
+                            f"{len(pending) + 1} volume(s) left (killed, out of memory? try fewer --workers); the "
+                            "volumes written so far are kept, a rerun continues after them."
+                        ) from err
                     done += 1
                     progress.update(done)
-                    yield future.result()
+                    yield result
         finally:
             pool.shutdown(cancel_futures=True)
