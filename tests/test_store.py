@@ -228,6 +228,16 @@ def test_a_store_of_other_transforms_is_refused_with_the_command_that_rebuilds_i
         open_store(root, fingerprint=other, rebuild="python -m components preprocess --datalist d.json --out s")
     assert str(caught.value).endswith("rebuild it with `python -m components preprocess --datalist d.json --out s`")
     assert "\n" not in str(caught.value)
+    copy = tmp_path / "store"
+    shutil.copytree(root, copy)
+    index = json.loads((copy / "index.json").read_text())
+    (copy / "index.json").write_text(json.dumps({**index, "command": "python -m components preprocess --out s"}))
+    with pytest.raises(StoreError, match=r"fingerprint .*: rebuild it with `python -m components preprocess --out s "
+                       r"--overwrite true`$"):  # fmt: skip
+        open_store(copy, fingerprint=other)
+    (copy / "index.json").write_text(json.dumps({**index, "format_version": 0}))
+    with pytest.raises(StoreError, match="has store format 0, this version reads 1: rebuild it with"):
+        open_store(copy)
     with pytest.raises(StoreError, match="no index.json: not a store"):
         open_store(tmp_path)
 
