@@ -170,6 +170,60 @@ def export(
     print(f"wrote {path}; load it with torch.export.load({str(path)!r}).module()")
 
 
+def preprocess(
+    datalist: str,
+    out: str,
+    bundle: str = "swin_unetr_ssl_pretrain",
+    list_key: str = "training",
+    workers: int = 1,
+    part: int = 0,
+    parts: int = 1,
+    on_error: str = "stop",
+    overrides=None,
+    overwrite: bool = False,
+) -> None:
+    """Writes the on-disk store OUT of the volumes of DATALIST (Decathlon dataset.json, its LIST_KEY list): each
+    volume decoded once through BUNDLE's deterministic transforms (train#deterministic_transforms; a bundle folder or
+    the name of one this package carries; --overrides '{"roi_size": [64, 64, 64]}' changes its ids), stored as
+    compressed chunked arrays and indexed, so training reads only the crops it cuts. The data check runs first: a
+    broken file stops the run before any work (--on_error stop) or is skipped and listed (skip). --workers N
+    processes. --part i --parts n (i from 0) writes every n-th volume from the i-th: n machines onto one shared OUT
+    make the same store as one run. A rerun resumes after the volumes already written; --overwrite true replaces a
+    store of other transforms."""
+    import json
+    import shlex
+
+    from .config_values import as_bool
+    from .data.store import bundle_transforms
+    from .data.store import preprocess as run_preprocess
+    from .runner import bundle_dir
+
+    if isinstance(overrides, str):
+        overrides = json.loads(overrides)
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ValueError(f"--overrides must be a dict of config ids to values, got {overrides!r}.")
+    folder = bundle_dir(bundle)
+    transforms = bundle_transforms(folder, overrides)
+    words = ["python -m components preprocess", "--datalist", datalist, "--out", out, "--bundle", bundle]
+    words += ["--list_key", list_key] if list_key != "training" else []
+    words += ["--overrides", json.dumps(overrides, sort_keys=True)] if overrides else []
+    command = " ".join(words[:1] + [shlex.quote(str(w)) for w in words[1:]])
+    channels = _bundle_channels(folder, overrides)
+    summary = run_preprocess(datalist, out, transforms, list_key=list_key, workers=workers, part=part, parts=parts,
+                             on_error=on_error, overwrite=as_bool(overwrite, "overwrite"), channels=channels,
+                             command=command)  # fmt: skip
+    print(summary.line())
+
+
+def _bundle_channels(bundle, overrides: dict | None) -> int | None:
+    """The bundle's ``in_channels`` (what the data check expects of each image), None where it has none."""
+    import json
+
+    config = json.loads((bundle / "configs" / "train.json").read_text())
+    value = (overrides or {}).get("in_channels", config.get("in_channels"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 COMMANDS: dict[str, Callable[..., None]] = {
     "synth": synth,
     "convert-checkpoint": convert_checkpoint,
@@ -178,6 +232,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "package": package,
     "fetch": fetch,
     "export": export,
+    "preprocess": preprocess,
 }
 
 _HELP_FLAGS = ("-h", "--help")

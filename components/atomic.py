@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "temp_prefix"]
+__all__ = ["atomic_write", "fsync_dir", "temp_prefix"]
 
 
 def temp_prefix(path: Path) -> str:
@@ -24,7 +24,8 @@ def temp_prefix(path: Path) -> str:
     return f".{path.name}."
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Flushes a folder's entries (a rename or a new file in it) to disk; a no-op where folders cannot be opened."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # e.g. Windows cannot open directories
@@ -72,4 +73,4 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)

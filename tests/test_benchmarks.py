@@ -161,3 +161,21 @@ def test_the_machine_names_its_cpu_model_and_vector_instructions():
     two_cpus = "processor\t: 0\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 9R14\n"
     assert cpu_model(two_cpus) == "AMD EPYC 9R14" and cpu_model("flags : sse2\n") == "unknown"
     assert machine_info()["cpu_capability"] == torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "SVE256")
+
+
+def test_store_format_small():
+    """Every candidate format returns crops equal to the volume's (the script checks each one); bytes do not depend
+    on the machine: the compressed formats beat the raw memmap, and the store as shipped is its blosc2 setting."""
+    result = _run("store_format.py", "--small")
+    assert result["benchmark"] == "store_format" and result["shape"] == [128, 128, 96] and result["volumes"] == 2
+    _machine_ok(result["machine"])
+    formats = result["formats"]
+    assert {"npy_memmap", "store_as_shipped", "zarr3_blosc_zstd3_shuffle_c64", "blosc2_lz4_shuffle_c64_b32"} <= set(formats)
+    assert formats["npy_memmap"]["bytes_per_volume"] >= result["raw_bytes_per_volume"]
+    shipped = formats["store_as_shipped"]
+    same = formats[f"blosc2_{shipped['codec']}{shipped['clevel']}_{shipped['filter']}_c64_b32"]
+    assert shipped["bytes_per_volume"] == pytest.approx(same["bytes_per_volume"], rel=0.01)
+    for name, stats in formats.items():
+        assert stats["crop_read_ms_p10"] <= stats["crop_read_ms_median"] <= stats["crop_read_ms_p90"], name
+        if name != "npy_memmap":
+            assert stats["bytes_per_volume"] < 0.5 * formats["npy_memmap"]["bytes_per_volume"], name

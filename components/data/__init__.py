@@ -21,6 +21,9 @@ Modules, each one concern:
 - the data check: ``check`` (``check_datalist``, ``check_items``, ``check_before_caching``), built on
   ``check_entries`` (one datalist entry) and ``check_files`` (one file's header and voxels); ``check_report``
   (``DataReport``, ``DataIssue``, ``DataCheckError``); ``check_command`` (``python -m components check-data``).
+- ``store`` (a package): the on-disk store of preprocessed volumes for corpora that do not fit in memory:
+  ``preprocess`` (``python -m components preprocess``), ``open_store`` / ``Store``, ``StoreDataset`` with lazy
+  ``StoredArray`` handles, ``ReadStoredd``, ``bundle_transforms`` / ``transforms_fingerprint``, ``StoreError`` / ``StoreReadError``.
 
 The public names are re-exported here (``from components.data import build_dataset``) and imported on first use
 (PEP 562, as in ``components``): ``check-data`` imports the check without MONAI's datasets and ignite.
@@ -46,6 +49,18 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "check_report": ("DataCheckError", "DataIssue", "DataReport"),
     "check": ("check_before_caching", "check_datalist", "check_items"),
+    "store": (
+        "ReadStoredd",
+        "Store",
+        "StoreDataset",
+        "StoreError",
+        "StoreReadError",
+        "StoredArray",
+        "bundle_transforms",
+        "open_store",
+        "preprocess",
+        "transforms_fingerprint",
+    ),
 }
 _SUBMODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

@@ -47,6 +47,8 @@ from monai.transforms.utils import compute_divisible_spatial_size, generate_spat
 from monai.transforms.traits import MultiSampleTrait
 from monai.utils import MAX_SEED, ensure_tuple_rep
 
+from .store.handle import StoredArray
+
 __all__ = [
     "CompactCropForegroundd",
     "RandCompactSpatialCropSamplesd",
@@ -67,6 +69,11 @@ def _plain(x: Any) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.as_tensor() if hasattr(x, "as_tensor") else x
     return torch.as_tensor(np.asarray(x))
+
+
+def _region(array: torch.Tensor | StoredArray, region: tuple[slice, ...]) -> torch.Tensor:
+    """``array[region]`` as a tensor: a view of a tensor, or the values a store's lazy handle reads for it."""
+    return array.read(region) if isinstance(array, StoredArray) else array[region]
 
 
 def _positive_sizes(value: Sequence[int] | int, ndim: int, name: str) -> tuple[int, ...]:
@@ -389,6 +396,9 @@ class RandCompactSpatialCropSamplesd(Randomizable, MapTransform, MultiSampleTrai
     ``ScaleIntensityRange`` (when stored raw). Only the crop is ever padded. The ``key + "_compact"`` entries are
     removed from the output; other keys are deep-copied into every sample, as MONAI does.
 
+    The compact array may also be an on-disk store's lazy handle (:class:`~components.data.store.StoredArray`, in a
+    :class:`~components.data.store.StoreDataset` item): then each crop reads only its own region from disk.
+
     Args:
         keys: keys of compact arrays.
         roi_size: crop size (positive ints; a padded axis shorter than the ROI gives a shorter crop, as MONAI).
@@ -431,20 +441,24 @@ class RandCompactSpatialCropSamplesd(Randomizable, MapTransform, MultiSampleTrai
             scaler = self._scalers[args] = IntensityScaler(*args)
         return scaler(values)
 
-    def crop(self, array: torch.Tensor, geometry: Mapping, corner: Sequence[int], size: Sequence[int]) -> torch.Tensor:
-        """The recipe's crop ``padded[:, corner : corner + size]`` from the compact ``array``."""
+    def crop(
+        self, array: torch.Tensor | StoredArray, geometry: Mapping, corner: Sequence[int], size: Sequence[int]
+    ) -> torch.Tensor:
+        """The recipe's crop ``padded[:, corner : corner + size]`` from the compact ``array`` (a tensor, or a
+        store's lazy handle, of which only the crop's region is read)."""
         offset, stored = geometry["offset"], array.shape[1:]
         lo = [max(c, o) for c, o in zip(corner, offset)]
         hi = [min(c + s, o + n) for c, s, o, n in zip(corner, size, offset, stored)]
         inside = all(h > l for l, h in zip(lo, hi))
+        source = (slice(None), *(slice(l - o, h - o) for l, h, o in zip(lo, hi, offset)))
         if inside and all(h - l == s for l, h, s in zip(lo, hi, size)):  # no padding in this crop
-            source = (slice(None), *(slice(l - o, h - o) for l, h, o in zip(lo, hi, offset)))
-            return self._scale(array[source], geometry["scale"])  # always a new tensor: never aliases the cache
-        out = torch.zeros((array.shape[0], *size), dtype=torch.float32, device=array.device)
+            # always a new tensor: never aliases the cache
+            return self._scale(_region(array, source), geometry["scale"])
+        device = array.device if isinstance(array, torch.Tensor) else None
+        out = torch.zeros((array.shape[0], *size), dtype=torch.float32, device=device)
         if inside:
-            source = (slice(None), *(slice(l - o, h - o) for l, h, o in zip(lo, hi, offset)))
             target = (slice(None), *(slice(l - c, h - c) for l, h, c in zip(lo, hi, corner)))
-            out[target] = self._scale(array[source], geometry["scale"])
+            out[target] = self._scale(_region(array, source), geometry["scale"])
         return out
 
     def __call__(self, data: Mapping[Hashable, Any]) -> list[dict[Hashable, Any]]:
@@ -459,7 +473,7 @@ class RandCompactSpatialCropSamplesd(Randomizable, MapTransform, MultiSampleTrai
             if geometry_key not in data:
                 raise KeyError(f"{geometry_key!r} is missing: run CompactCropForegroundd on {key!r} first.")
             geometry = data[geometry_key]
-            array = _plain(data[key])
+            array = data[key] if isinstance(data[key], StoredArray) else _plain(data[key])
             size, corners = self.corners(geometry["padded_shape"])
             for sample, corner in zip(out, corners):
                 sample[key] = self.crop(array, geometry, corner, size)

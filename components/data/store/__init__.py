@@ -1,0 +1,50 @@
+"""An on-disk store of preprocessed volumes, for corpora that do not fit in memory.
+
+``python -m components preprocess`` reads every volume of a datalist once, runs a bundle's deterministic
+transforms (for the SSL bundle: down to the compact int16 array of ``CompactCropForegroundd``) and writes each
+volume's arrays as compressed, chunked blosc2 files with an index; training then reads only the crops it cuts.
+
+Modules, each one concern:
+
+- ``format``: one array on disk (blosc2, zstd, 64^3 chunks, a CRC-32 per chunk) and why that format;
+- ``values``: the small values and metadata of an item as JSON that reads back as the same types;
+- ``index``: the store's layout, the transforms' fingerprint, index shards and their merge (``StoreError``);
+- ``transforms``: a bundle's ``train#deterministic_transforms`` as plain configs (``bundle_transforms``);
+- ``volume``: one volume's folder, written whole or not at all, and read back with lazy handles;
+- ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
+- ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
+- ``dataset``: ``open_store``, ``Store``, ``StoreDataset`` and ``ReadStoredd`` (whole arrays as MetaTensors).
+
+Public names are imported on first use (PEP 562), so ``import components.data.store`` loads neither blosc2 nor
+MONAI.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# submodule -> the public names it provides here
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "dataset": ("ReadStoredd", "Store", "StoreDataset", "open_store"),
+    "handle": ("StoreReadError", "StoredArray"),
+    "index": ("StoreError", "transforms_fingerprint"),
+    "preprocessing": ("PreprocessSummary", "VolumeFailedError", "preprocess"),
+    "transforms": ("build_transforms", "bundle_transforms"),
+}
+_SUBMODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_SUBMODULE_OF)
+
+
+def __getattr__(name: str) -> Any:
+    """Imports the submodule that provides ``name`` on first access."""
+    if name not in _SUBMODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_SUBMODULE_OF[name]}", __name__), name)
+    globals()[name] = value  # later accesses skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,153 @@
+"""A lazy handle on one stored array: its shape and dtype at once, its values only for the region asked for.
+
+:class:`StoredArray` is what a :class:`~components.data.store.StoreDataset` item holds in place of an array. It
+opens its file on the first read, in the process that reads (a DataLoader worker), memory-mapped; pickling it
+(to a worker) carries the path and the index's record, never an open file. ``handle[region]`` checks the CRC-32
+of every compressed chunk the region covers (once per chunk and process), decompresses those chunks only and
+returns a numpy array in the array's own dtype. Any failure to open, verify or decompress raises
+:class:`StoreReadError` naming the store file and the source volume.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .format import chunk_numbers, open_array
+
+__all__ = ["StoreReadError", "StoredArray"]
+
+
+class StoreReadError(RuntimeError):
+    """A stored array could not be read: missing, truncated or corrupt file, or a failed decompression.
+
+    Attributes:
+        store_file: the ``.b2nd`` file.
+        source: the volume it was made from (the datalist's path).
+    """
+
+    def __init__(self, store_file: str | os.PathLike, source: str | None, reason: str) -> None:
+        self.store_file, self.source = str(store_file), source
+        super().__init__(f"cannot read {self.store_file} (from {source or 'an unknown source'}): {reason}")
+
+
+class StoredArray:
+    """The stored array at ``path`` as the index records it (``record``: :func:`~.format.write_array`'s dict).
+
+    Args:
+        path: the ``.b2nd`` file.
+        record: ``shape``, ``dtype``, ``stored_dtype``, ``chunks``, ``nbytes``, ``crc32``.
+        source: the source volume, named by errors.
+        meta: the MetaTensor metadata the array had when it was stored (None for a plain array).
+
+    Example:
+        >>> crop = handle[:, 10:42, 0:32, 5:37]      # numpy, only the chunks this region covers are read
+        >>> handle.shape, handle.dtype
+        ((1, 120, 96, 80), dtype('int16'))
+    """
+
+    def __init__(self, path: str | os.PathLike, record: Mapping[str, Any], source: str | None = None,
+                 meta: Mapping | None = None) -> None:  # fmt: skip
+        self.path = Path(path)
+        self.record = dict(record)
+        self.source = source
+        self.meta = meta
+        self.shape = tuple(int(n) for n in record["shape"])
+        self.dtype = np.dtype(record["dtype"])
+        self._array = None
+        self._pid: int | None = None
+        self._verified: set[int] = set()
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"StoredArray({str(self.path)!r}, shape={self.shape}, dtype={self.dtype})"
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.update(_array=None, _pid=None, _verified=set())  # reopened in the process that reads
+        return state
+
+    def _error(self, reason: str) -> StoreReadError:
+        return StoreReadError(self.path, self.source, reason)
+
+    def _open(self):
+        if self._array is not None and self._pid == os.getpid():
+            return self._array
+        try:
+            size = self.path.stat().st_size
+        except OSError as err:
+            raise self._error(f"{type(err).__name__}: {err.strerror or err}") from err
+        if size != int(self.record["nbytes"]):
+            raise self._error(f"the file has {size} bytes, the index {self.record['nbytes']} (truncated or replaced)")
+        try:
+            array = open_array(self.path)
+        except Exception as err:  # blosc2 raises RuntimeError / ValueError for files it cannot parse
+            raise self._error(f"not a blosc2 array ({type(err).__name__}: {err})") from err
+        if tuple(array.shape) != self.shape or array.dtype != np.dtype(self.record["stored_dtype"]):
+            raise self._error(f"holds {array.dtype}{tuple(array.shape)}, the index {self.record['stored_dtype']}"
+                              f"{self.shape}")  # fmt: skip
+        self._array, self._pid, self._verified = array, os.getpid(), set()
+        return array
+
+    def _region(self, index: Any) -> tuple[slice, ...]:
+        """``index`` as one step-1 slice per axis with bounds clipped to the shape (what numpy would select)."""
+        index = index if isinstance(index, tuple) else (index,)
+        if any(i is Ellipsis for i in index):
+            at = index.index(Ellipsis)
+            index = index[:at] + (slice(None),) * (self.ndim - len(index) + 1) + index[at + 1 :]
+        if len(index) > self.ndim or not all(isinstance(i, slice) for i in index):
+            raise IndexError(f"{self!r}: index with at most {self.ndim} slices, got {index!r}.")
+        region = []
+        for axis, size in enumerate(self.shape):
+            part = index[axis] if axis < len(index) else slice(None)
+            start, stop, step = part.indices(size)
+            if step != 1:
+                raise IndexError(f"{self!r}: slices with step 1 only, got {part!r}.")
+            region.append(slice(start, max(start, stop)))
+        return tuple(region)
+
+    def _verify(self, array, region: tuple[slice, ...]) -> None:
+        chunks, checksums = self.record["chunks"], self.record["crc32"]
+        for number in chunk_numbers(self.shape, chunks, region):
+            if number in self._verified:
+                continue
+            try:
+                compressed = array.schunk.get_chunk(number)
+            except Exception as err:  # noqa: BLE001 -- any failure to fetch a chunk is a corrupt file
+                raise self._error(f"chunk {number} unreadable ({type(err).__name__}: {err})") from err
+            if zlib.crc32(compressed) != checksums[number]:
+                raise self._error(f"chunk {number} fails its CRC-32 check (the file is corrupt)")
+            self._verified.add(number)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        """The values of ``index`` (slices, step 1) as a new numpy array of :attr:`dtype`."""
+        region = self._region(index)
+        array = self._open()
+        if any(r.stop == r.start for r in region):
+            return np.empty(tuple(r.stop - r.start for r in region), self.dtype)
+        self._verify(array, region)
+        try:
+            values = array[region]
+        except Exception as err:  # noqa: BLE001 -- blosc2's decompression errors have no common type
+            raise self._error(f"decompression failed ({type(err).__name__}: {err})") from err
+        return np.asarray(values).astype(self.dtype, copy=False)
+
+    def read(self, index: Any = ...) -> torch.Tensor:
+        """``self[index]`` as a torch tensor (the whole array by default)."""
+        return torch.from_numpy(np.ascontiguousarray(self[index]))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self[...]
+        return values if dtype is None else values.astype(dtype, copy=False)

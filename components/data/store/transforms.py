@@ -1,0 +1,100 @@
+"""The deterministic transforms a store is written with: a bundle's ``train#deterministic_transforms`` as plain
+configs (``_target_`` and resolved arguments), which both fingerprint the store and rebuild the transforms in each
+preprocessing worker."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from monai.transforms import Compose
+
+__all__ = ["build_transforms", "bundle_transforms", "loaded_keys"]
+
+TRANSFORMS_ID = "train#deterministic_transforms"
+_DEVICE_ONLY = ("ToDeviced", "ToDevice")  # where a tensor lives is no part of what is stored
+
+
+def _json_able(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def bundle_transforms(bundle: str | os.PathLike | Any, overrides: Mapping[str, Any] | None = None) -> list[dict]:
+    """``train#deterministic_transforms`` of a bundle (its folder, e.g. ``components.runner.bundle_dir(name)``, or
+    a ``monai.bundle.ConfigParser`` already read) with ``overrides`` of its ids (e.g. ``{"roi_size": [64] * 3,
+    "intensity_range": [-175, 250]}``), as a list of ``{"_target_": name, argument: value}``.
+
+    Each argument is resolved (references and expressions evaluated, so ``"@roi_size"`` becomes ``[96, 96, 96]``);
+    an argument whose value JSON cannot hold (a function from a ``"$lambda ..."``) keeps its expression, which must
+    then reference no other id. Disabled transforms (``_disabled_`` true) and device moves (``ToDeviced``) are left
+    out: they store nothing.
+
+    Raises:
+        FileNotFoundError: no ``configs/train.json`` in the folder.
+        KeyError: the bundle has no ``train#deterministic_transforms``.
+        ValueError: an argument that is neither JSON nor a self-contained expression, or an unknown override id.
+    """
+    from monai.bundle import ConfigParser
+
+    if isinstance(bundle, ConfigParser):
+        parser = bundle
+    else:
+        config = Path(bundle) / "configs" / "train.json"
+        if not config.is_file():
+            raise FileNotFoundError(f"{config}: no such file; a bundle folder holds configs/train.json.")
+        parser = ConfigParser()
+        parser.read_config(str(config))
+    for key, value in (overrides or {}).items():
+        if key not in parser:
+            raise ValueError(f"override {key!r}: the bundle has no such id.")
+        parser[key] = value
+    if TRANSFORMS_ID not in parser:
+        raise KeyError(f"the bundle has no {TRANSFORMS_ID!r}: it names no deterministic transforms to store.")
+    configs = []
+    for index, raw in enumerate(parser[TRANSFORMS_ID]):
+        where = f"{TRANSFORMS_ID}#{index}"
+        target = str(raw.get("_target_", ""))
+        disabled = "_disabled_" in raw and parser.get_parsed_content(f"{where}#_disabled_", instantiate=False)
+        if disabled in (True, "true", "True") or target.rsplit(".", 1)[-1] in _DEVICE_ONLY:
+            continue
+        config = {"_target_": target}
+        for name, value in raw.items():
+            if name.startswith("_"):
+                continue
+            resolved = parser.get_parsed_content(f"{where}#{name}", instantiate=False)
+            if not _json_able(resolved):
+                if not (isinstance(value, str) and value.startswith("$") and "@" not in value):
+                    raise ValueError(f"{where} ({target}) argument {name!r}: {value!r} is neither JSON nor an "
+                                     "expression without references; the store cannot record it.")  # fmt: skip
+                resolved = value
+            config[name] = resolved
+        configs.append(config)
+    return configs
+
+
+def build_transforms(configs: Sequence[Mapping]) -> Compose:
+    """The transforms of ``configs`` (:func:`bundle_transforms`) instantiated, in order, as one ``Compose``."""
+    from monai.bundle import ConfigParser
+
+    parser = ConfigParser({"imports": ["$import components"], "transforms": [dict(c) for c in configs]})
+    return Compose(parser.get_parsed_content("transforms"))
+
+
+def loaded_keys(configs: Sequence[Mapping]) -> tuple[str, ...]:
+    """The keys the first ``LoadImaged`` of ``configs`` reads: the datalist keys whose files the store is made from.
+
+    Raises:
+        ValueError: no ``LoadImaged``: the transforms read no file.
+    """
+    for config in configs:
+        if str(config.get("_target_", "")).rsplit(".", 1)[-1] == "LoadImaged":
+            keys = config.get("keys")
+            return (keys,) if isinstance(keys, str) else tuple(keys)
+    raise ValueError("the deterministic transforms have no LoadImaged: they read no file to store.")

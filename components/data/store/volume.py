@@ -1,0 +1,137 @@
+"""One volume of a store: what the deterministic transforms made of a datalist entry, written as a folder of
+arrays and an ``item.json`` (:func:`write_volume`), and read back as a dict with lazy array handles
+(:func:`read_item`).
+
+A transformed item is split three ways:
+
+- arrays: every top-level tensor or numpy array with at least 2 dimensions (a channel-first image, label or
+  compact array) becomes a ``<key>.b2nd`` file (:mod:`~components.data.store.format`); a MetaTensor's metadata
+  goes to ``item.json`` with it (its trace of applied operations does not: training pipelines never invert);
+- metadata: mappings under keys ending in ``_meta_dict`` (``LoadImaged(image_only=False)``) go to ``item.json``;
+- values: everything else (the compact geometry, the foreground box) goes to the volume's index entry too.
+
+Values and metadata are written with :func:`~components.data.store.values.encode_value`, so they come back as
+the same types.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .format import ARRAY_SUFFIX, write_array
+from .handle import StoredArray, StoreReadError
+from .index import ITEM, VOLUMES, StoreError, commit_volume, file_sha256, read_json, write_json
+from .values import decode_value, encode_value
+
+__all__ = ["read_item", "source_files", "write_volume"]
+
+META_SUFFIX = "_meta_dict"
+_INDEXED = ("file", "shape", "dtype", "stored_dtype", "nbytes")  # of an array's record (its CRCs: item.json only)
+_SAFE_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def source_files(item: Mapping, keys: tuple[str, ...]) -> list[str]:
+    """The files of ``keys`` in a datalist entry (a path or a list of paths per key), in order."""
+    files = []
+    for key in keys:
+        value = item[key]
+        files += [os.fspath(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    return files
+
+
+def _spacing(data: Mapping, array_keys: list[str]) -> list[float] | None:
+    """Voxel spacing (affine column norms) of the first stored array with an affine: its MetaTensor's (the stored
+    array's axes) or else its ``<key>_meta_dict``'s (``LoadImaged``'s: the file's axes); None without an affine."""
+    for key in array_keys:
+        affine = getattr(data[key], "affine", None)
+        if affine is None and isinstance(data.get(f"{key}{META_SUFFIX}"), Mapping):
+            affine = data[f"{key}{META_SUFFIX}"].get("affine")
+        if affine is not None:
+            matrix = np.asarray(affine.cpu() if isinstance(affine, torch.Tensor) else affine, dtype=np.float64)
+            return [float(v) for v in np.linalg.norm(matrix[:-1, :-1], axis=0)]
+    return None
+
+
+def split_item(data: Mapping, where: str) -> tuple[dict, dict, dict]:
+    """(arrays, metadata, values) of a transformed item (see the module docstring); ``where`` names it in errors.
+
+    Raises:
+        ValueError: an array key that cannot be a file name, or a key that is not a string.
+        TypeError: a value :func:`encode_value` cannot write.
+    """
+    arrays, meta, values = {}, {}, {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ValueError(f"{where}: key {key!r} is not a string; only string keys can be stored.")
+        if isinstance(value, (torch.Tensor, np.ndarray)) and value.ndim >= 2:
+            if not _SAFE_KEY.fullmatch(key):
+                raise ValueError(f"{where}: array key {key!r} cannot name a file (letters, digits, _ . - only).")
+            arrays[key] = value
+        elif key.endswith(META_SUFFIX) and isinstance(value, Mapping):
+            meta[key] = encode_value(value, f"{where} {key}")
+        else:
+            values[key] = encode_value(value, f"{where} {key}")
+    return arrays, meta, values
+
+
+def write_volume(data: Mapping, item: Mapping, keys: tuple[str, ...], root: Path, volume: str, position: int,
+                 fingerprint: str, tag: str) -> dict:  # fmt: skip
+    """Writes the transformed ``data`` of datalist entry ``item`` (at ``position``) as ``root/volumes/<volume>/``
+    and returns its index entry: ``id``, ``position``, ``source`` (the entry), ``sha256`` (of each source file of
+    ``keys``), ``arrays`` (shape, dtype, file of each), ``spacing`` and ``values``.
+
+    The files go to ``volumes/.<volume>.<tag>.tmp`` first (removed if a killed run left it), then the folder is
+    renamed into place: a volume folder is always complete."""
+    files = source_files(item, keys)
+    where = files[0] if files else str(volume)
+    arrays, meta, values = split_item(data, where)
+    temporary = root / VOLUMES / f".{volume}.{tag}.tmp"
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    records, array_meta = {}, {}
+    for key, array in arrays.items():
+        plain = array.detach().cpu().numpy() if isinstance(array, torch.Tensor) else array
+        records[key] = write_array(plain, temporary / f"{key}{ARRAY_SUFFIX}")
+        if hasattr(array, "meta"):
+            array_meta[key] = encode_value(dict(array.meta), f"{where} {key}.meta")
+    entry = {
+        "id": volume,
+        "position": position,
+        "source": encode_value(dict(item), where),
+        "sha256": {path: file_sha256(path) for path in files},
+        "arrays": {key: {f: record[f] for f in _INDEXED} for key, record in records.items()},
+        "spacing": _spacing(data, list(arrays)),
+        "values": values,
+    }
+    write_json(temporary / ITEM, {"fingerprint": fingerprint, "entry": entry, "arrays": records, "meta": meta,
+                                  "array_meta": array_meta})  # fmt: skip
+    commit_volume(temporary, root / VOLUMES / volume)
+    return entry
+
+
+def read_item(root: Path, volume: str, source: str | None = None) -> dict:
+    """The stored item of ``volume`` (made from ``source``): its values and metadata decoded, a
+    :class:`StoredArray` per array.
+
+    Raises:
+        StoreReadError: its ``item.json`` is missing or unreadable, naming the file and ``source``.
+    """
+    folder = Path(root) / VOLUMES / volume
+    try:
+        stored = read_json(folder / ITEM, "volume entry")
+    except StoreError as err:
+        raise StoreReadError(folder / ITEM, source, str(err).removeprefix(f"{folder / ITEM}: ")) from err
+    source = next(iter(stored["entry"]["sha256"]), source)
+    item = {key: decode_value(value) for key, value in stored["entry"]["values"].items()}
+    item.update({key: decode_value(value) for key, value in stored["meta"].items()})
+    for key, record in stored["arrays"].items():
+        meta = stored["array_meta"].get(key)
+        item[key] = StoredArray(folder / record["file"], record, source, None if meta is None else decode_value(meta))
+    return item

@@ -1,0 +1,388 @@
+"""The on-disk store (components/data/store/): the array format and its checksums, the lazy handle, the values'
+round trip, opening and refusing a store, and the SSL recipe's crops from the store equal to the in-memory compact
+path and to MONAI's transforms. Writing a store (checks, workers, parts, resuming): tests/test_store_preprocess.py."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import pickle
+import shutil
+from copy import deepcopy
+from pathlib import Path
+
+import nibabel as nib
+import numpy as np
+import pytest
+import torch
+from monai.data import DataLoader, MetaTensor
+from monai.transforms import Compose, EnsureTyped
+
+from components import (
+    RandCompactSpatialCropSamplesd,
+    ReadStoredd,
+    StoreDataset,
+    StoredArray,
+    StoreError,
+    StoreReadError,
+    bundle_transforms,
+    open_store,
+    preprocess,
+    transforms_fingerprint,
+)
+from components.data.partition import partition_for_rank
+from components.data.store.format import chunk_numbers, storage_dtype, write_array
+from components.data.store.transforms import build_transforms
+from components.data.store.values import decode_value, encode_value
+from components.runner import bundle_dir
+from tests.test_transforms import _recipe
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # Orientationd's `labels` default notice
+
+SSL = bundle_dir("swin_unetr_ssl_pretrain")
+ROI = [16, 16, 16]
+SHAPE = (40, 36, 28)
+
+
+def write_tiny_ct(root: Path, num: int = 4, seed: int = 0) -> Path:
+    """``num`` int16 CT-like volumes of about 40 x 36 x 28 (a noisy soft-tissue ellipsoid in air, storage orders
+    RAS and LPS alternating) with uint8 labels, and ``root/dataset.json`` listing them under "training"."""
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "labels").mkdir(exist_ok=True)
+    items = []
+    for index in range(num):
+        shape = (SHAPE[0] - index, SHAPE[1], SHAPE[2] + index)
+        x, y, z = np.meshgrid(*(np.linspace(-1, 1, n) for n in shape), indexing="ij")
+        body = (x / 0.8) ** 2 + (y / 0.6) ** 2 + (z / 1.2) ** 2 < 1.0
+        image = np.where(body, 40.0, -1000.0) + rng.normal(0, 15, shape)
+        label = (body & ((x - 0.2) ** 2 + y**2 < 0.1)).astype(np.uint8) * (1 + index % 2)
+        affine = np.diag([0.8, 0.8, 2.5, 1.0]) if index % 2 == 0 else np.diag([-0.8, -0.8, 2.5, 1.0])
+        nib.save(nib.Nifti1Image(np.rint(image).astype(np.int16), affine), root / "images" / f"case_{index}.nii.gz")
+        nib.save(nib.Nifti1Image(label, affine), root / "labels" / f"case_{index}.nii.gz")
+        items.append({"image": f"images/case_{index}.nii.gz", "label": f"labels/case_{index}.nii.gz"})
+    path = root / "dataset.json"
+    path.write_text(json.dumps({"training": items}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ssl_store(tmp_path_factory):
+    """The SSL bundle's compact store (roi 16) of four tiny volumes: (datalist, store folder, transforms)."""
+    root = tmp_path_factory.mktemp("ssl_store")
+    datalist = write_tiny_ct(root / "data")
+    transforms = bundle_transforms(SSL, {"roi_size": ROI})
+    preprocess(datalist, root / "store", transforms)
+    return datalist, root / "store", transforms
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the array format
+
+
+def test_integer_valued_floats_are_stored_narrow_and_read_back_in_their_dtype(tmp_path):
+    label = np.random.default_rng(0).integers(0, 14, (1, 40, 36, 28)).astype(np.float32)
+    image = np.random.default_rng(1).random((1, 40, 36, 28), dtype=np.float32)
+    assert storage_dtype(label) == np.uint8 and storage_dtype(image) == np.float32
+    assert storage_dtype(label - 7) == np.int8 and storage_dtype(label + 0.5) == np.float32
+    for name, array in (("label", label), ("image", image)):
+        record = write_array(array, tmp_path / f"{name}.b2nd")
+        assert record["nbytes"] == (tmp_path / f"{name}.b2nd").stat().st_size
+        assert record["dtype"] == "<f4" and record["shape"] == [1, 40, 36, 28]
+        whole = [slice(0, n) for n in array.shape]
+        assert len(record["crc32"]) == len(chunk_numbers(array.shape, record["chunks"], whole))
+        values = StoredArray(tmp_path / f"{name}.b2nd", record)[...]
+        assert values.dtype == np.float32 and np.array_equal(values, array)
+    assert write_array(label, tmp_path / "l.b2nd")["stored_dtype"] == "|u1"
+
+
+def test_chunk_numbers_are_those_a_region_touches():
+    shape, chunks = (1, 40, 36, 28), (1, 16, 16, 16)
+    grid = np.arange(1 * 3 * 3 * 2).reshape(1, 3, 3, 2)
+    region = (slice(0, 1), slice(10, 33), slice(0, 16), slice(15, 17))
+    covered = grid[:, 0:3, 0:1, 0:2].ravel().tolist()  # axis 1: chunks 0-2, axis 2: chunk 0, axis 3: chunks 0-1
+    assert chunk_numbers(shape, chunks, region) == sorted(covered)
+    assert chunk_numbers(shape, chunks, (slice(0, 1), slice(5, 5), slice(0, 1), slice(0, 1))) == []
+
+
+def _corrupt_chunk(path: Path, number: int) -> None:
+    """Flips bytes in the middle of compressed chunk ``number`` of a .b2nd file."""
+    import blosc2
+
+    array = blosc2.open(str(path), mode="r")
+    chunk = array.schunk.get_chunk(number)
+    del array
+    data = bytearray(path.read_bytes())
+    at = data.find(chunk) + len(chunk) // 2
+    assert at > len(chunk) // 2
+    data[at : at + 8] = bytes(255 - b for b in data[at : at + 8])
+    path.write_bytes(bytes(data))
+
+
+def test_a_read_checks_and_decompresses_only_the_chunks_it_covers(tmp_path):
+    """A corrupt chunk fails exactly the reads that cover it, naming the file and the source; blosc2 alone would
+    return wrong values without an error."""
+    array = np.random.default_rng(0).integers(-1000, 1000, (1, 130, 70, 40)).astype(np.int16)
+    record = write_array(array, tmp_path / "image.b2nd")
+    assert record["chunks"] == [1, 64, 64, 40] and len(record["crc32"]) == 3 * 2
+    _corrupt_chunk(tmp_path / "image.b2nd", 5)  # chunk (0, 2, 1, 0): voxels 128-130 x 64-70
+    handle = StoredArray(tmp_path / "image.b2nd", record, source="/data/case_7.nii.gz")
+    assert np.array_equal(handle[:, 0:128, 0:70], array[:, 0:128, 0:70])
+    assert np.array_equal(handle[:, 100:130, 0:64, 5:9], array[:, 100:130, 0:64, 5:9])
+    with pytest.raises(StoreReadError, match="chunk 5 fails its CRC-32") as caught:
+        handle[:, 120:130, 60:70]
+    assert caught.value.store_file == str(tmp_path / "image.b2nd") and caught.value.source == "/data/case_7.nii.gz"
+    assert "case_7.nii.gz" in str(caught.value) and "image.b2nd" in str(caught.value)
+
+
+def test_a_truncated_file_is_refused_when_opened(tmp_path):
+    array = np.random.default_rng(0).integers(-1000, 1000, (1, 40, 36, 28)).astype(np.int16)
+    record = write_array(array, tmp_path / "image.b2nd")
+    data = (tmp_path / "image.b2nd").read_bytes()
+    (tmp_path / "image.b2nd").write_bytes(data[: len(data) // 2])
+    half = len(data) // 2
+    with pytest.raises(StoreReadError, match=rf"image.b2nd \(from case_0.nii.gz\): the file has {half} bytes"):
+        StoredArray(tmp_path / "image.b2nd", record, source="case_0.nii.gz")[:, 0:4]
+    (tmp_path / "image.b2nd").unlink()
+    with pytest.raises(StoreReadError, match="FileNotFoundError"):
+        StoredArray(tmp_path / "image.b2nd", record, source="case_0.nii.gz")[:, 0:4]
+
+
+def test_a_handle_reads_numpy_and_torch_and_pickles_without_its_open_file(tmp_path):
+    array = np.random.default_rng(0).integers(-1000, 1000, (1, 40, 36, 28)).astype(np.int16)
+    handle = StoredArray(tmp_path / "a.b2nd", write_array(array, tmp_path / "a.b2nd"))
+    assert handle.shape == (1, 40, 36, 28) and handle.dtype == np.int16 and handle.ndim == 4
+    assert np.array_equal(handle[0:1, 3:9, ..., 2:30], array[0:1, 3:9, :, 2:28])
+    assert torch.equal(handle.read((slice(None), slice(1, 5))), torch.from_numpy(array[:, 1:5]))
+    assert handle[:, 5:5].shape == (1, 0, 36, 28)
+    with pytest.raises(IndexError, match="step 1"):
+        handle[:, ::2]
+    with pytest.raises(IndexError, match="at most 4 slices"):
+        handle[0]
+    state = pickle.dumps(handle)
+    assert len(state) < 2000  # the record and the path, no open file
+    copy = pickle.loads(state)
+    assert copy._array is None and np.array_equal(np.asarray(copy), array)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# values and metadata
+
+
+class _Space(str, enum.Enum):
+    RAS = "RAS"
+
+
+def test_values_read_back_as_the_same_types():
+    value = {
+        "offset": (3, 0, -2),
+        "coords": np.array([1, 2, 3], np.int64),
+        "scalar": np.array(7.5, np.float32),  # nibabel's header values: 0-d arrays
+        "numpy_scalar": np.float64(0.25),
+        "affine": torch.eye(4, dtype=torch.float64) * 0.8,
+        "nested": [None, True, 1.5, "a", {"b": (1.0,)}],
+        "space": _Space.RAS,
+    }
+    back = decode_value(json.loads(json.dumps(encode_value(value))))
+    assert back.keys() == value.keys() and back["space"] == "RAS" and type(back["space"]) is str
+    for key in ("coords", "scalar"):
+        assert type(back[key]) is np.ndarray and back[key].dtype == value[key].dtype
+        assert back[key].shape == value[key].shape and np.array_equal(back[key], value[key])
+    assert type(back["numpy_scalar"]) is np.float64 and back["numpy_scalar"] == 0.25
+    assert back["affine"].dtype == torch.float64 and torch.equal(back["affine"], value["affine"])
+    assert back["offset"] == (3, 0, -2) and back["nested"] == [None, True, 1.5, "a", {"b": (1.0,)}]
+    with pytest.raises(TypeError, match=r"meta\['obj'\]: a object cannot be stored"):
+        encode_value({"obj": object()}, "meta")
+    with pytest.raises(TypeError, match="key 3 is not a string"):
+        encode_value({3: 1}, "meta")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# opening a store
+
+
+def test_the_index_records_what_the_issue_asks_for(ssl_store):
+    datalist, root, transforms = ssl_store
+    store = open_store(root, fingerprint=transforms_fingerprint(transforms))
+    assert len(store) == 4 and store.skipped == [] and store.failed == []
+    entry = store.entries[1]
+    assert entry["position"] == 1 and entry["id"].startswith("case_1-")
+    image = entry["source"]["image"]
+    assert image == str(datalist.parent / "images" / "case_1.nii.gz")
+    assert entry["sha256"] == {image: hashlib.sha256(Path(image).read_bytes()).hexdigest()}
+    record = entry["arrays"]["image"]
+    assert record["dtype"] == record["stored_dtype"] == "<i2"
+    assert record["nbytes"] == (root / "volumes" / entry["id"] / "image.b2nd").stat().st_size > 0
+    assert entry["spacing"] == pytest.approx([0.8, 0.8, 2.5])
+    geometry = decode_value(entry["values"]["image_compact"])
+    assert geometry["scale"] == (-1000.0, 1000.0, 0.0, 1.0, True) and len(geometry["padded_shape"]) == 3
+    assert store.fingerprint == transforms_fingerprint(transforms) and store.index["format_version"] == 1
+
+
+def test_a_store_of_other_transforms_is_refused_with_the_command_that_rebuilds_it(ssl_store, tmp_path):
+    _, root, _ = ssl_store
+    other = transforms_fingerprint(bundle_transforms(SSL, {"roi_size": [32, 32, 32]}))
+    with pytest.raises(StoreError, match="other deterministic transforms") as caught:
+        open_store(root, fingerprint=other, rebuild="python -m components preprocess --datalist d.json --out s")
+    assert str(caught.value).endswith("rebuild it with `python -m components preprocess --datalist d.json --out s`")
+    assert "\n" not in str(caught.value)
+    copy = tmp_path / "store"
+    shutil.copytree(root, copy)
+    index = json.loads((copy / "index.json").read_text())
+    (copy / "index.json").write_text(json.dumps({**index, "command": "python -m components preprocess --out s"}))
+    with pytest.raises(StoreError, match=r"fingerprint .*: rebuild it with `python -m components preprocess --out s "
+                       r"--overwrite true`$"):  # fmt: skip
+        open_store(copy, fingerprint=other)
+    (copy / "index.json").write_text(json.dumps({**index, "format_version": 0}))
+    with pytest.raises(StoreError, match="has store format 0, this version reads 1: rebuild it with"):
+        open_store(copy)
+    with pytest.raises(StoreError, match="no index.json: not a store"):
+        open_store(tmp_path)
+
+
+def test_verify_names_a_corrupt_file_and_its_source(ssl_store, tmp_path):
+    _, root, _ = ssl_store
+    copy = tmp_path / "store"
+    shutil.copytree(root, copy)
+    store = open_store(copy)
+    store.verify()
+    entry = store.entries[2]
+    _corrupt_chunk(copy / "volumes" / entry["id"] / "image.b2nd", 0)
+    with pytest.raises(StoreError, match=rf"1 corrupt file.*{entry['id']}/image.b2nd \(from .*case_2.nii.gz\): chunk"):
+        store.verify()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the SSL recipe's crops from the store
+
+
+def _random_part(num_samples: int) -> Compose:
+    return Compose([RandCompactSpatialCropSamplesd("image", roi_size=ROI, num_samples=num_samples),
+                    EnsureTyped("image", track_meta=False)])  # fmt: skip
+
+
+def _same_values(got, want, where) -> None:
+    if isinstance(want, dict):
+        assert got.keys() == want.keys(), where
+        for key in want:
+            _same_values(got[key], want[key], (*where, key))
+    elif isinstance(want, (torch.Tensor, np.ndarray)):
+        assert type(got) is type(want) and got.dtype == want.dtype, where
+        got, want = np.asarray(got), np.asarray(want)
+        assert np.array_equal(got, want, equal_nan=want.dtype.kind == "f"), where  # a header's NaN slope
+    elif isinstance(want, enum.Enum):  # MONAI's SpaceKeys: documented to come back as the equal str
+        assert type(got) is str and got == want, where
+    else:
+        assert type(got) is type(want) and (got == want or got != got and want != want), where  # NaN == NaN
+
+
+def test_crops_from_the_store_equal_the_in_memory_compact_path_and_monais_transforms(ssl_store):
+    """Same random state: the store's items through the bundle's random transforms give torch.equal crops and the
+    same other keys as the bundle's deterministic transforms in memory, and the crops of MONAI's original recipe
+    (ScaleIntensityRanged, SpatialPadd, CropForegroundd, RandSpatialCropSamplesd) from the same files."""
+    datalist, root, transforms = ssl_store
+    dataset = StoreDataset(open_store(root, fingerprint=transforms_fingerprint(transforms)))
+    deterministic = build_transforms(transforms)
+    items = json.loads(datalist.read_text())["training"]
+    padded_crops = 0
+    for index, item in enumerate(items):
+        files = {k: str(datalist.parent / v) for k, v in item.items()}
+        stored, in_memory = dataset[index], deterministic(dict(files))
+        assert isinstance(stored["image"], StoredArray)
+        assert torch.equal(stored["image"].read(), in_memory["image"])
+        from_store, from_memory, recipe = _random_part(3), _random_part(3), _recipe(ROI, 3)
+        recipe_cached = Compose(recipe.transforms[:6])({"image": files["image"]})
+        recipe_random = Compose(recipe.transforms[6:])
+        for part in (from_store, from_memory, recipe_random):
+            part.set_random_state(20 + index)
+        for draw in range(3):
+            got = from_store(deepcopy(stored))
+            want = from_memory(deepcopy(in_memory))
+            original = recipe_random(deepcopy(recipe_cached))
+            for sample_got, sample_want, sample_original in zip(got, want, original):
+                assert sample_got.keys() == sample_want.keys()
+                assert torch.equal(sample_got["image"], sample_want["image"]), (index, draw)
+                assert torch.equal(sample_got["image"], sample_original["image"]), (index, draw)
+                padded_crops += int((sample_got["image"] == 0).any())
+                for key in sample_want.keys() - {"image"}:
+                    _same_values(sample_got[key], sample_want[key], (index, draw, key))
+                for key in ("foreground_start_coord", "foreground_end_coord"):
+                    assert np.array_equal(sample_got[key], sample_original[key]), (index, key)
+    assert padded_crops  # some crops reached outside the stored region
+
+
+def test_a_finetuning_store_keeps_float_images_narrow_labels_and_metatensor_metadata(tmp_path):
+    """The BTCV bundle's deterministic transforms (Spacingd, ScaleIntensityRanged, CropForegroundd): the float32
+    label is stored as uint8 and read back as float32, and ReadStoredd gives the in-memory MetaTensors back."""
+    datalist = write_tiny_ct(tmp_path / "data", num=2)
+    transforms = bundle_transforms(bundle_dir("swin_unetr_btcv_finetune"))
+    preprocess(datalist, tmp_path / "store", transforms)
+    store = open_store(tmp_path / "store")
+    assert store.entries[1]["arrays"]["label"]["stored_dtype"] == "|u1"
+    assert store.entries[1]["arrays"]["image"]["stored_dtype"] == "<f4"
+    item = json.loads(datalist.read_text())["training"][1]
+    in_memory = build_transforms(transforms)({k: str(datalist.parent / v) for k, v in item.items()})
+    read = ReadStoredd(["image", "label"])(StoreDataset(store)[1])
+    for key in ("image", "label"):
+        assert isinstance(read[key], MetaTensor) and read[key].dtype == in_memory[key].dtype == torch.float32
+        assert torch.equal(read[key].as_tensor(), in_memory[key].as_tensor())
+        assert torch.equal(read[key].affine, in_memory[key].affine)
+    assert read["image_meta_dict"]["filename_or_obj"] == str(datalist.parent / item["image"])
+
+
+def test_a_volume_without_foreground_is_stored_empty_and_cropped_as_zeros(tmp_path):
+    """All air: the compact array has no voxel, the store holds a 0-voxel array, and the crops are the recipe's
+    zeros."""
+    (tmp_path / "images").mkdir()
+    path = tmp_path / "images" / "air.nii.gz"
+    nib.save(nib.Nifti1Image(np.full(SHAPE, -1024, np.int16), np.eye(4)), path)
+    transforms = bundle_transforms(SSL, {"roi_size": ROI})
+    preprocess([{"image": str(path)}], tmp_path / "store", transforms)
+    stored = StoreDataset(open_store(tmp_path / "store"))[0]
+    assert stored["image"].shape == (1, 0, 0, 0)
+    in_memory = build_transforms(transforms)({"image": str(path)})
+    from_store, from_memory = _random_part(2), _random_part(2)
+    from_store.set_random_state(1), from_memory.set_random_state(1)
+    for got, want in zip(from_store(stored), from_memory(in_memory)):
+        assert torch.equal(got["image"], want["image"]) and not got["image"].any()
+
+
+def _whole_image(item: dict) -> torch.Tensor:
+    return item["image"].read()
+
+
+def test_a_dataloader_reads_the_store_in_worker_processes(ssl_store):
+    """Items travel to two workers as handles (no open file) and are read there; a shard is this rank's part."""
+    _, root, _ = ssl_store
+    store = open_store(root)
+    expected = [store.item(i)["image"].read() for i in range(len(store))]
+    loader = DataLoader(StoreDataset(store, transform=_whole_image), batch_size=1, num_workers=2)
+    batches = list(loader)
+    assert len(batches) == 4 and all(torch.equal(got[0], want) for got, want in zip(batches, expected))
+    volumes = [(e["id"], e["source"]["image"]) for e in store.entries]
+    for rank in range(2):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("components.data.partition.get_rank", lambda: rank)
+            patch.setattr("components.data.partition.get_world_size", lambda: 2)
+            shard = StoreDataset(store, shard=True, seed=3)
+        assert list(shard.data) == partition_for_rank(volumes, seed=3, rank=rank, world_size=2) and len(shard) == 2
+
+
+def test_a_volume_that_fails_to_read_names_the_store_file_and_the_source(ssl_store, tmp_path):
+    _, root, _ = ssl_store
+    copy = tmp_path / "store"
+    shutil.copytree(root, copy)
+    store = open_store(copy)
+    entry = store.entries[0]
+    os.truncate(copy / "volumes" / entry["id"] / "image.b2nd", 100)
+    crop = _random_part(1)
+    with pytest.raises(Exception) as caught:
+        crop(StoreDataset(store)[0])
+    error = caught.value if isinstance(caught.value, StoreReadError) else caught.value.__cause__
+    assert isinstance(error, StoreReadError), repr(caught.value)
+    assert error.source == entry["source"]["image"] and error.store_file.endswith(f"{entry['id']}/image.b2nd")
+    shutil.rmtree(copy / "volumes" / entry["id"])
+    with pytest.raises(StoreReadError, match=rf"{entry['id']}/item.json \(from .*case_0.nii.gz\): no volume entry"):
+        StoreDataset(store)[0]
