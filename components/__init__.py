@@ -58,6 +58,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "StoredArray",
         "batch_filenames",
         "build_dataset",
+        "data_pipeline",
         "bundle_transforms",
         "check_before_caching",
         "check_datalist",

@@ -5,10 +5,12 @@ config's ``bundle_root`` is "." (the caller's directory, whatever folder the bun
 ``monai.bundle.load``, and an override such as ``--val_interval 1`` is merged into the config as a new id without a
 word. ``monai.bundle.scripts.create_workflow`` (behind ``python -m monai.bundle run``, ``torchrun -m monai.bundle
 run``, ``run_workflow`` and ``monai.bundle.load``) holds both, as its arguments, while the workflow's ``initialize``
-runs; :func:`running_bundle` reads them from that call's frame, so the checks at start-up (unknown override ids in
-:mod:`components.settings`, which code runs in :mod:`components.origin`) know what the user ran. A workflow built
-another way (``ConfigWorkflow(...)`` or ``ConfigParser`` directly) has no such frame: the checks then fall back to
-what the config says.
+runs; :func:`running_bundle` reads them from that call's frame and keeps them for that workflow object, so that later,
+while the same workflow's ``run`` builds its datasets, they are found again from the workflow on the call stack. The
+checks at start-up (unknown override ids in :mod:`components.settings`, which code runs in :mod:`components.origin`)
+and the on-disk store's check of the transforms it was written with (:mod:`components.data.store`) so know what the
+user ran. A workflow built another way (``ConfigWorkflow(...)`` or ``ConfigParser`` directly) has no such frame: the
+checks then fall back to what the config says.
 
 Importing this module imports neither torch nor MONAI.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,9 +60,14 @@ def _config_files(config_file: Any) -> tuple[Path, ...]:
     return tuple(Path(name.strip()) for name in names)
 
 
+# what create_workflow was given, per workflow object: found again while that workflow runs
+_SEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def running_bundle() -> RunningBundle | None:
-    """The workflow ``monai.bundle.scripts.create_workflow`` is creating or initialising, from its frame on the call
-    stack; None when no such call is running (a bare ``ConfigWorkflow`` or ``ConfigParser``) or it has no config files.
+    """The workflow ``monai.bundle.scripts.create_workflow`` is creating or initialising (from its frame on the call
+    stack), or the one whose ``run`` is on the call stack after such an initialisation; None otherwise (a bare
+    ``ConfigWorkflow`` or ``ConfigParser``), or when it has no config files.
 
     Example (from an expression of a bundle's ``initialize``, run as ``python -m monai.bundle run --config_file
     configs/train.json --max_epochs 2``)::
@@ -70,15 +78,25 @@ def running_bundle() -> RunningBundle | None:
     scripts = sys.modules.get("monai.bundle.scripts")
     if scripts is None:
         return None
+    from monai.bundle import BundleWorkflow, ConfigWorkflow
+
     code = scripts.create_workflow.__code__
+    workflow = None
     frame = sys._getframe(1)
     while frame is not None and frame.f_code is not code:
+        owner = frame.f_locals.get("self")
+        if workflow is None and isinstance(owner, BundleWorkflow):
+            workflow = owner
         frame = frame.f_back
-    if frame is None or not frame.f_locals.get("config_file"):
+    if frame is None:
+        return _SEEN.get(workflow) if workflow is not None else None
+    if not frame.f_locals.get("config_file"):
         return None
-    from monai.bundle import ConfigWorkflow
-
     workflow_args = set(inspect.signature(ConfigWorkflow.__init__).parameters)
     merged = frame.f_locals.get("_args") or {}
-    overrides = {k: v for k, v in merged.items() if k not in workflow_args}
-    return RunningBundle(_config_files(frame.f_locals["config_file"]), overrides)
+    bundle = RunningBundle(_config_files(frame.f_locals["config_file"]),
+                           {k: v for k, v in merged.items() if k not in workflow_args})  # fmt: skip
+    created = frame.f_locals.get("workflow_")
+    if created is not None:
+        _SEEN[created] = bundle
+    return bundle

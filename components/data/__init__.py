@@ -38,7 +38,7 @@ from typing import Any
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "datalists": ("MissingDatalist", "load_datalist", "load_split", "require_datalist"),
     "partition": ("check_shard_sizes", "partition_for_rank", "split_for_rank"),
-    "datasets": ("EpochShuffleSampler", "ResumableSmartCacheHandler", "build_dataset", "rotate_smart_cache"),
+    "datasets": ("EpochShuffleSampler", "ResumableSmartCacheHandler", "build_dataset", "data_pipeline", "rotate_smart_cache"),
     "sources": ("DataItemError", "SourceNamingCompose", "batch_filenames", "item_sources"),
     "compact_cache": (
         "COMPACT_SUFFIX",

@@ -1,5 +1,6 @@
-"""Dataset construction: the one place that builds training datasets (this rank's shard, checked, then cached),
-the sampler that shuffles a shard anew every epoch, and a smart cache that resumes where it was.
+"""Dataset construction: the one place that builds training datasets (this rank's shard, checked, then cached in
+memory, or read from an on-disk store), the sampler that shuffles a shard anew every epoch, and a smart cache that
+resumes where it was.
 
 Every bundle pipeline runs as a :class:`~components.data.sources.SourceNamingCompose`, so a volume that breaks a
 transform at item 700 of caching, or in a loader worker mid-training, is named in the error
@@ -15,7 +16,7 @@ from pathlib import Path
 from ignite.engine import Engine
 from monai.data import CacheDataset, Dataset, SmartCacheDataset
 from monai.handlers import SmartCacheHandler
-from monai.transforms import Compose
+from monai.transforms import Compose, LoadImaged
 from torch.utils.data import DistributedSampler
 
 from ..distributed import barrier, get_rank, get_world_size
@@ -24,7 +25,7 @@ from .datalists import MissingDatalist
 from .partition import check_shard_sizes, partition_for_rank
 from .sources import SourceNamingCompose
 
-__all__ = ["EpochShuffleSampler", "ResumableSmartCacheHandler", "build_dataset", "rotate_smart_cache"]
+__all__ = ["EpochShuffleSampler", "ResumableSmartCacheHandler", "build_dataset", "data_pipeline", "rotate_smart_cache"]
 
 logger = logging.getLogger("components.data")  # one logger name for the whole package, as the logs show it
 
@@ -48,10 +49,15 @@ def build_dataset(
     pixdim: Sequence[float] | float | None = None,
     source: str | Path = "<items>",
     list_name: str = "training",
+    store: str | Path | None = None,
+    on_read_error: str = "stop",
 ) -> Dataset:
     """Builds this rank's dataset from ``data``: ``cache`` = "full" (``CacheDataset`` of ``cache_rate`` of the
     shard), "smart" (``SmartCacheDataset`` keeping ``cache_num`` volumes, ``replace_rate`` of them replaced
-    each epoch: attach ``monai.handlers.SmartCacheHandler``) or "none" (plain ``Dataset``).
+    each epoch: attach ``monai.handlers.SmartCacheHandler``), "none" (plain ``Dataset``) or "disk" (the on-disk
+    ``store`` that ``python -m components preprocess`` wrote from ``data``: :func:`~components.data.store.training_store`,
+    this rank's volumes, nothing cached and nothing read before the first step; ``transform`` is then the random
+    transforms only, see :func:`data_pipeline`; ``on_read_error`` "stop" or "skip" a volume that cannot be read).
 
     With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked (errors name
     ``list_name`` of ``source``), and with ``check`` every file of the shard is checked from its header
@@ -66,12 +72,22 @@ def build_dataset(
         return Dataset(data, transform)
     world_size = get_world_size() if partition else 1
     check_shard_sizes(len(data), world_size, batch_size, cache, cache_num, list_name=list_name, source=source)
+    if not isinstance(transform, SourceNamingCompose):
+        transform = SourceNamingCompose(transform if isinstance(transform, Compose) else Compose(transform))
+    if cache == "disk":
+        if store is None:
+            raise ValueError("loader#cache 'disk' reads a store: set loader#store to the folder that `python -m "
+                             "components preprocess --datalist LIST --out STORE` wrote.")  # fmt: skip
+        from .store import training_store
+
+        dataset = training_store(store, data, transform, shard=partition, seed=seed, on_read_error=on_read_error,
+                                 batch_size=batch_size, source=str(source))  # fmt: skip
+        logger.info("rank %d: %d/%d volumes read from the store %s (cache=disk)", get_rank(), len(dataset), len(data), store)
+        return dataset
     shard = partition_for_rank(data, seed=seed) if partition else list(data)
     check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels, pixdim=pixdim,
                          source=str(source))
     show = progress and get_rank() == 0
-    if not isinstance(transform, SourceNamingCompose):
-        transform = SourceNamingCompose(transform if isinstance(transform, Compose) else Compose(transform))
     workers = max(int(num_workers), 1)
     if cache == "full":
         dataset = CacheDataset(shard, transform, cache_rate=cache_rate, num_workers=workers, progress=show)
@@ -91,6 +107,27 @@ def build_dataset(
     logger.info("rank %d: dataset of %d/%d volumes (cache=%s)", get_rank(), len(shard), len(data), cache)
     barrier()
     return dataset
+
+
+def data_pipeline(deterministic: Sequence[Callable], random: Sequence[Callable], cache: str = "full") -> Compose:
+    """A bundle's training transforms for its ``loader#cache``: the deterministic then the random transforms, or,
+    with "disk", the random ones alone (the store holds what the deterministic ones made), preceded by
+    :class:`~components.data.store.ReadStoredd` of the loaded keys unless the first one cuts its crops from the
+    store's lazy arrays (:class:`~components.data.compact_cache.RandCompactSpatialCropSamplesd`).
+
+    Example (``train#preprocessing`` of a bundle config)::
+
+        "$components.data_pipeline(@train#deterministic_transforms, @train#random_transforms, @loader#cache)"
+    """
+    if cache != "disk":
+        return Compose([*deterministic, *random])
+    from .compact_cache import RandCompactSpatialCropSamplesd
+    from .store import ReadStoredd
+
+    if random and isinstance(random[0], RandCompactSpatialCropSamplesd):
+        return Compose(list(random))
+    keys = next((t.keys for t in deterministic if isinstance(t, LoadImaged)), ("image",))
+    return Compose([ReadStoredd(keys), *random])
 
 
 class EpochShuffleSampler(DistributedSampler):

@@ -21,7 +21,7 @@ from .datalists import MissingDatalist
 
 __all__ = ["check_shard_sizes", "partition_for_rank", "split_for_rank"]
 
-CACHE_MODES = ("full", "smart", "none")
+CACHE_MODES = ("full", "smart", "none", "disk")
 
 
 def _synth_hint(world_size: int, batch_size: int = 1) -> str:

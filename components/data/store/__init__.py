@@ -26,7 +26,7 @@ from typing import Any
 
 # submodule -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "dataset": ("ReadStoredd", "Store", "StoreDataset", "open_store"),
+    "dataset": ("ON_READ_ERROR", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint", "training_store"),
     "handle": ("StoreReadError", "StoredArray"),
     "index": ("StoreError", "transforms_fingerprint"),
     "preprocessing": ("PreprocessSummary", "VolumeFailedError", "preprocess"),

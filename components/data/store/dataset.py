@@ -10,9 +10,11 @@ Example::
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,20 @@ from monai.config import KeysCollection
 from monai.data import Dataset, MetaTensor
 from monai.transforms import MapTransform, apply_transform
 
-from ..partition import partition_for_rank
+from ...running_bundle import running_bundle
+from ...distributed import get_world_size
+from ..partition import check_shard_sizes, partition_for_rank
 from .format import FORMAT_VERSION, chunk_checksums
-from .handle import StoredArray
-from .index import HEADER, INDEX, PARTS, StoreError, read_json
+from .handle import StoredArray, StoreReadError
+from .index import HEADER, INDEX, PARTS, StoreError, read_json, transforms_fingerprint
 from .volume import read_item
 
-__all__ = ["ReadStoredd", "Store", "StoreDataset", "open_store"]
+__all__ = ["ON_READ_ERROR", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint", "training_store"]
+
+logger = logging.getLogger("components.data")  # one logger name for the whole package, as the logs show it
+
+#: what a training run does with a stored volume it cannot read: stop, or skip it (logged and counted).
+ON_READ_ERROR: tuple[str, ...] = ("stop", "skip")
 
 
 class Store:
@@ -89,6 +98,13 @@ class Store:
 def _source(entry: Mapping) -> str | None:
     """The first source file of an index entry (what errors name)."""
     return next(iter(entry["sha256"]), None)
+
+
+def _first_file(entry: Mapping, key: str = "image") -> str:
+    """The first file of an entry's ``key`` (a path or a list of paths), absolute, as the store records its sources."""
+    value = entry[key]
+    first = value[0] if isinstance(value, (list, tuple)) else value
+    return os.path.abspath(os.fspath(first))
 
 
 def _file_problem(path: Path, record: Mapping) -> str | None:
@@ -160,22 +176,134 @@ class StoreDataset(Dataset):
         shard: only this rank's volumes (``partition_for_rank`` with ``seed``: equal shards, as the in-memory
             caches split a datalist).
         seed: the partition's seed.
+        on_read_error: ``"stop"``: a volume that cannot be read raises
+            :class:`~components.data.store.handle.StoreReadError` naming the store file and the source volume;
+            ``"skip"``: it is logged at WARNING with the count of volumes this process has skipped, and the next
+            volume of the shard takes its place (a batch keeps its size; all volumes unreadable still raises).
 
     Picklable: it holds the store's folder and the volumes' ids and sources; files are opened by the worker that
-    reads them. A volume that cannot be read raises :class:`~components.data.store.handle.StoreReadError` naming the
-    store file and the source volume.
+    reads them.
     """
 
     def __init__(self, store: Store | str | os.PathLike, transform: Callable | None = None, shard: bool = False,
-                 seed: int = 0) -> None:  # fmt: skip
+                 seed: int = 0, on_read_error: str = "stop") -> None:  # fmt: skip
+        if on_read_error not in ON_READ_ERROR:
+            raise ValueError(f"on_read_error must be one of {ON_READ_ERROR}, got {on_read_error!r}.")
         store = store if isinstance(store, Store) else open_store(store)
         volumes = [(entry["id"], _source(entry)) for entry in store.entries]
         self.root = store.root
+        self.on_read_error = on_read_error
+        self.skipped = 0
         super().__init__(partition_for_rank(volumes, seed=seed) if shard else volumes, transform)
 
-    def _transform(self, index: int) -> Any:
+    def _read(self, index: int) -> Any:
         item = read_item(self.root, *self.data[index])
         return item if self.transform is None else apply_transform(self.transform, item)
+
+    def _transform(self, index: int) -> Any:
+        for attempt in range(len(self.data)):
+            try:
+                return self._read((index + attempt) % len(self.data))
+            except Exception as err:  # the transforms wrap a read error raised inside them
+                read_error = _read_error(err)
+                if self.on_read_error == "stop" or read_error is None:
+                    raise
+                self.skipped += 1
+                logger.warning("skipped a stored volume (loader#on_read_error skip; %d skipped in this process): %s",
+                               self.skipped, read_error)  # fmt: skip
+        raise StoreError(f"{self.root}: none of the {len(self.data)} volumes of this shard could be read.")
+
+
+def _read_error(err: BaseException | None) -> StoreReadError | None:
+    """The :class:`StoreReadError` in ``err``'s chain of causes, if any."""
+    while err is not None and not isinstance(err, StoreReadError):
+        err = err.__cause__
+    return err
+
+
+def _run_parser() -> Any:
+    """The running bundle's config (its files with its overrides) as a ``ConfigParser``, or None outside a run."""
+    from monai.bundle import ConfigParser
+
+    bundle = running_bundle()
+    if bundle is None:
+        return None
+    parser = ConfigParser()
+    parser.read_config([str(f) for f in bundle.config_files])
+    parser.update(dict(bundle.overrides))
+    return parser
+
+
+def run_fingerprint() -> str | None:
+    """The fingerprint of the deterministic transforms of the bundle run that is starting
+    (:func:`~components.running_bundle.running_bundle`: its config files with its overrides), which a store must
+    have been written with; None outside a bundle run (a bare ``ConfigParser``), where nothing can be compared."""
+    from .transforms import bundle_transforms
+
+    parser = _run_parser()
+    return None if parser is None else transforms_fingerprint(bundle_transforms(parser))
+
+
+def _rebuild_for_run(store: str | os.PathLike, datalist: str) -> str | None:
+    """The preprocess command that writes ``store`` for the running bundle: its folder, and the overrides of the ids its
+    deterministic transforms reference; None outside a bundle run."""
+    from .transforms import TRANSFORMS_ID
+
+    bundle = running_bundle()
+    if bundle is None:
+        return None
+    raw = json.dumps(_run_parser()[TRANSFORMS_ID])
+    used = {k: v for k, v in bundle.overrides.items() if f"@{k}" in raw}
+    overrides = f" --overrides '{json.dumps(used)}'" if used else ""
+    return (f"python -m components preprocess --datalist {datalist} --out {store} --bundle {bundle.folder}"
+            f"{overrides} --overwrite true")
+
+
+def training_store(
+    store: str | os.PathLike,
+    data: Sequence[Mapping],
+    transform: Callable,
+    shard: bool = True,
+    seed: int = 0,
+    on_read_error: str = "stop",
+    batch_size: int = 1,
+    fingerprint: str | None = None,
+    source: str = "<items>",
+) -> StoreDataset:
+    """The training dataset of ``loader#cache`` "disk": this rank's volumes of the store at ``store``, checked
+    against the run before anything is read.
+
+    The store must answer the run's deterministic transforms (``fingerprint``, default :func:`run_fingerprint`; a
+    WARNING says when none can be computed) and hold the volumes of ``data`` (the run's datalist: every stored
+    volume is one of its entries, and stored + skipped + failed count them all). Volumes the preprocessing skipped or
+    failed are named in a WARNING, never left out silently. With ``shard``, every rank must get one full batch of
+    ``batch_size`` from the stored volumes.
+
+    Raises:
+        StoreError: one line naming the store and the command that rebuilds it.
+        ValueError: too few stored volumes for the ranks (:func:`~components.data.partition.check_shard_sizes`).
+    """
+    fingerprint = run_fingerprint() if fingerprint is None else fingerprint
+    if fingerprint is None:
+        logger.warning("loader#store %s: the transforms it was written with are not compared (no bundle run to read "
+                       "them from)", store)  # fmt: skip
+    opened = open_store(store, fingerprint=fingerprint, rebuild=_rebuild_for_run(store, source))
+    files = {_first_file(entry) for entry in data}
+    foreign = [_source(e) for e in opened.entries if _source(e) not in files]
+    counted = len(opened.entries) + len(opened.skipped) + len(opened.failed)
+    if foreign or counted != len(data):
+        raise StoreError(
+            f"{opened.root} holds {counted} volume(s) of another datalist than {source} ({len(data)} entries"
+            + (f"; e.g. {foreign[0]} is none of them" if foreign else "") + f"): rebuild it with "
+            f"`{opened.rebuild_command()}` from this datalist"
+        )
+    for kind, volumes in (("skipped by the data check", opened.skipped), ("failed", opened.failed)):
+        if volumes:
+            logger.warning("loader#store %s: %d volume(s) %s at preprocessing are not trained on: %s", opened.root,
+                           len(volumes), kind, "; ".join(f"{v['source']} ({v['reason']})" for v in volumes))  # fmt: skip
+    if shard:
+        check_shard_sizes(len(opened), get_world_size(), batch_size, "disk", list_name="stored", source=opened.root)
+    return StoreDataset(opened, transform, shard=shard, seed=seed, on_read_error=on_read_error)
 
 
 class ReadStoredd(MapTransform):
