@@ -141,6 +141,60 @@ def test_one_volume_per_step_with_koleo_fails_in_initialize_naming_both_settings
     _koleo_check(_parser(batch_size=1, **{"training#koleo_weight": 0}))
 
 
+class _Recorded(Exception):
+    """Raised by the student's forward pre-hook once it has recorded its inputs: the shapes are all the test needs."""
+
+
+def _real_step_inputs(parser: ConfigParser) -> list[list[int]]:
+    """The shapes the student's forward receives in a real step: the first batch of ``train#dataloader`` (its
+    ``batch_size`` x ``num_samples`` regions), the recipe's views of it and the recipe's forward."""
+    recipe = parser.get_parsed_content("train#recipe")
+    batch = next(iter(parser.get_parsed_content("train#dataloader")))
+    views = recipe.views(batch["image"], torch.Generator().manual_seed(0))
+    received = []
+
+    def record(module, args):
+        received.extend(list(t.shape) for t in args[0])
+        raise _Recorded
+
+    network = parser.get_parsed_content("network")
+    handle = unwrap(network).register_forward_pre_hook(record)
+    with pytest.raises(_Recorded):
+        recipe.forward(network, views)
+    handle.remove()
+    return received
+
+
+@pytest.mark.parametrize("num_samples, num_local", [(1, 3), (2, 3), (2, 0)])
+def test_step_inputs_are_the_crops_a_real_step_feeds_the_student(data, num_samples, num_local, caplog):
+    """speed#step_inputs, what use_checkpoint "auto" estimates, ignored training#num_samples: with 2 regions per
+    volume it estimated half the crops a step feeds (3.1 GiB for a 5.2 GiB step at the defaults). Without local
+    crops the student gets an empty batch, which the estimate skips."""
+    overrides = {"dataset_dir": str(data), "batch_size": 2, "training#num_samples": num_samples,
+                 "training#num_local_crops": num_local, "loader#cache": "none", "loader#check_data": False,
+                 "speed#use_checkpoint": "auto"}  # fmt: skip
+    parser = _parser(**overrides)
+    regions = 2 * num_samples
+    expected = [[2 * regions, 1, 32, 32, 32], [num_local * regions, 1, 32, 32, 32]]  # 2 global crops per region
+    with caplog.at_level("INFO", logger="components.step_memory"):
+        assert _real_step_inputs(parser) == expected
+    assert parser.get_parsed_content("speed#step_inputs") == expected
+    assert f"use_checkpoint auto: a step of {expected} needs about" in caplog.text
+
+
+def test_checkpointing_estimate_follows_num_samples():
+    """The "auto" estimate's activations at 2 regions per volume are about twice those at 1 (all but the shared
+    relative-position tables scale with the crops)."""
+    from components import saved_activation_bytes
+
+    estimates = []
+    for num_samples in (1, 2):
+        parser = _parser(**{"training#num_samples": num_samples})
+        student = unwrap(parser.get_parsed_content("network"))
+        estimates.append(saved_activation_bytes(student, parser.get_parsed_content("speed#step_inputs")))
+    assert 1.95 < estimates[1] / estimates[0] <= 2.0, estimates
+
+
 def test_one_process_run_logs_the_named_parts_and_collapse_diagnostics(trained):
     _, output = trained
     lines = [line for line in output.splitlines() if "loss_dino" in line]
