@@ -339,6 +339,51 @@ def test_last_layer_is_frozen_in_the_first_epoch_and_weight_decay_follows_its_sc
     assert trainer.optimizer.param_groups[1]["weight_decay"] == 0.0  # biases and norms never decay
 
 
+def _dino_reference(student_logits, teacher_logits, center, teacher_temperature, num_global: int) -> torch.Tensor:
+    """DINO's loss written out: the cross-entropy of every (teacher global crop g, student crop v != g) pair, as a
+    (G, V) matrix of per-volume means whose off-diagonal entries are averaged."""
+    volumes = teacher_logits.shape[0] // num_global
+    targets = torch.softmax((teacher_logits - center) / teacher_temperature, dim=-1).view(num_global, volumes, -1)
+    log_probs = torch.log_softmax(student_logits / 0.1, dim=-1).view(-1, volumes, student_logits.shape[-1])
+    cross = -torch.einsum("gbk,vbk->gvb", targets, log_probs).mean(dim=-1)  # (G, V)
+    other = ~torch.eye(num_global, log_probs.shape[0], dtype=torch.bool)
+    return cross[other].mean()
+
+
+def test_each_step_s_uses_and_logs_the_teacher_temperature_of_step_s_through_the_warm_up():
+    """Across the warm-up (0.04 -> 0.07 over 4 iterations, then 0.07) the loss of step s takes the schedule's
+    temperature at s, the one the log shows at s: the DINO loss recomputed from the step's own logits and centre with
+    that temperature equals the loss the trainer got (with the next step's it would not)."""
+    student = _student()
+    recipe = _recipe(student, total_iterations=6, teacher_temperature=0.07, warmup_teacher_temperature=0.04,
+                     teacher_temperature_warmup_iterations=4)  # fmt: skip
+    schedule = [0.04, 0.0475, 0.055, 0.0625, 0.07, 0.07]
+    assert [recipe.teacher_temperature_at(s) for s in range(6)] == pytest.approx(schedule, rel=1e-12)
+    calls = []
+
+    def before(module, args, kwargs):
+        calls.append({"center": module.center.clone(), "args": [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]})
+
+    def after(module, args, kwargs, output):
+        calls[-1]["dino"] = output[1]["dino"].detach()
+
+    recipe.criterion.register_forward_pre_hook(before, with_kwargs=True)
+    recipe.criterion.register_forward_hook(after, with_kwargs=True)
+    trainer = _trainer(student, recipe, _batches(6))
+    logged = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: logged.append(e.state.output[0]["log"]["teacher_temperature"]))
+    trainer.run()
+    assert logged == pytest.approx(schedule, rel=1e-6) and len(calls) == 6
+    for step, call in enumerate(calls):
+        student_logits, teacher_logits, temperature = call["args"]
+        assert temperature == pytest.approx(schedule[step], rel=1e-12), f"step {step}"
+        expected = _dino_reference(student_logits, teacher_logits, call["center"], schedule[step], num_global=2)
+        torch.testing.assert_close(call["dino"], expected, rtol=1e-5, atol=0, msg=lambda m: f"step {step}: {m}")
+        if step < 4:  # the next step's temperature gives another loss: the check above can fail
+            other = _dino_reference(student_logits, teacher_logits, call["center"], schedule[step + 1], num_global=2)
+            assert abs(float(other - expected)) > 1e-3 * float(expected), f"step {step}"
+
+
 # ------------------------------------------------------------------------------------------------ collapse
 
 
