@@ -36,6 +36,7 @@ from tests.test_engine import _one_thread  # noqa: F401 (autouse fixture: one th
 K = 32  # prototypes of the tiny head
 WORLD = 2
 LAUNCH_TIMEOUT_S = 240
+UNEQUAL_SHARDS = (slice(0, 3), slice(3, 4))  # the volumes of a global batch of 4 on rank 0 and rank 1
 
 
 def _student(seed: int = 0, drop_path: float = 0.0) -> SelfDistillationNetwork:
@@ -487,6 +488,9 @@ def _scenario(rank: int) -> dict:
         student = _student()
         recipe = _recipe(student, koleo=0.1, equal_rank_batches=equal)
         result[key] = _gradient_step(DDP(student), student, recipe, slice(2 * rank, 2 * rank + 2))
+    # 1b. unequal shards, 3 volumes on rank 0 and 1 on rank 1 (no KoLeo: it needs 2 per rank)
+    student = _student()
+    result["unequal_step"] = _gradient_step(DDP(student), student, _recipe(student), UNEQUAL_SHARDS[rank])
     # 2. training with per-rank initialisations and data: the teacher after every step, on every rank
     student = _student(seed=100 + rank)  # DDP broadcasts rank 0's weights; the teacher must follow them
     recipe = _recipe(student, total_iterations=2)
@@ -508,9 +512,29 @@ def ranks(tmp_path_factory):
     return run_scenario(_scenario, tmp_path_factory.mktemp("sd_ranks"), WORLD, LAUNCH_TIMEOUT_S)
 
 
-def _one_process(rows: slice) -> dict:
+def _one_process(rows: slice, koleo: float = 0.1) -> dict:
     student = _student()
-    return _gradient_step(student, student, _recipe(student, koleo=0.1), rows)
+    return _gradient_step(student, student, _recipe(student, koleo=koleo), rows)
+
+
+def test_ddp_unequal_batches_give_the_gradient_and_centre_of_the_global_batch(ranks):
+    """Rank 0 with 3 volumes, rank 1 with 1: each rank's DINO term is its shard's times its rows over the mean rows
+    per rank (3 / 2 and 1 / 2), so DDP's averaged gradient and the centre are those of one process on all 4."""
+    whole = _one_process(slice(0, 4), koleo=0.0)
+    for rank, result in enumerate(ranks):
+        step = result["unequal_step"]
+        shard = _one_process(UNEQUAL_SHARDS[rank], koleo=0.0)
+        share = (3 / 2, 1 / 2)[rank]
+        torch.testing.assert_close(step["parts"]["dino"], share * shard["parts"]["dino"], rtol=1e-5, atol=1e-6)
+        assert step["grads"].keys() == whole["grads"].keys()
+        for name, grad in whole["grads"].items():
+            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=5e-7, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(step["center"], whole["center"], rtol=1e-6, atol=1e-8)
+    # the shards' plain mean (no share) would give another gradient: the share is what makes them equal
+    shards = [_one_process(rows, koleo=0.0)["grads"] for rows in UNEQUAL_SHARDS]
+    name = max(whole["grads"], key=lambda n: float(whole["grads"][n].abs().max()))
+    plain = (shards[0][name] + shards[1][name]) / 2
+    assert float((plain - whole["grads"][name]).abs().max()) > 1e-3 * float(whole["grads"][name].abs().max())
 
 
 def test_ddp_koleo_is_each_ranks_own_and_the_centre_is_that_of_the_global_batch(ranks):
