@@ -118,6 +118,25 @@ def test_teacher_is_a_copy_of_the_prepared_network_whichever_id_resolves_first(f
     assert not any(isinstance(m, DropPath) for m in teacher.modules())
 
 
+def test_teacher_temperature_warms_up_from_0_04_to_0_07_over_30_of_100_epochs_by_default(data):
+    """DINO's paper and DINOv2's default config: the teacher temperature rises linearly from 0.04 to 0.07 over the
+    first 30 (of 100) epochs. With the bundle's own schedule lengths: 4 training volumes in batches of 2 make 2
+    iterations per epoch, so 60 warm-up iterations of 200."""
+    parser = ConfigParser()
+    parser.read_config(str(BUNDLE / "configs" / "train.json"))
+    names = ("max_epochs", "training#warmup_teacher_temperature", "training#teacher_temperature",
+             "training#teacher_temperature_warmup_epochs")  # fmt: skip
+    assert [parser[name] for name in names] == [100, 0.04, 0.07, 30]
+    parser.update({**{k: v for k, v in TINY.items() if k not in ("max_epochs", "training#teacher_temperature_warmup_epochs")},
+                   "dataset_dir": str(data), "loader#cache": "none", "loader#check_data": False})  # fmt: skip
+    parser.get_parsed_content("imports")
+    recipe = parser.get_parsed_content("train#recipe")
+    assert (recipe.total_iterations, recipe.warmup_iterations) == (200, 60)
+    steps = (0, 30, 59, 60, 199)
+    expected = [0.04, 0.055, 0.04 + 0.03 * 59 / 60, 0.07, 0.07]
+    assert [recipe.teacher_temperature_at(s) for s in steps] == pytest.approx(expected, rel=1e-12)
+
+
 def test_views_augment_the_global_crops_as_the_augmentation_group_says():
     views = _parser(**{"augmentation#global_crop_2#solarize_prob": 0.3}).get_parsed_content("train#views")
     assert (views.global_blur_prob, views.global_solarize_prob) == ((1.0, 0.1), (0.0, 0.3))
