@@ -137,6 +137,24 @@ def test_teacher_temperature_warms_up_from_0_04_to_0_07_over_30_of_100_epochs_by
     assert [recipe.teacher_temperature_at(s) for s in steps] == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("encoder_lr_decay, patch_embed_lr_mult", [(1.0, 1.0), (0.9, 0.2)])
+def test_optimizer_offers_dinov2_layer_wise_learning_rates(encoder_lr_decay, patch_embed_lr_mult):
+    """Off by default (the head and the encoder at learning_rate); training#encoder_lr_decay 0.9 and
+    training#patch_embed_lr_mult 0.2 (DINOv2's default config) give each encoder stage one step deeper 0.9 times the
+    rate and the patch embedding a further 0.2."""
+    parser = _parser(**{"training#encoder_lr_decay": encoder_lr_decay, "training#patch_embed_lr_mult": patch_embed_lr_mult})
+    optimizer = parser.get_parsed_content("train#optimizer")
+    student = unwrap(parser.get_parsed_content("network"))
+    rate_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    rates = {name.split(".")[1] if name.startswith("swinViT.") else "head": rate_of[id(p)]
+             for name, p in student.named_parameters() if p.requires_grad}  # fmt: skip
+    lr = parser["learning_rate"]
+    assert rates == pytest.approx({"head": lr, **{f"layers{i}": lr * encoder_lr_decay ** (5 - i) for i in range(1, 5)},
+                                   "patch_embed": lr * encoder_lr_decay**5 * patch_embed_lr_mult})  # fmt: skip
+    assert len(optimizer.param_groups) == (2 if encoder_lr_decay == 1 else 12)
+    assert optimizer.param_groups[0]["lr"] == lr and optimizer.param_groups[0]["scheduled_weight_decay"]
+
+
 def test_views_augment_the_global_crops_as_the_augmentation_group_says():
     views = _parser(**{"augmentation#global_crop_2#solarize_prob": 0.3}).get_parsed_content("train#views")
     assert (views.global_blur_prob, views.global_solarize_prob) == ((1.0, 0.1), (0.0, 0.3))

@@ -340,6 +340,49 @@ def test_last_layer_is_frozen_in_the_first_epoch_and_weight_decay_follows_its_sc
     assert trainer.optimizer.param_groups[1]["weight_decay"] == 0.0  # biases and norms never decay
 
 
+def test_weight_decay_groups_give_dinov2_layer_wise_learning_rates_on_request():
+    """Default: DINO's two groups (weights decayed on the schedule, biases and norms not), no learning rates of their
+    own. With encoder_lr_decay 0.5 and patch_embed_lr_mult 0.2 (DINOv2: 0.9 and 0.2): the head at the learning rate,
+    each encoder stage one step deeper 0.5 times slower, the patch embedding a further 0.2; every decayed group on
+    the recipe's weight-decay schedule, and MONAI's warm-up-cosine schedule keeps the ratios."""
+    student = _student()
+    trainable = {name: p for name, p in student.named_parameters() if p.requires_grad}
+    plain = weight_decay_groups(student, 0.04)
+    matrices = sum(p.ndim > 1 for p in trainable.values())
+    assert [(len(g["params"]), g["weight_decay"], g.get("scheduled_weight_decay", False), "lr" in g) for g in plain] == [
+        (matrices, 0.04, True, False), (len(trainable) - matrices, 0.0, False, False)]  # fmt: skip
+
+    groups = weight_decay_groups(student, 0.04, learning_rate=1e-3, encoder_lr_decay=0.5, patch_embed_lr_mult=0.2)
+    expected = {"head.": 1e-3, "swinViT.layers4.": 5e-4, "swinViT.layers3.": 2.5e-4, "swinViT.layers2.": 1.25e-4,
+                "swinViT.layers1.": 6.25e-5, "swinViT.patch_embed.": 3.125e-5 * 0.2}  # fmt: skip
+    group_of = {id(p): g for g in groups for p in g["params"]}
+    assert len(group_of) == sum(len(g["params"]) for g in groups) == len(trainable)
+    for name, param in trainable.items():
+        group = group_of[id(param)]
+        assert group["lr"] == pytest.approx(next(lr for prefix, lr in expected.items() if name.startswith(prefix))), name
+        assert group["weight_decay"] == (0.04 if param.ndim > 1 else 0.0), name
+        assert group.get("scheduled_weight_decay", False) is (param.ndim > 1), name
+    assert (groups[0]["lr"], groups[0]["weight_decay"]) == (1e-3, 0.04)  # the logged lr is the head's
+
+    initial = [g["lr"] for g in groups]
+    optimizer = torch.optim.AdamW(groups, lr=1e-3)
+    recipe = _recipe(student, total_iterations=4, weight_decay=(0.04, 0.4))
+    recipe._schedule(SimpleNamespace(state=SimpleNamespace(iteration=3), optimizer=optimizer))
+    decays = [g["weight_decay"] for g in optimizer.param_groups if g.get("scheduled_weight_decay")]
+    assert len(decays) == 6 and decays == pytest.approx([recipe.weight_decay_at(2)] * 6)
+    assert recipe.weight_decay_at(2) > 0.04
+    from monai.optimizers import WarmupCosineSchedule
+
+    schedule = WarmupCosineSchedule(optimizer, warmup_steps=2, t_total=10)
+    optimizer.step()  # no gradients: nothing moves
+    schedule.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)  # half-way through the warm-up
+    ratios = [g["lr"] / optimizer.param_groups[0]["lr"] for g in optimizer.param_groups]
+    assert ratios == pytest.approx([lr / initial[0] for lr in initial])
+    with pytest.raises(ValueError, match="encoder_lr_decay 0.5 and patch_embed_lr_mult 1.0 need the learning_rate"):
+        weight_decay_groups(student, 0.04, encoder_lr_decay=0.5)
+
+
 def _dino_reference(student_logits, teacher_logits, center, teacher_temperature, num_global: int) -> torch.Tensor:
     """DINO's loss written out: the cross-entropy of every (teacher global crop g, student crop v != g) pair, as a
     (G, V) matrix of per-volume means whose off-diagonal entries are averaged."""
