@@ -184,9 +184,9 @@ def saved_activation_bytes(
 
     kernel = _MemoryEfficientAttention(half_precision) if device.type == "cuda" else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), kernel:
-        for shape in input_shapes:
-            if 0 not in shape:  # an empty batch (a step without local crops): the network skips it, nothing is saved
-                probe(torch.empty([int(s) for s in shape], device="meta"))
+        for size in ([int(s) for s in shape] for shape in input_shapes):
+            if 0 not in size:  # an empty batch (a step without local crops): the network skips it, nothing is saved
+                probe(torch.empty(size, device="meta"))
     return int(sum(sizes.values()) * (0.5 if half_precision else 1.0))
 
 

@@ -213,9 +213,8 @@ def weight_decay_groups(
     encoder times ``encoder_lr_decay ** depth``, depth 1 for its last stage up to 5 for the patch embedding (as
     :func:`~components.encoder_param_groups` counts), and the patch embedding times ``patch_embed_lr_mult`` too
     (DINOv2's default config: 0.9 per transformer block and 0.2; here the decay steps per Swin stage of 2 blocks).
-    A ``LambdaLR`` schedule such as MONAI's
-    ``WarmupCosineSchedule`` keeps the ratios. The groups come by decreasing rate, weights first: the first group
-    holds the head's weights, whose rate the trainer logs as ``lr``.
+    A ``LambdaLR`` schedule such as MONAI's ``WarmupCosineSchedule`` keeps the ratios. The groups come by decreasing
+    rate, weights first: the first group holds the head's weights, whose rate the trainer logs as ``lr``.
 
     Raises:
         ValueError: for ``encoder_lr_decay`` or ``patch_embed_lr_mult`` other than 1 without ``learning_rate``, an
