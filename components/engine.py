@@ -237,6 +237,19 @@ class _RecipeEngineMixin:
             return self.recipe.forward(self.network, views)
 
 
+def _check_no_accumulation(accumulation_steps: Any) -> None:
+    """Accepts only the integer 1 (not 1.0, ``True`` or ``"1"``, which ``int()`` would let through).
+
+    Raises:
+        ValueError: one line naming the value, e.g. ``accumulation_steps must be the integer 1 (...), got 1.5.``
+    """
+    if type(accumulation_steps) is not int or accumulation_steps != 1:
+        raise ValueError("accumulation_steps must be the integer 1 (PretrainingTrainer does not accumulate gradients: "
+                         "one optimizer step per iteration keeps the scheduler, the scaler and the recipe's after_step, "
+                         "e.g. a teacher's EMA, in step; raise batch_size or num_samples instead), got "
+                         f"{accumulation_steps!r}.")  # fmt: skip
+
+
 class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
     """``SupervisedTrainer`` running one step of a pretraining :class:`Recipe`.
 
@@ -247,7 +260,7 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
     order (FORWARD_COMPLETED, LOSS_COMPLETED, BACKWARD_COMPLETED, MODEL_COMPLETED), each with this iteration's
     values already in ``engine.state.output`` (as MONAI fills it), so a recipe or handler can act between backward
     and the optimizer step (e.g. drop the gradients of a frozen layer). Gradient accumulation is not supported:
-    ``accumulation_steps`` other than 1 is refused at construction.
+    ``accumulation_steps`` other than the integer 1 is refused at construction.
 
     Args:
         recipe: the :class:`Recipe`; its ``loss`` is also the engine's ``loss_function``.
@@ -287,10 +300,7 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         epoch_length: int | None = None,
         **kwargs: Any,
     ) -> None:
-        if int(kwargs.pop("accumulation_steps", 1)) != 1:
-            raise ValueError("PretrainingTrainer does not accumulate gradients (accumulation_steps must be 1): one "
-                             "optimizer step per iteration keeps the scheduler, the scaler and the recipe's after_step "
-                             "(e.g. a teacher's EMA) in step; raise batch_size or num_samples instead.")  # fmt: skip
+        _check_no_accumulation(kwargs.pop("accumulation_steps", 1))
         kwargs.setdefault("loss_function", getattr(recipe, "loss", None))
         self.log_due = log_filter(log_interval)
         super().__init__(

@@ -148,7 +148,8 @@ def saved_activation_bytes(
 ) -> int:
     """Bytes autograd saves for the backward pass of one training forward per shape in ``input_shapes`` on
     ``device`` (no checkpointing; float32, halved for 16-bit ``amp``), counted on a ``meta`` copy of ``network``.
-    Each tensor (a view: its base) counts once, however often it is saved.
+    Each tensor (a view: its base) counts once, however often it is saved; an empty shape (0 local crops) saves
+    nothing.
 
     The window attention is counted as the computation that will run (:attr:`StepMemory.attention`). On meta
     ``scaled_dot_product_attention`` has only its math kernel, which saves the ``n x n`` matrices, so:
@@ -183,8 +184,9 @@ def saved_activation_bytes(
 
     kernel = _MemoryEfficientAttention(half_precision) if device.type == "cuda" else contextlib.nullcontext()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), kernel:
-        for shape in input_shapes:
-            probe(torch.empty([int(s) for s in shape], device="meta"))
+        for size in ([int(s) for s in shape] for shape in input_shapes):
+            if 0 not in size:  # an empty batch (a step without local crops): the network skips it, nothing is saved
+                probe(torch.empty(size, device="meta"))
     return int(sum(sizes.values()) * (0.5 if half_precision else 1.0))
 
 

@@ -118,6 +118,43 @@ def test_teacher_is_a_copy_of_the_prepared_network_whichever_id_resolves_first(f
     assert not any(isinstance(m, DropPath) for m in teacher.modules())
 
 
+def test_teacher_temperature_warms_up_from_0_04_to_0_07_over_30_of_100_epochs_by_default(data):
+    """DINO's paper and DINOv2's default config: the teacher temperature rises linearly from 0.04 to 0.07 over the
+    first 30 (of 100) epochs. With the bundle's own schedule lengths: 4 training volumes in batches of 2 make 2
+    iterations per epoch, so 60 warm-up iterations of 200."""
+    parser = ConfigParser()
+    parser.read_config(str(BUNDLE / "configs" / "train.json"))
+    names = ("max_epochs", "training#warmup_teacher_temperature", "training#teacher_temperature",
+             "training#teacher_temperature_warmup_epochs")  # fmt: skip
+    assert [parser[name] for name in names] == [100, 0.04, 0.07, 30]
+    parser.update({**{k: v for k, v in TINY.items() if k not in ("max_epochs", "training#teacher_temperature_warmup_epochs")},
+                   "dataset_dir": str(data), "loader#cache": "none", "loader#check_data": False})  # fmt: skip
+    parser.get_parsed_content("imports")
+    recipe = parser.get_parsed_content("train#recipe")
+    assert (recipe.total_iterations, recipe.warmup_iterations) == (200, 60)
+    steps = (0, 30, 59, 60, 199)
+    expected = [0.04, 0.055, 0.04 + 0.03 * 59 / 60, 0.07, 0.07]
+    assert [recipe.teacher_temperature_at(s) for s in steps] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("encoder_lr_decay, patch_embed_lr_mult", [(1.0, 1.0), (0.9, 0.2)])
+def test_optimizer_offers_dinov2_layer_wise_learning_rates(encoder_lr_decay, patch_embed_lr_mult):
+    """Off by default (the head and the encoder at learning_rate); training#encoder_lr_decay 0.9 and
+    training#patch_embed_lr_mult 0.2 (DINOv2's default config) give each encoder stage one step deeper 0.9 times the
+    rate and the patch embedding a further 0.2."""
+    parser = _parser(**{"training#encoder_lr_decay": encoder_lr_decay, "training#patch_embed_lr_mult": patch_embed_lr_mult})
+    optimizer = parser.get_parsed_content("train#optimizer")
+    student = unwrap(parser.get_parsed_content("network"))
+    rate_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
+    rates = {name.split(".")[1] if name.startswith("swinViT.") else "head": rate_of[id(p)]
+             for name, p in student.named_parameters() if p.requires_grad}  # fmt: skip
+    lr = parser["learning_rate"]
+    assert rates == pytest.approx({"head": lr, **{f"layers{i}": lr * encoder_lr_decay ** (5 - i) for i in range(1, 5)},
+                                   "patch_embed": lr * encoder_lr_decay**5 * patch_embed_lr_mult})  # fmt: skip
+    assert len(optimizer.param_groups) == (2 if encoder_lr_decay == 1 else 12)
+    assert optimizer.param_groups[0]["lr"] == lr and optimizer.param_groups[0]["scheduled_weight_decay"]
+
+
 def test_views_augment_the_global_crops_as_the_augmentation_group_says():
     views = _parser(**{"augmentation#global_crop_2#solarize_prob": 0.3}).get_parsed_content("train#views")
     assert (views.global_blur_prob, views.global_solarize_prob) == ((1.0, 0.1), (0.0, 0.3))
@@ -139,6 +176,60 @@ def test_one_volume_per_step_with_koleo_fails_in_initialize_naming_both_settings
     assert "--training#koleo_weight 0" in str(err.value.__cause__)
     _koleo_check(_parser(batch_size=1, **{"training#num_samples": 2}))
     _koleo_check(_parser(batch_size=1, **{"training#koleo_weight": 0}))
+
+
+class _Recorded(Exception):
+    """Raised by the student's forward pre-hook once it has recorded its inputs: the shapes are all the test needs."""
+
+
+def _real_step_inputs(parser: ConfigParser) -> list[list[int]]:
+    """The shapes the student's forward receives in a real step: the first batch of ``train#dataloader`` (its
+    ``batch_size`` x ``num_samples`` regions), the recipe's views of it and the recipe's forward."""
+    recipe = parser.get_parsed_content("train#recipe")
+    batch = next(iter(parser.get_parsed_content("train#dataloader")))
+    views = recipe.views(batch["image"], torch.Generator().manual_seed(0))
+    received = []
+
+    def record(module, args):
+        received.extend(list(t.shape) for t in args[0])
+        raise _Recorded
+
+    network = parser.get_parsed_content("network")
+    handle = unwrap(network).register_forward_pre_hook(record)
+    with pytest.raises(_Recorded):
+        recipe.forward(network, views)
+    handle.remove()
+    return received
+
+
+@pytest.mark.parametrize("num_samples, num_local", [(1, 3), (2, 3), (2, 0)])
+def test_step_inputs_are_the_crops_a_real_step_feeds_the_student(data, num_samples, num_local, caplog):
+    """speed#step_inputs, what use_checkpoint "auto" estimates, ignored training#num_samples: with 2 regions per
+    volume it estimated half the crops a step feeds (3.1 GiB for a 5.2 GiB step at the defaults). Without local
+    crops the student gets an empty batch, which the estimate skips."""
+    overrides = {"dataset_dir": str(data), "batch_size": 2, "training#num_samples": num_samples,
+                 "training#num_local_crops": num_local, "loader#cache": "none", "loader#check_data": False,
+                 "speed#use_checkpoint": "auto"}  # fmt: skip
+    parser = _parser(**overrides)
+    regions = 2 * num_samples
+    expected = [[2 * regions, 1, 32, 32, 32], [num_local * regions, 1, 32, 32, 32]]  # 2 global crops per region
+    with caplog.at_level("INFO", logger="components.step_memory"):
+        assert _real_step_inputs(parser) == expected
+    assert parser.get_parsed_content("speed#step_inputs") == expected
+    assert f"use_checkpoint auto: a step of {expected} needs about" in caplog.text
+
+
+def test_checkpointing_estimate_follows_num_samples():
+    """The "auto" estimate's activations at 2 regions per volume are about twice those at 1 (all but the shared
+    relative-position tables scale with the crops)."""
+    from components import saved_activation_bytes
+
+    estimates = []
+    for num_samples in (1, 2):
+        parser = _parser(**{"training#num_samples": num_samples})
+        student = unwrap(parser.get_parsed_content("network"))
+        estimates.append(saved_activation_bytes(student, parser.get_parsed_content("speed#step_inputs")))
+    assert 1.95 < estimates[1] / estimates[0] <= 2.0, estimates
 
 
 def test_one_process_run_logs_the_named_parts_and_collapse_diagnostics(trained):

@@ -194,8 +194,18 @@ def test_iteration_events_see_this_iterations_output():
         assert events[IterationEvents.MODEL_COMPLETED][2] is log and events[IterationEvents.BACKWARD_COMPLETED][2] is None
 
 
-def test_gradient_accumulation_is_refused_at_construction():
+@pytest.mark.parametrize("steps", [2, 4, 1.5, True, "1", 1.0, None])
+def test_gradient_accumulation_is_refused_at_construction_naming_the_value(steps):
+    """Only the integer 1: a float, a bool or a string that int() would turn into 1 is refused as well."""
     net = TinySSLNet()
-    with pytest.raises(ValueError, match="accumulation_steps must be 1"):
-        _trainer(net, torch.optim.AdamW(net.parameters(), lr=1e-3), _batches(1), accumulation_steps=4)
-    _trainer(net, torch.optim.AdamW(net.parameters(), lr=1e-3), _batches(1), accumulation_steps=1)  # 1 is fine
+    with pytest.raises(ValueError) as err:
+        _trainer(net, torch.optim.AdamW(net.parameters(), lr=1e-3), _batches(1), accumulation_steps=steps)
+    message = str(err.value)
+    assert message.startswith("accumulation_steps must be the integer 1") and message.endswith(f"got {steps!r}.")
+    assert "\n" not in message
+
+
+def test_one_accumulation_step_is_accepted():
+    net = TinySSLNet()
+    trainer = _trainer(net, torch.optim.AdamW(net.parameters(), lr=1e-3), _batches(1), accumulation_steps=1)
+    assert trainer.optimizer is not None

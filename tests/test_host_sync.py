@@ -3,14 +3,17 @@
 On CUDA every read of a device value (``.item()``, ``.tolist()``, ``float(t)``, ``if t:``) waits for the GPU, so a
 per-step read stalls the pipeline. Here (CPU) the Python-level reads are recorded by patching ``torch.Tensor``, with
 the function that made them, and the collectives by patching ``torch.distributed``, per iteration: both must happen
-only at the log / check iterations (1, 1 + n, ...), at epoch ends and before checkpoint saves. Two readers are
-allowed at every iteration because they read no device value on CUDA: the optimizer's step count (a CPU tensor
-unless ``capturable``) and the cutout boxes of ``aug_rand``, which check their draw on the host only on CPU. Reads inside C++ kernels (``nonzero``, boolean
+only at the log / check iterations (1, 1 + n, ...), at epoch ends and before checkpoint saves, but for the collectives
+a step itself needs (named per recipe below). Three readers are allowed at every iteration because they read no
+device value on CUDA: the optimizer's step count (a CPU tensor unless ``capturable``), the cutout boxes of
+``aug_rand``, which check their draw on the host only on CPU, and the multi-crop boxes of self-distillation, drawn
+by the trainer's CPU host generator on accelerators. Reads inside C++ kernels (``nonzero``, boolean
 indexing) are not visible here; the CUDA test at the end, with ``torch.cuda.set_sync_debug_mode("error")``, sees them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import Counter
 from pathlib import Path
@@ -23,23 +26,30 @@ from components import NonFiniteLossError, ResumableCheckpointSaver, SSLLoss, SS
 from tests.ranks import run_scenario
 from tests.test_engine import TinySSLNet, _batches, _one_thread  # noqa: F401 (autouse fixture)
 
-HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
+HOST_READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "cpu", "numpy")
 COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "broadcast")
 WORLD = 2
 
 
 #: (file, function) of the readers that read CPU tensors only on CUDA (see above)
-CPU_ONLY_READERS = {("torch/optim/optimizer.py", "_get_value"), ("inpainting_contrast/views.py", "_draw_boxes")}
+CPU_ONLY_READERS = {
+    ("torch/optim/optimizer.py", "_get_value"),
+    ("inpainting_contrast/views.py", "_draw_boxes"),
+    ("self_distillation/views.py", "_crops"),
+}
 
 
 class PerIteration:
     """Counts calls of the named attributes of ``owner`` while installed, keyed by the trainer's iteration; for
-    each call also the (file, function) that made it, in ``sites[iteration]``."""
+    each call also the (file, function) that made it, in ``sites[iteration]`` (a set) and ``per_site[iteration]``
+    (a Counter). The caller is the frame ``depth`` above the wrapper, then further up past the frames whose file
+    path contains one of ``skip`` (e.g. the collective helpers, to name the code that needs the collective)."""
 
-    def __init__(self, owner, names: tuple[str, ...], trainer, depth: int = 1) -> None:
-        self.owner, self.names, self.trainer, self.depth = owner, names, trainer, depth
+    def __init__(self, owner, names: tuple[str, ...], trainer, depth: int = 1, skip: tuple[str, ...] = ()) -> None:
+        self.owner, self.names, self.trainer, self.depth, self.skip = owner, names, trainer, depth, skip
         self.calls: Counter = Counter()
         self.sites: dict[int, set[tuple[str, str]]] = {}
+        self.per_site: dict[int, Counter] = {}
 
     def __enter__(self) -> "PerIteration":
         self.saved = {name: getattr(self.owner, name) for name in self.names}
@@ -50,11 +60,15 @@ class PerIteration:
     def _counting(self, fn):
         def wrapper(*args, **kwargs):
             iteration = self.trainer.state.iteration
-            caller = sys._getframe(self.depth).f_code
+            frame = sys._getframe(self.depth)
+            while frame.f_back is not None and any(part in frame.f_code.co_filename for part in self.skip):
+                frame = frame.f_back
+            caller = frame.f_code
             path = Path(caller.co_filename).as_posix()
             site = ("/".join(path.split("/")[-3:]) if "/torch/" in path else "/".join(path.split("/")[-2:]), caller.co_name)
             self.calls[iteration] += 1
             self.sites.setdefault(iteration, set()).add(site)
+            self.per_site.setdefault(iteration, Counter())[site] += 1
             return fn(*args, **kwargs)
 
         return wrapper
@@ -86,7 +100,7 @@ def test_host_reads_only_at_log_iterations_epoch_ends_and_saves(tmp_path):
     # host anyway); 8: the check at the epoch end
     device_reads = {i for i, sites in reads.sites.items() if sites - CPU_ONLY_READERS}
     assert device_reads == {1, 5, 6, 8}, reads.sites
-    assert reads.sites[2] == CPU_ONLY_READERS
+    assert reads.sites[2] == {("torch/optim/optimizer.py", "_get_value"), ("inpainting_contrast/views.py", "_draw_boxes")}
     assert ("components/engine.py", "_log") in reads.sites[1] and ("components/engine.py", "check") in reads.sites[5]
 
 
@@ -191,7 +205,7 @@ class FreshTensors(PerIteration):
     def __init__(self, trainer) -> None:
         super().__init__(torch, ("tensor", "as_tensor", "asarray"), trainer, depth=2)
         self.methods = PerIteration(torch.Tensor, ("new_tensor",), trainer)
-        self.methods.calls, self.methods.sites = self.calls, self.sites  # one record for both
+        self.methods.calls, self.methods.sites, self.methods.per_site = self.calls, self.sites, self.per_site  # one record
 
     def _counting(self, fn):
         counted = super()._counting(fn)
@@ -211,41 +225,98 @@ class FreshTensors(PerIteration):
         self.methods.__exit__(*exc)
 
 
-def _fresh_scenario(rank: int) -> dict:
-    """Both recipes under DDP on 2 gloo ranks with equal batches: where are tensors made from Python numbers?"""
+#: the recipes of the DDP record below: the SSL recipe with equal batches promised, self-distillation with and
+#: without the promise (the bundle promises it; the loss's default does not)
+DDP_RECIPES = ("ssl", "self_distillation_equal", "self_distillation")
+STEADY = (2, 3, 5)  # log interval 3 over 6 iterations: 1 and 4 log and check, 6 ends the epoch
+
+#: the collectives one steady self-distillation step needs, by the code that needs them: the centre's all-reduce of
+#: the teacher's row sums and row count (the row count also gives an unequal batch its share of the DINO term); the
+#: teacher's EMA, KoLeo (per rank) and the views need none, and DDP's gradient all-reduce runs in C++
+SELF_DISTILLATION_STEP_COLLECTIVES = {("self_distillation/loss.py", "_global_teacher_mean"): 1}
+
+
+def _self_distillation_trainer(rank: int, equal_rank_batches: bool):
+    """A tiny DDP self-distillation run of 6 iterations, 2 volumes per rank (KoLeo runs on each rank's own batch)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from components import PretrainingTrainer, weight_decay_groups
     from tests.test_self_distillation import _batches as _volumes, _recipe, _student
 
-    out = {}
-    torch.manual_seed(0)
-    ssl = _trainer(_batches(6, seed=rank), 3, [StopOnNonFiniteLoss(check_interval=3)], DDP(TinySSLNet()), equal_rank_batches=True)
     student = _student()
-    recipe = _recipe(student, total_iterations=6, koleo=0.1, equal_rank_batches=True)
-    # 2 volumes per rank: KoLeo runs on each rank's own batch
-    sd = PretrainingTrainer(device="cpu", max_epochs=1, train_data_loader=_volumes(6, volumes=2, seed=rank), network=DDP(student),
-                            optimizer=torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=1e-3), recipe=recipe,
-                            log_interval=3, train_handlers=[StopOnNonFiniteLoss(check_interval=3)])  # fmt: skip
-    for name, trainer in (("ssl", ssl), ("self_distillation", sd)):
-        with FreshTensors(trainer) as fresh:
+    recipe = _recipe(student, total_iterations=6, koleo=0.1, equal_rank_batches=equal_rank_batches)
+    return PretrainingTrainer(device="cpu", max_epochs=1, train_data_loader=_volumes(6, volumes=2, seed=rank),
+                              network=DDP(student), optimizer=torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=1e-3),
+                              recipe=recipe, log_interval=3, train_handlers=[StopOnNonFiniteLoss(check_interval=3)])  # fmt: skip
+
+
+def _ddp_scenario(rank: int) -> dict:
+    """Every recipe under DDP on 2 gloo ranks: per iteration, where tensors are made from Python numbers, where
+    values are read back to the host and which code runs collectives."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    trainers = {
+        "ssl": _trainer(_batches(6, seed=rank), 3, [StopOnNonFiniteLoss(check_interval=3)], DDP(TinySSLNet()),
+                        equal_rank_batches=True),  # fmt: skip
+        "self_distillation_equal": _self_distillation_trainer(rank, equal_rank_batches=True),
+        "self_distillation": _self_distillation_trainer(rank, equal_rank_batches=False),
+    }
+    out = {}
+    for name, trainer in trainers.items():
+        with contextlib.ExitStack() as stack:
+            fresh = stack.enter_context(FreshTensors(trainer))
+            reads = stack.enter_context(PerIteration(torch.Tensor, HOST_READS, trainer))
+            collectives = stack.enter_context(PerIteration(torch.distributed, COLLECTIVES, trainer, skip=("components/distributed.py",)))
             trainer.run()
-        out[name] = {"calls": dict(fresh.calls), "sites": {i: sorted(s) for i, s in fresh.sites.items()}}
+        out[name] = {key: {i: dict(c) for i, c in record.per_site.items()}
+                     for key, record in (("fresh", fresh), ("reads", reads), ("collectives", collectives))}  # fmt: skip
     return out
 
 
 @pytest.fixture(scope="module")
-def fresh_ranks(tmp_path_factory) -> list[dict]:
-    return run_scenario(_fresh_scenario, tmp_path_factory.mktemp("fresh_tensor_ranks"), WORLD)
+def ddp_ranks(tmp_path_factory) -> list[dict]:
+    return run_scenario(_ddp_scenario, tmp_path_factory.mktemp("ddp_record_ranks"), WORLD)
 
 
-@pytest.mark.parametrize("recipe", ["ssl", "self_distillation"])
-def test_no_tensor_is_made_from_python_numbers_between_log_iterations_under_ddp(fresh_ranks, recipe):
-    """Iterations 2, 3 and 5 (log interval 3, 6 iterations) build no tensor from Python data on any rank: on CUDA each
-    would be a blocking host-to-device copy every step (the self-distillation centre's rank weight was one)."""
-    for result in fresh_ranks:
-        steady = {i: result[recipe]["sites"].get(i) for i in (2, 3, 5) if result[recipe]["calls"].get(i)}
+@pytest.mark.parametrize("recipe", DDP_RECIPES)
+def test_no_tensor_is_made_from_python_numbers_between_log_iterations_under_ddp(ddp_ranks, recipe):
+    """Iterations 2, 3 and 5 build no tensor from Python data on any rank: on CUDA each would be a blocking
+    host-to-device copy every step (the self-distillation centre's rank weight was one)."""
+    for result in ddp_ranks:
+        steady = {i: result[recipe]["fresh"][i] for i in STEADY if result[recipe]["fresh"].get(i)}
         assert steady == {}, steady
+
+
+@pytest.mark.parametrize("recipe", DDP_RECIPES)
+def test_no_value_is_read_back_to_the_host_between_log_iterations_under_ddp(ddp_ranks, recipe):
+    """Iterations 2, 3 and 5 read nothing back to the host on any rank but what is a CPU tensor on CUDA too: the
+    optimizer's step count, the boxes of both recipes' views (drawn by the trainer's CPU host generator there).
+    A per-step read (the self-distillation loss read the mean batch size with ``float()`` at every step without
+    equal batches) fails it; the log iterations read."""
+    for result in ddp_ranks:
+        reads = result[recipe]["reads"]
+        steady = {i: set(reads.get(i, {})) - CPU_ONLY_READERS for i in STEADY}
+        assert steady == {i: set() for i in STEADY}, steady
+        assert ("components/engine.py", "_log") in reads[1] and ("components/engine.py", "check") in reads[4]
+
+
+@pytest.mark.parametrize("recipe", ["self_distillation_equal", "self_distillation"])
+def test_a_self_distillation_step_runs_only_the_centres_collective_under_ddp(ddp_ranks, recipe):
+    """A steady step runs exactly SELF_DISTILLATION_STEP_COLLECTIVES, with or without the promise of equal batches
+    (an all-reduce of the batch sizes for the DINO term's share at every step was one more); iteration 1 adds the
+    logged values' all-reduce, the check's and, with the promise, its one-time shape check; 4 the log's and the
+    check's, 6 (the epoch end) the check's."""
+    logged = {("components/engine.py", "_log"): 1, ("components/engine.py", "check"): 1}
+    for result in ddp_ranks:
+        calls = result[recipe]["collectives"]
+        assert {i: calls[i] for i in STEADY} == {i: SELF_DISTILLATION_STEP_COLLECTIVES for i in STEADY}, calls
+        assert calls[4] == {**SELF_DISTILLATION_STEP_COLLECTIVES, **logged}, calls[4]
+        assert calls[6] == {**SELF_DISTILLATION_STEP_COLLECTIVES, ("components/engine.py", "check"): 1}, calls[6]
+        first = Counter(calls[1])
+        first.subtract({**SELF_DISTILLATION_STEP_COLLECTIVES, **logged})
+        shape_check = {site: n for site, n in first.items() if n}
+        assert shape_check == ({("self_distillation/loss.py", "_global_teacher_mean"): 1} if recipe.endswith("equal") else {}), calls[1]
 
 
 # ------------------------------------------------------------------------------------------------- CUDA

@@ -36,6 +36,7 @@ from tests.test_engine import _one_thread  # noqa: F401 (autouse fixture: one th
 K = 32  # prototypes of the tiny head
 WORLD = 2
 LAUNCH_TIMEOUT_S = 240
+UNEQUAL_SHARDS = (slice(0, 3), slice(3, 4))  # the volumes of a global batch of 4 on rank 0 and rank 1
 
 
 def _student(seed: int = 0, drop_path: float = 0.0) -> SelfDistillationNetwork:
@@ -339,6 +340,94 @@ def test_last_layer_is_frozen_in_the_first_epoch_and_weight_decay_follows_its_sc
     assert trainer.optimizer.param_groups[1]["weight_decay"] == 0.0  # biases and norms never decay
 
 
+def test_weight_decay_groups_give_dinov2_layer_wise_learning_rates_on_request():
+    """Default: DINO's two groups (weights decayed on the schedule, biases and norms not), no learning rates of their
+    own. With encoder_lr_decay 0.5 and patch_embed_lr_mult 0.2 (DINOv2: 0.9 and 0.2): the head at the learning rate,
+    each encoder stage one step deeper 0.5 times slower, the patch embedding a further 0.2; every decayed group on
+    the recipe's weight-decay schedule, and MONAI's warm-up-cosine schedule keeps the ratios."""
+    student = _student()
+    trainable = {name: p for name, p in student.named_parameters() if p.requires_grad}
+    plain = weight_decay_groups(student, 0.04)
+    matrices = sum(p.ndim > 1 for p in trainable.values())
+    assert [(len(g["params"]), g["weight_decay"], g.get("scheduled_weight_decay", False), "lr" in g) for g in plain] == [
+        (matrices, 0.04, True, False), (len(trainable) - matrices, 0.0, False, False)]  # fmt: skip
+
+    groups = weight_decay_groups(student, 0.04, learning_rate=1e-3, encoder_lr_decay=0.5, patch_embed_lr_mult=0.2)
+    expected = {"head.": 1e-3, "swinViT.layers4.": 5e-4, "swinViT.layers3.": 2.5e-4, "swinViT.layers2.": 1.25e-4,
+                "swinViT.layers1.": 6.25e-5, "swinViT.patch_embed.": 3.125e-5 * 0.2}  # fmt: skip
+    group_of = {id(p): g for g in groups for p in g["params"]}
+    assert len(group_of) == sum(len(g["params"]) for g in groups) == len(trainable)
+    for name, param in trainable.items():
+        group = group_of[id(param)]
+        assert group["lr"] == pytest.approx(next(lr for prefix, lr in expected.items() if name.startswith(prefix))), name
+        assert group["weight_decay"] == (0.04 if param.ndim > 1 else 0.0), name
+        assert group.get("scheduled_weight_decay", False) is (param.ndim > 1), name
+    assert (groups[0]["lr"], groups[0]["weight_decay"]) == (1e-3, 0.04)  # the logged lr is the head's
+
+    initial = [g["lr"] for g in groups]
+    optimizer = torch.optim.AdamW(groups, lr=1e-3)
+    recipe = _recipe(student, total_iterations=4, weight_decay=(0.04, 0.4))
+    recipe._schedule(SimpleNamespace(state=SimpleNamespace(iteration=3), optimizer=optimizer))
+    decays = [g["weight_decay"] for g in optimizer.param_groups if g.get("scheduled_weight_decay")]
+    assert len(decays) == 6 and decays == pytest.approx([recipe.weight_decay_at(2)] * 6)
+    assert recipe.weight_decay_at(2) > 0.04
+    from monai.optimizers import WarmupCosineSchedule
+
+    schedule = WarmupCosineSchedule(optimizer, warmup_steps=2, t_total=10)
+    optimizer.step()  # no gradients: nothing moves
+    schedule.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)  # half-way through the warm-up
+    ratios = [g["lr"] / optimizer.param_groups[0]["lr"] for g in optimizer.param_groups]
+    assert ratios == pytest.approx([lr / initial[0] for lr in initial])
+    with pytest.raises(ValueError, match="encoder_lr_decay 0.5 and patch_embed_lr_mult 1.0 need the learning_rate"):
+        weight_decay_groups(student, 0.04, encoder_lr_decay=0.5)
+
+
+def _dino_reference(student_logits, teacher_logits, center, teacher_temperature, num_global: int) -> torch.Tensor:
+    """DINO's loss written out: the cross-entropy of every (teacher global crop g, student crop v != g) pair, as a
+    (G, V) matrix of per-volume means whose off-diagonal entries are averaged."""
+    volumes = teacher_logits.shape[0] // num_global
+    targets = torch.softmax((teacher_logits - center) / teacher_temperature, dim=-1).view(num_global, volumes, -1)
+    log_probs = torch.log_softmax(student_logits / 0.1, dim=-1).view(-1, volumes, student_logits.shape[-1])
+    cross = -torch.einsum("gbk,vbk->gvb", targets, log_probs).mean(dim=-1)  # (G, V)
+    other = ~torch.eye(num_global, log_probs.shape[0], dtype=torch.bool)
+    return cross[other].mean()
+
+
+def test_each_step_s_uses_and_logs_the_teacher_temperature_of_step_s_through_the_warm_up():
+    """Across the warm-up (0.04 -> 0.07 over 4 iterations, then 0.07) the loss of step s takes the schedule's
+    temperature at s, the one the log shows at s: the DINO loss recomputed from the step's own logits and centre with
+    that temperature equals the loss the trainer got (with the next step's it would not)."""
+    student = _student()
+    recipe = _recipe(student, total_iterations=6, teacher_temperature=0.07, warmup_teacher_temperature=0.04,
+                     teacher_temperature_warmup_iterations=4)  # fmt: skip
+    schedule = [0.04, 0.0475, 0.055, 0.0625, 0.07, 0.07]
+    assert [recipe.teacher_temperature_at(s) for s in range(6)] == pytest.approx(schedule, rel=1e-12)
+    calls = []
+
+    def before(module, args, kwargs):
+        calls.append({"center": module.center.clone(), "args": [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args]})
+
+    def after(module, args, kwargs, output):
+        calls[-1]["dino"] = output[1]["dino"].detach()
+
+    recipe.criterion.register_forward_pre_hook(before, with_kwargs=True)
+    recipe.criterion.register_forward_hook(after, with_kwargs=True)
+    trainer = _trainer(student, recipe, _batches(6))
+    logged = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: logged.append(e.state.output[0]["log"]["teacher_temperature"]))
+    trainer.run()
+    assert logged == pytest.approx(schedule, rel=1e-6) and len(calls) == 6
+    for step, call in enumerate(calls):
+        student_logits, teacher_logits, temperature = call["args"]
+        assert temperature == pytest.approx(schedule[step], rel=1e-12), f"step {step}"
+        expected = _dino_reference(student_logits, teacher_logits, call["center"], schedule[step], num_global=2)
+        torch.testing.assert_close(call["dino"], expected, rtol=1e-5, atol=0, msg=lambda m: f"step {step}: {m}")
+        if step < 4:  # the next step's temperature gives another loss: the check above can fail
+            other = _dino_reference(student_logits, teacher_logits, call["center"], schedule[step + 1], num_global=2)
+            assert abs(float(other - expected)) > 1e-3 * float(expected), f"step {step}"
+
+
 # ------------------------------------------------------------------------------------------------ collapse
 
 
@@ -442,6 +531,9 @@ def _scenario(rank: int) -> dict:
         student = _student()
         recipe = _recipe(student, koleo=0.1, equal_rank_batches=equal)
         result[key] = _gradient_step(DDP(student), student, recipe, slice(2 * rank, 2 * rank + 2))
+    # 1b. unequal shards, 3 volumes on rank 0 and 1 on rank 1 (no KoLeo: it needs 2 per rank)
+    student = _student()
+    result["unequal_step"] = _gradient_step(DDP(student), student, _recipe(student), UNEQUAL_SHARDS[rank])
     # 2. training with per-rank initialisations and data: the teacher after every step, on every rank
     student = _student(seed=100 + rank)  # DDP broadcasts rank 0's weights; the teacher must follow them
     recipe = _recipe(student, total_iterations=2)
@@ -463,9 +555,29 @@ def ranks(tmp_path_factory):
     return run_scenario(_scenario, tmp_path_factory.mktemp("sd_ranks"), WORLD, LAUNCH_TIMEOUT_S)
 
 
-def _one_process(rows: slice) -> dict:
+def _one_process(rows: slice, koleo: float = 0.1) -> dict:
     student = _student()
-    return _gradient_step(student, student, _recipe(student, koleo=0.1), rows)
+    return _gradient_step(student, student, _recipe(student, koleo=koleo), rows)
+
+
+def test_ddp_unequal_batches_give_the_gradient_and_centre_of_the_global_batch(ranks):
+    """Rank 0 with 3 volumes, rank 1 with 1: each rank's DINO term is its shard's times its rows over the mean rows
+    per rank (3 / 2 and 1 / 2), so DDP's averaged gradient and the centre are those of one process on all 4."""
+    whole = _one_process(slice(0, 4), koleo=0.0)
+    for rank, result in enumerate(ranks):
+        step = result["unequal_step"]
+        shard = _one_process(UNEQUAL_SHARDS[rank], koleo=0.0)
+        share = (3 / 2, 1 / 2)[rank]
+        torch.testing.assert_close(step["parts"]["dino"], share * shard["parts"]["dino"], rtol=1e-5, atol=1e-6)
+        assert step["grads"].keys() == whole["grads"].keys()
+        for name, grad in whole["grads"].items():
+            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=5e-7, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(step["center"], whole["center"], rtol=1e-6, atol=1e-8)
+    # the shards' plain mean (no share) would give another gradient: the share is what makes them equal
+    shards = [_one_process(rows, koleo=0.0)["grads"] for rows in UNEQUAL_SHARDS]
+    name = max(whole["grads"], key=lambda n: float(whole["grads"][n].abs().max()))
+    plain = (shards[0][name] + shards[1][name]) / 2
+    assert float((plain - whole["grads"][name]).abs().max()) > 1e-3 * float(whole["grads"][name].abs().max())
 
 
 def test_ddp_koleo_is_each_ranks_own_and_the_centre_is_that_of_the_global_batch(ranks):

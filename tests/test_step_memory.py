@@ -94,6 +94,15 @@ def test_prepare_network_needs_step_inputs_for_auto():
     assert all(_checkpointed(net))
 
 
+def test_an_empty_input_saves_nothing():
+    """A step without local crops feeds the self-distillation student an empty batch, which it skips: the probe
+    skips it too (it used to fail in torch.cat with use_checkpoint "auto" and num_local_crops 0)."""
+    net = components.SelfDistillationNetwork(feature_size=12, out_dim=8, hidden_dim=8, bottleneck_dim=8, window_size=4)
+    alone = components.saved_activation_bytes(net, [[2, 1, 32, 32, 32]])
+    assert alone > 0
+    assert components.saved_activation_bytes(net, [[2, 1, 32, 32, 32], [0, 1, 32, 32, 32]]) == alone
+
+
 @pytest.mark.parametrize("bundle", ["swin_unetr_ssl_pretrain", "swin_unetr_btcv_finetune", "swin_unetr_brats_finetune",
                                     "swin_unetr_dino_pretrain"])  # fmt: skip
 def test_bundles_checkpoint_only_when_the_step_does_not_fit(bundle, monkeypatch):

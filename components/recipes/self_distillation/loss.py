@@ -7,9 +7,10 @@ DINO (Caron et al., 2021): the teacher's outputs of the global crops, centred an
 ``-mean_i log(min_{j != i} ||z_i - z_j||)``; DINOv2 computes it separately for each global crop (the student's
 embeddings of crop 1, then of crop 2) and adds the per-crop terms, each times the weight.
 
-Distributed: the centre is updated with the mean over *all ranks'* teacher outputs (an all-reduce weighted by the
-rows of each rank), so every rank holds the same centre, equal to that of one process on the global batch, as in
-DINO. KoLeo is computed on each rank's own batch, as in DINOv2: its value on a rank equals that of one process on
+Distributed: the centre is updated with the mean over *all ranks'* teacher outputs (one all-reduce of each rank's
+row sums and row count per step), so every rank holds the same centre, equal to that of one process on the global
+batch, as in DINO; the same all-reduce gives each rank its share of the DINO term when batches differ, on the
+device. KoLeo is computed on each rank's own batch, as in DINOv2: its value on a rank equals that of one process on
 the rank's shard, whatever the world size, and needs at least 2 volumes per rank (:func:`check_koleo_batch`).
 """
 
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...distributed import RankBatches, all_reduce_mean, get_world_size, is_distributed
+from ...distributed import RankBatches, all_reduce_mean
 
 __all__ = ["SelfDistillationLoss", "check_koleo_batch", "koleo_loss"]
 
@@ -88,8 +89,8 @@ class SelfDistillationLoss(nn.Module):
         center_momentum: the centre's EMA momentum (0.9 in DINO).
         koleo_weight: weight of each global crop's KoLeo term on the student's embeddings (0: off; DINOv2 0.1).
         equal_rank_batches: every rank has a batch of the same size at every step (the bundle's equal training
-            shards): no batch sizes are exchanged and read back to the host; checked once, at the first distributed
-            step.
+            shards): the DINO term needs no share of the batch (it is 1); checked once, at the first distributed
+            step. Without it the share comes from the centre's all-reduce, with no read back to the host either.
 
     ``forward(student_logits, teacher_logits, teacher_temperature, num_global, student_embeddings=None)``:
 
@@ -184,27 +185,34 @@ class SelfDistillationLoss(nn.Module):
             dino = torch.stack(pairs).mean()
             entropy = -(log_targets.exp() * log_targets).sum(dim=-1).mean()
             self.stats = {"teacher_entropy": entropy / math.log(self.out_dim), "kl": dino.detach() - entropy}
-            parts = {"dino": dino * self._batch_share(b, student_logits.device)}
+            batch_mean, share = self._global_teacher_mean(teacher)
+            parts = {"dino": dino * share}
             total = parts["dino"]
             if self.koleo_weight > 0:
                 crops = student_embeddings[: g * b].chunk(g)
                 parts["koleo"] = torch.stack([koleo_loss(z) for z in crops]).sum()
                 total = total + self.koleo_weight * parts["koleo"]
-        self.update_center(teacher)
+        self.update_center(batch_mean)
         return total, parts
 
-    def _batch_share(self, rows: int, device: torch.device) -> float:
-        """This rank's rows over the mean rows per rank: after DDP averages the gradients, the DINO term's equals
-        that of one process on the global batch. 1 with equal batches, 1 on one process."""
-        if not is_distributed() or get_world_size() == 1:
-            return 1.0
+    @torch.no_grad()
+    def _global_teacher_mean(self, teacher: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float]:
+        """The mean of every rank's teacher rows ``(1, K)`` and this rank's share of the DINO term, from one
+        all-reduce of the row sums and the row count, on the device (nothing is read back to the host).
+
+        The share is this rank's rows over the mean rows per rank: after DDP averages the gradients, the DINO
+        term's equals that of one process on the global batch. 1 with equal batches (promised and checked once);
+        a tensor equal to 1 on one process.
+        """
+        rows = teacher.shape[0]
+        means = all_reduce_mean(torch.cat([teacher.sum(dim=0), teacher.new_full((1,), rows)]))  # over the ranks
+        batch_mean = (means[:-1] / means[-1]).unsqueeze(0)
         if self.equal_rank_batches:
-            self._ranks.check_once(torch.empty(rows, 0, device=device))
-            return 1.0
-        return rows / float(all_reduce_mean(torch.full((), float(rows), device=device)))
+            self._ranks.check_once(teacher)
+            return batch_mean, 1.0
+        return batch_mean, rows / means[-1]
 
     @torch.no_grad()
-    def update_center(self, teacher_logits: torch.Tensor) -> None:
-        """``c <- m c + (1 - m) mean(teacher_logits)``, the mean over every rank's rows (one weighted all-reduce)."""
-        batch_mean = all_reduce_mean(teacher_logits.mean(dim=0, keepdim=True), weight=teacher_logits.shape[0])
+    def update_center(self, batch_mean: torch.Tensor) -> None:
+        """``c <- m c + (1 - m) batch_mean``, ``batch_mean`` ``(1, K)`` the teacher's mean output over every rank."""
         self.center.mul_(self.center_momentum).add_(batch_mean.to(self.center), alpha=1.0 - self.center_momentum)

@@ -14,9 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
+from ...encoder_lr import encoder_param_groups
+from ...engine import unwrap
 from ...networks import DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
 
 __all__ = ["SwinViTEmbedding", "ProjectionHead", "SelfDistillationNetwork", "weight_decay_groups"]
+
+ENCODER = "swinViT"  # the encoder's attribute: the layout every loader of this collection reads
 
 
 class SwinViTEmbedding(nn.Module):
@@ -177,21 +181,61 @@ class SelfDistillationNetwork(SwinViTEmbedding):
         return embeddings, self.head(embeddings)
 
 
-def weight_decay_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """Optimizer parameter groups as DINO uses them: weights decayed, biases and norm parameters (ndim <= 1) not.
+def _learning_rates(
+    module: nn.Module, learning_rate: float, encoder_lr_decay: float, patch_embed_lr_mult: float
+) -> dict[int, float]:
+    """Each trainable parameter's learning rate (by ``id``): layer-wise decay into the encoder as
+    :func:`~components.encoder_param_groups` gives it, times ``patch_embed_lr_mult`` for the patch embedding."""
+    if not float(patch_embed_lr_mult) > 0:
+        raise ValueError(f"patch_embed_lr_mult must be > 0, got {patch_embed_lr_mult}.")
+    groups = encoder_param_groups(module, float(learning_rate), float(encoder_lr_decay), prefix=f"{ENCODER}.")
+    if encoder_lr_decay == 1:  # one list of parameters, all at the learning rate
+        groups = [{"params": groups, "lr": float(learning_rate)}]
+    rates = {id(param): group["lr"] for group in groups for param in group["params"]}
+    for param in getattr(unwrap(module), ENCODER).patch_embed.parameters():
+        rates[id(param)] *= float(patch_embed_lr_mult)
+    return rates
 
-    The first group is marked ``"scheduled_weight_decay": True`` for the recipe's weight-decay schedule; frozen
-    parameters (``requires_grad=False``) are left out.
+
+def weight_decay_groups(
+    module: nn.Module,
+    weight_decay: float,
+    learning_rate: float | None = None,
+    encoder_lr_decay: float = 1.0,
+    patch_embed_lr_mult: float = 1.0,
+) -> list[dict]:
+    """Optimizer parameter groups as DINO uses them: weights decayed, biases and norm parameters (ndim <= 1) not;
+    on request with DINOv2's layer-wise learning rates.
+
+    Every decayed group is marked ``"scheduled_weight_decay": True`` for the recipe's weight-decay schedule; frozen
+    parameters (``requires_grad=False``) are left out. Without ``learning_rate``: two groups, the optimizer's own
+    rate for both. With it every group carries its ``lr``: ``learning_rate`` for the projection head; for the
+    encoder times ``encoder_lr_decay ** depth``, depth 1 for its last stage up to 5 for the patch embedding (as
+    :func:`~components.encoder_param_groups` counts), and the patch embedding times ``patch_embed_lr_mult`` too
+    (DINOv2's default config: 0.9 per transformer block and 0.2; here the decay steps per Swin stage of 2 blocks).
+    A ``LambdaLR`` schedule such as MONAI's ``WarmupCosineSchedule`` keeps the ratios. The groups come by decreasing
+    rate, weights first: the first group holds the head's weights, whose rate the trainer logs as ``lr``.
+
+    Raises:
+        ValueError: for ``encoder_lr_decay`` or ``patch_embed_lr_mult`` other than 1 without ``learning_rate``, an
+            ``encoder_lr_decay`` outside (0, 1] or a ``patch_embed_lr_mult`` <= 0.
 
     Example::
 
         torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=5e-4)
+        torch.optim.AdamW(weight_decay_groups(student, 0.04, 5e-4, encoder_lr_decay=0.9, patch_embed_lr_mult=0.2))
     """
-    decayed, plain = [], []
+    if learning_rate is None and (encoder_lr_decay != 1 or patch_embed_lr_mult != 1):
+        raise ValueError(f"encoder_lr_decay {encoder_lr_decay} and patch_embed_lr_mult {patch_embed_lr_mult} need the "
+                         "learning_rate (the head's) to set the encoder's rates from.")  # fmt: skip
+    rates = None if learning_rate is None else _learning_rates(module, learning_rate, encoder_lr_decay, patch_embed_lr_mult)
+    groups: dict[tuple[float, bool], list[nn.Parameter]] = {}
     for param in module.parameters():
         if param.requires_grad:
-            (plain if param.ndim <= 1 else decayed).append(param)
+            groups.setdefault((rates[id(param)] if rates else 0.0, param.ndim > 1), []).append(param)
     return [
-        {"params": decayed, "weight_decay": float(weight_decay), "scheduled_weight_decay": True},
-        {"params": plain, "weight_decay": 0.0},
+        {"params": params, "weight_decay": float(weight_decay) if decayed else 0.0}
+        | ({"scheduled_weight_decay": True} if decayed else {})
+        | ({"lr": rate} if rates else {})
+        for (rate, decayed), params in sorted(groups.items(), key=lambda item: (-item[0][0], not item[0][1]))
     ]

@@ -96,7 +96,8 @@ class SelfDistillationRecipe(nn.Module):
         views: the :class:`MultiCrop` drawing the views.
         total_iterations: iterations of the whole run (the schedules' length), e.g. ``max_epochs * len(loader)``.
         momentum: (start, end) of the teacher's EMA momentum (DINO: 0.996 -> 1).
-        teacher_temperature: the teacher's temperature after warm-up (DINO: 0.04 to 0.07).
+        teacher_temperature: the teacher's temperature after warm-up (DINO's paper and DINOv2's default config:
+            0.07, warmed up from 0.04 over the first 30 epochs; DINO's ``main_dino.py`` default: 0.04, no warm-up).
         warmup_teacher_temperature: the temperature at the first iteration, raised linearly to ``teacher_temperature``
             over ``teacher_temperature_warmup_iterations``.
         weight_decay: (start, end) of the weight-decay schedule (DINO: 0.04 -> 0.4).
