@@ -27,6 +27,7 @@ from .layouts import (
     _ENCODER_PREFIX,
     PATCH_EMBED_WEIGHT,
     CheckpointLoadError,
+    beside_training_progress,
     extract_state_dict,
     map_state_dict,
     read_checkpoint,
@@ -160,8 +161,8 @@ def infer_architecture(source: str | os.PathLike | Mapping) -> SwinArchitecture:
     """
     where = source_name(source)
     raw = read_checkpoint(source, "cpu", mmap=True) if isinstance(source, (str, os.PathLike)) else source
-    state, _ = extract_state_dict(raw, where)
-    layout, _, mapped = map_state_dict(state, where)
+    state, container = extract_state_dict(raw, where)
+    layout, _, mapped = map_state_dict(state, where, beside_training_progress(raw, container))
     found = encoder_architecture({m.target: m.value for m in mapped if m.target is not None})
     if found.feature_size is None:
         raise CheckpointLoadError(

@@ -33,6 +33,7 @@ from .layouts import (
     LoadReport,
     UnusedKey,
     _category,
+    beside_training_progress,
     extract_state_dict,
     map_state_dict,
     read_checkpoint,
@@ -136,7 +137,7 @@ def convert_state_dict(
     state, container = extract_state_dict(raw, where)
     model = _unwrap_model(target_model)
     target = target or _detect_target(model)
-    layout, prefixes, keys = map_state_dict(state, where)
+    layout, prefixes, keys = map_state_dict(state, where, beside_training_progress(raw, container))
 
     report = LoadReport(
         layout=layout,
