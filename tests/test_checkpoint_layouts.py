@@ -700,7 +700,7 @@ def test_pretrained_arch_auto_adopts_the_checkpoints_architecture(fs, tmp_path, 
 @pytest.mark.parametrize("fs", [48, 96, 192])
 def test_build_for_weights_fails_on_another_network_or_builds_the_checkpoints(fs, tmp_path):
     """The bundles' network_def: a feature-48 v1 config fails on VoCo's v2 encoder of each size with the overrides
-    ("config"), or builds the checkpoint's network ("auto"), for SwinUNETR and for SSLHead (which takes no depths)."""
+    ("config"), or builds the checkpoint's network ("auto"), for SwinUNETR and for SSLHead."""
     path = tmp_path / f"VoCo_{fs}.pt"
     torch.save(_published("voco_ssl", fs).checkpoint, path)
     overrides = "--network_def#use_v2 true." if fs == 48 else f"--feature_size {fs} --network_def#use_v2 true."
@@ -715,6 +715,66 @@ def test_build_for_weights_fails_on_another_network_or_builds_the_checkpoints(fs
         assert hasattr(network.swinViT, "layers4c")  # v2
     _, report = convert_state_dict(path, networks["swinunetr"])
     assert report.encoder_missing == [] and report.shape_mismatched == {}
+
+
+DEEP = {"depths": (2, 2, 6, 2), "num_heads": (4, 8, 16, 32)}
+DEEP_NETWORKS = {
+    "SSLHead": (SSLHead, {}),
+    "SelfDistillationNetwork": (SelfDistillationNetwork, {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16}),
+    "SwinUNETR": (SwinUNETR, {"out_channels": 3}),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_NETWORKS))
+def test_build_for_weights_takes_brainsegfounders_depths_and_heads(name, tmp_path):
+    """BrainSegFounder's deeper encoder (2 channels, depths (2, 2, 6, 2), heads (4, 8, 16, 32)) into each network:
+    "config" fails when the network is built, with the overrides; the network built with those overrides, or with
+    "auto", takes every encoder tensor of the file."""
+    deep = _published("brainsegfounder_deep", 12, _random)
+    path = tmp_path / "brainsegfounder_deep.pt"
+    torch.save(deep.checkpoint, path)
+    network, extra = DEEP_NETWORKS[name]
+    config = {"in_channels": 2, "feature_size": 12, **extra}
+    with pytest.raises(CheckpointLoadError) as err:
+        build_for_weights(network, path, **config)
+    assert str(err.value) == (
+        f"checkpoint {path} was trained with another network: depths=[2,2,6,2] in the checkpoint, [2,2,2,2] in the "
+        "network; num_heads=[4,8,16,32] in the checkpoint, [3,6,12,24] in the network. Run with --network_def#depths "
+        "[2,2,6,2] --network_def#num_heads [4,8,16,32]."
+    )
+    built = {"config": build_for_weights(network, path, **config, depths=[2, 2, 6, 2], num_heads=[4, 8, 16, 32]),
+             "auto": build_for_weights(network, path, "auto", **config)}  # fmt: skip
+    for model in built.values():
+        report = load_pretrained(model, path)
+        encoder = [k for k in model.state_dict() if k.startswith("swinViT.")]
+        assert report.layout == "ssl_original" and report.encoder_loaded == encoder and report.encoder_missing == []
+        assert "swinViT.layers3.0.blocks.5.mlp.linear2.weight" in encoder
+        assert all(torch.equal(model.state_dict()[k], deep.state["module." + k]) for k in encoder)
+
+
+def _fixed_encoder(in_channels: int = 1, feature_size: int = 48, use_v2: bool = False) -> nn.Module:
+    """A network that takes no depths, heads or window: it always builds (2, 2, 2, 2), (3, 6, 12, 24), window 7."""
+    network = nn.Module()
+    network.swinViT = _swinunetr(feature_size, use_v2, in_channels).swinViT
+    return network
+
+
+@pytest.mark.parametrize("arch", ["config", "auto"])
+def test_build_for_weights_names_an_architecture_value_the_network_cannot_take(arch, tmp_path):
+    """Nothing is dropped silently: a checkpoint whose depths and heads a network class has no argument for fails
+    when it is built, naming each value and the class; a checkpoint the class builds as is passes."""
+    path = tmp_path / "brainsegfounder_deep.pt"
+    torch.save(_published("brainsegfounder_deep", 12, _random).checkpoint, path)
+    with pytest.raises(CheckpointLoadError) as err:
+        build_for_weights(_fixed_encoder, path, arch, in_channels=2, feature_size=12)
+    assert str(err.value) == (
+        f"checkpoint {path} needs depths=[2,2,6,2], which _fixed_encoder cannot take (it has no 'depths' argument "
+        "and builds [2,2,2,2]); num_heads=[4,8,16,32], which _fixed_encoder cannot take (it has no 'num_heads' "
+        "argument and builds [3,6,12,24])."
+    )
+    plain = tmp_path / "ssl_original.pt"
+    torch.save(_published("ssl_original", 12, _random).checkpoint, plain)
+    assert build_for_weights(_fixed_encoder, plain, arch, feature_size=12).swinViT.embed_dim == 12
 
 
 def test_build_for_weights_without_weights_is_the_plain_network():
