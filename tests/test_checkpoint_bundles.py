@@ -4,6 +4,9 @@
   (4, 8, 16, 32)): ``pretrained_arch`` "config" stops when ``network_def`` is built, with one line of overrides;
   those overrides, as a command line gives them, build the network the bundle's own ``PretrainedLoader`` fills with
   every encoder tensor; so does ``--training#pretrained_arch auto`` alone.
+- inference.json of every bundle and a trained model of another architecture than the config's (feature 24, v2,
+  window 4), saved as the bundle saves ``models/model.pt``: ``network_def`` is that model's network, with no size
+  override, at ``models/model.pt`` or wherever ``checkpoint`` points; an unreadable file stops it with one line.
 
 Only the configs are parsed (``monai.bundle.ConfigParser``), at feature size 12: no data, no training.
 """
@@ -17,6 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 from monai.bundle import ConfigParser
+from monai.networks.nets import SwinUNETR
+from torch import nn
+
+import components
 
 from components.checkpoint import CheckpointLoadError, PretrainedLoader
 from tests.test_checkpoint_layouts import _published, _random
@@ -108,3 +115,74 @@ def test_train_json_stops_on_a_deeper_encoder_and_its_advised_overrides_load_eve
 def test_train_json_with_pretrained_arch_auto_builds_the_deeper_encoder(bundle, brainsegfounder_deep):
     overrides = {**_start_overrides(bundle, brainsegfounder_deep), "training#pretrained_arch": "auto"}
     _assert_every_encoder_tensor(_pretrained_loader(_parser(bundle, "train.json", overrides)), brainsegfounder_deep)
+
+
+# a model each bundle's training writes to models/model.pt, of another architecture than its configs' (feature 48,
+# v1, window 7); the self-distillation bundle's is its teacher's encoder
+TRAINED = {
+    "swin_unetr_ssl_pretrain": lambda: components.SSLHead(feature_size=24, window_size=4, use_v2=True),
+    "swin_unetr_dino_pretrain": lambda: components.SwinViTEmbedding(feature_size=24, window_size=4, use_v2=True),
+    "swin_unetr_btcv_finetune": lambda: SwinUNETR(1, 14, feature_size=24, window_size=4, use_v2=True),
+    "swin_unetr_brats_finetune": lambda: SwinUNETR(4, 3, feature_size=24, window_size=4, use_v2=True),
+}
+
+
+def _trained_model(bundle: str) -> tuple[nn.Module, dict]:
+    """The model and its state dict, shifted away from any fresh initialisation."""
+    torch.manual_seed(0)
+    model = TRAINED[bundle]().eval()
+    with torch.no_grad():
+        for value in model.state_dict().values():
+            if value.is_floating_point():
+                value.add_(0.05 * torch.randn(value.shape))
+    return model, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _output(network: nn.Module, bundle: str) -> torch.Tensor:
+    channels = 4 if bundle == "swin_unetr_brats_finetune" else 1
+    x = torch.rand(1, channels, 64, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = network(x)
+    return out[-1] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("where", ["models/model.pt", "checkpoint"])
+@pytest.mark.parametrize("bundle", BUNDLES)
+def test_inference_json_builds_the_network_of_the_model_it_runs(bundle, where, tmp_path, caplog):
+    """A feature-24 v2 window-4 model at the default models/model.pt, or at another file named by ``checkpoint``:
+    inference.json's network_def is its network with no size override (logged), takes its state dict strictly and
+    computes what the model computes (the SSL bundle's reconstruction, as ``output`` says)."""
+    model, state = _trained_model(bundle)
+    path = tmp_path / "models" / "model.pt" if where == "models/model.pt" else tmp_path / "finetuned" / "best.pt"
+    path.parent.mkdir()
+    torch.save(state, path)
+    overrides = {"bundle_root": str(tmp_path), **({"checkpoint": str(path)} if where == "checkpoint" else {})}
+    with caplog.at_level("INFO", logger="components.checkpoint"):
+        network = _parser(bundle, "inference.json", overrides).get_parsed_content("network_def").eval()
+    assert (f"the network takes the architecture of the checkpoint {path}: feature_size=24, use_v2=true, "
+            "window_size=4") in caplog.text  # fmt: skip
+    result = network.load_state_dict(state, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    if bundle == "swin_unetr_ssl_pretrain":
+        assert network.output == "reconstruction"
+        model.output = "reconstruction"
+    assert torch.equal(_output(network, bundle), _output(model, bundle))
+
+
+@pytest.mark.parametrize("bundle", BUNDLES)
+def test_inference_json_without_a_model_builds_the_configured_network(bundle, tmp_path):
+    """No models/model.pt (``verify_net_in_out``, a fresh bundle): the configured feature-48 v1 network."""
+    network = _parser(bundle, "inference.json", {"bundle_root": str(tmp_path)}).get_parsed_content("network_def")
+    assert network.swinViT.embed_dim == 48 and not hasattr(network.swinViT, "layers1c")
+
+
+@pytest.mark.parametrize("bundle", BUNDLES)
+def test_inference_json_stops_on_an_unreadable_model_with_one_line(bundle, tmp_path):
+    path = tmp_path / "models" / "model.pt"
+    path.parent.mkdir()
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(Exception) as err:
+        _parser(bundle, "inference.json", {"bundle_root": str(tmp_path)}).get_parsed_content("network_def")
+    message = str(_cause(err.value, CheckpointLoadError))
+    assert message.startswith(f"checkpoint '{path}' is not a readable torch checkpoint (corrupt, truncated or another "
+                              "format): ") and "\n" not in message  # fmt: skip
