@@ -8,6 +8,10 @@
   window 4), saved as the bundle saves ``models/model.pt``: ``network_def`` is that model's network, with no size
   override, at ``models/model.pt`` or wherever ``checkpoint`` points; an unreadable file stops it with one line.
 
+- train.json of the pretraining bundles and BrainSegFounder's 2-channel encoder on 1-channel data:
+  ``training#channel_policy`` reaches the bundle's ``PretrainedLoader`` (default "error", as the CT finetuning
+  bundle's).
+
 Only the configs are parsed (``monai.bundle.ConfigParser``), at feature size 12: no data, no training.
 """
 
@@ -186,3 +190,23 @@ def test_inference_json_stops_on_an_unreadable_model_with_one_line(bundle, tmp_p
     message = str(_cause(err.value, CheckpointLoadError))
     assert message.startswith(f"checkpoint '{path}' is not a readable torch checkpoint (corrupt, truncated or another "
                               "format): ") and "\n" not in message  # fmt: skip
+
+
+@pytest.mark.parametrize("bundle", BUNDLES[:2])
+def test_pretraining_train_json_passes_its_channel_policy_to_the_loader(bundle, tmp_path):
+    """A 2-channel encoder into the 1-channel pretraining network: the default policy "error" stops with one line
+    naming ``--training#channel_policy repeat``; ``repeat`` loads every encoder tensor, the patch embedding adapted."""
+    path = tmp_path / "brainsegfounder_T1T2.pt"
+    torch.save(_published("brainsegfounder_stage1", 12, _random).checkpoint, path)
+    overrides = {"pretrained_path": str(path), "feature_size": 12}
+    assert _parser(bundle, "train.json", {})["training"]["channel_policy"] == "error"
+    loader = _pretrained_loader(_parser(bundle, "train.json", overrides))
+    assert loader.channel_policy == "error"
+    with pytest.raises(CheckpointLoadError) as err:
+        loader()
+    assert ("but the model has 1 (shape [12, 1, 2, 2, 2]). Run with --training#channel_policy repeat (channel_policy="
+            "'repeat': the kernel repeated over the 1 channels") in str(err.value)  # fmt: skip
+    loader = _pretrained_loader(_parser(bundle, "train.json", {**overrides, "training#channel_policy": "repeat"}))
+    report = loader()
+    encoder = [k for k in loader.network.state_dict() if k.startswith("swinViT.")]
+    assert report.encoder_loaded == encoder and list(report.adapted) == ["swinViT.patch_embed.proj.weight"]
