@@ -41,7 +41,7 @@ COMMAND_FLAGS: dict[str, str] = {
     for name in ("feature_size", "use_v2", "window_size", "depths", "num_heads", "in_channels", "channel_policy", "required")
 }
 
-_SSLHEAD_PATCH = 2  # SSLHead's decoders upsample by 32 = its patch embedding's 2 x four mergings
+_DEFAULT_PATCH = 2  # SwinUNETR's default patch edge and SSLHead's only one (its decoders upsample by 2 x 2 ** 4)
 
 
 def _target_architecture(src: str | os.PathLike, found: SwinArchitecture, given: dict[str, Any]) -> dict[str, Any]:
@@ -52,8 +52,9 @@ def _target_architecture(src: str | os.PathLike, found: SwinArchitecture, given:
     """
     check_architecture(found, given, source_name(src), COMMAND_FLAGS)
     defaults = {"use_v2": False, "window_size": DEFAULT_WINDOW, "depths": DEFAULT_DEPTHS, "num_heads": DEFAULT_NUM_HEADS}
-    checkpoint = {name: getattr(found, name) for name in ("feature_size", *defaults)}
-    values = {name: checkpoint[name] if checkpoint[name] is not None else defaults.get(name) for name in checkpoint}
+    values = {"feature_size": found.feature_size}
+    for name, default in defaults.items():
+        values[name] = getattr(found, name) if getattr(found, name) is not None else default
     values.update(given)
     values["use_v2"] = as_bool(values["use_v2"], "use_v2")
     return values
@@ -64,7 +65,7 @@ def _build_target(
 ) -> nn.Module:
     if target == "swinunetr":
         return SwinUNETR(
-            in_channels=in_channels, out_channels=out_channels, patch_size=patch_size or _SSLHEAD_PATCH, **encoder
+            in_channels=in_channels, out_channels=out_channels, patch_size=patch_size or _DEFAULT_PATCH, **encoder
         )
     return SSLHead(in_channels=in_channels, upsample=upsample, **encoder)
 
@@ -125,10 +126,10 @@ def convert_checkpoint(
     if target not in ("swinunetr", "sslhead"):
         raise ValueError(f"target must be one of ['swinunetr', 'sslhead'], got {target!r}.")
     found = infer_architecture(src)
-    if target == "sslhead" and found.patch_size not in (None, _SSLHEAD_PATCH):
+    if target == "sslhead" and found.patch_size not in (None, _DEFAULT_PATCH):
         raise CheckpointLoadError(
             f"checkpoint {source_name(src)} has patch_size={found.patch_size}; SSLHead's patch size is "
-            f"{_SSLHEAD_PATCH} (its decoders upsample by 32): convert it with --target swinunetr."
+            f"{_DEFAULT_PATCH} (its decoders upsample by 32): convert it with --target swinunetr."
         )
     flags = {"feature_size": feature_size, "use_v2": use_v2, "window_size": window_size, "depths": depths,
              "num_heads": num_heads}  # fmt: skip
