@@ -38,7 +38,9 @@ logger = logging.getLogger("components.checkpoint")
 #: (``--use_v2 true``), not the bundles' config ids. The patch size has no flag: it is always the file's.
 COMMAND_FLAGS: dict[str, str] = {
     name: name
-    for name in ("feature_size", "use_v2", "window_size", "depths", "num_heads", "in_channels", "channel_policy", "required")
+    for name in (
+        "feature_size", "use_v2", "window_size", "depths", "num_heads", "in_channels", "channel_policy", "required"
+    )
 }
 
 _DEFAULT_PATCH = 2  # SwinUNETR's default patch edge and SSLHead's only one (its decoders upsample by 2 x 2 ** 4)
@@ -51,7 +53,9 @@ def _target_architecture(src: str | os.PathLike, found: SwinArchitecture, given:
         CheckpointLoadError: a flag given that differs from the checkpoint (one line with the flags to run with).
     """
     check_architecture(found, given, source_name(src), COMMAND_FLAGS)
-    defaults = {"use_v2": False, "window_size": DEFAULT_WINDOW, "depths": DEFAULT_DEPTHS, "num_heads": DEFAULT_NUM_HEADS}
+    defaults = {
+        "use_v2": False, "window_size": DEFAULT_WINDOW, "depths": DEFAULT_DEPTHS, "num_heads": DEFAULT_NUM_HEADS
+    }
     values = {"feature_size": found.feature_size}
     for name, default in defaults.items():
         values[name] = getattr(found, name) if getattr(found, name) is not None else default

@@ -7,12 +7,12 @@
 - inference.json of every bundle and a trained model of another architecture than the config's (feature 24, v2,
   window 4), saved as the bundle saves ``models/model.pt``: ``network_def`` is that model's network, with no size
   override, at ``models/model.pt`` or wherever ``checkpoint`` points; an unreadable file stops it with one line.
-
 - train.json of the pretraining bundles and BrainSegFounder's 2-channel encoder on 1-channel data:
   ``training#channel_policy`` reaches the bundle's ``PretrainedLoader`` (default "error", as the CT finetuning
   bundle's).
 
-Only the configs are parsed (``monai.bundle.ConfigParser``), at feature size 12: no data, no training.
+Only the configs are parsed (``monai.bundle.ConfigParser``), with tiny networks (feature size 12 or 24): no data,
+no training.
 """
 
 from __future__ import annotations
@@ -28,18 +28,17 @@ from monai.networks.nets import SwinUNETR
 from torch import nn
 
 import components
-
 from components.checkpoint import CheckpointLoadError, PretrainedLoader
 from tests.test_checkpoint_layouts import _published, _random
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLES = ["swin_unetr_ssl_pretrain", "swin_unetr_dino_pretrain", "swin_unetr_btcv_finetune",
            "swin_unetr_brats_finetune"]  # fmt: skip
-DEEP_DEPTHS, DEEP_HEADS = (2, 2, 6, 2), (4, 8, 16, 32)
 
 
 def _parser(bundle: str, config: str, overrides: dict) -> ConfigParser:
-    """``configs/<config>`` of ``bundle`` with ``overrides``, its imports evaluated, as ``monai.bundle run`` reads it."""
+    """``configs/<config>`` of ``bundle`` with ``overrides`` and its imports evaluated, as ``monai.bundle run``
+    reads it."""
     parser = ConfigParser()
     parser.read_config(str(REPO / "bundles" / bundle / "configs" / config))
     parser.update(overrides)

@@ -493,7 +493,8 @@ def test_original_ssl_code_on_one_gpu_is_ssl_original_and_our_files_stay_ssl_col
     engine.run([0], max_epochs=1)
     for path, container in ((resumable.path, "model"), (tmp_path / "final" / "model.pt", "")):
         report = convert_state_dict(path, SSLHead(feature_size=12))[1]
-        assert (report.layout, report.container, len(report.loaded)) == ("ssl_collection", container, len(one_gpu.state))
+        loaded = (report.layout, report.container, len(report.loaded))
+        assert loaded == ("ssl_collection", container, len(one_gpu.state))
 
 
 def test_model_zoo_swinunetr_into_other_classes_reinitialises_the_output_layer(tmp_path, caplog):
