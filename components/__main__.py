@@ -27,16 +27,21 @@ def convert_checkpoint(
     src: str,
     dst: str,
     target: str = "swinunetr",
-    in_channels: int = 1,
-    feature_size: int = 48,
+    in_channels: int | None = None,
+    feature_size: int | None = None,
     channel_policy: str = "error",
     use_v2: bool | None = None,
     window_size: int | None = None,
+    depths: list | None = None,
+    num_heads: list | None = None,
+    required: str = "encoder",
 ) -> None:
-    """Maps a checkpoint in any known layout (published model_swinvit.pt, original SSL code, VoCo, SuPreM, this
-    collection, MONAI ssl_pretrained_weights.pth, full SwinUNETR) onto TARGET (swinunetr | sslhead) and writes a
-    clean state dict to DST. USE_V2 and WINDOW_SIZE default to the checkpoint's (read from its tensors). Prints the
-    load report; fails when the encoder does not fully load."""
+    """Maps a checkpoint in any known layout (published model_swinvit.pt, original SSL code, VoCo, SuPreM,
+    BrainSegFounder, this collection, MONAI ssl_pretrained_weights.pth, full SwinUNETR) onto TARGET (swinunetr |
+    sslhead) and writes a clean state dict to DST. IN_CHANNELS, FEATURE_SIZE, USE_V2, WINDOW_SIZE, DEPTHS and
+    NUM_HEADS default to the checkpoint's (read from its tensors); a flag given overrides it (--depths 2,2,6,2
+    --num_heads 4,8,16,32). CHANNEL_POLICY (error | repeat | skip) adapts the patch embedding to other IN_CHANNELS;
+    REQUIRED none accepts a partial encoder. Prints the load report; fails when the encoder does not fully load."""
     from .conversion import convert_checkpoint as convert
 
     report = convert(
@@ -48,6 +53,9 @@ def convert_checkpoint(
         channel_policy=channel_policy,
         use_v2=use_v2,
         window_size=window_size,
+        depths=depths,
+        num_heads=num_heads,
+        required=required,
     )
     print(report.summary())
     print(f"wrote {dst}")

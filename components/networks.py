@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from numbers import Integral
 
 import torch
 from monai.networks.nets.swin_unetr import SwinTransformer
@@ -16,7 +17,16 @@ from .attention import use_fused_attention
 from .config_values import as_bool
 from .step_memory import checkpointing_decision, set_checkpointing
 
-__all__ = ["prepare_network", "swin_vit", "DEFAULT_WINDOW", "SPATIAL_REDUCTION", "check_roi_size"]
+__all__ = [
+    "prepare_network",
+    "swin_vit",
+    "check_stages",
+    "DEFAULT_WINDOW",
+    "DEFAULT_DEPTHS",
+    "DEFAULT_NUM_HEADS",
+    "SPATIAL_REDUCTION",
+    "check_roi_size",
+]
 
 #: total downsampling of the encoder: patch embedding (2) times four patch-merging stages (2**4).
 SPATIAL_REDUCTION: int = 32
@@ -24,10 +34,15 @@ SPATIAL_REDUCTION: int = 32
 #: attention window of the published SSL model (and of MONAI's ``SwinUNETR``).
 DEFAULT_WINDOW: int = 7
 
-# fixed encoder hyper-parameters of the published SSL model
+#: Swin blocks per stage and attention heads per stage of the published SSL model (and of MONAI's ``SwinUNETR``);
+#: BrainSegFounder's encoders go deeper: depths (2, 2, 6, 2) or (2, 2, 18, 2), heads from 4 or 6.
+DEFAULT_DEPTHS: tuple[int, ...] = (2, 2, 2, 2)
+DEFAULT_NUM_HEADS: tuple[int, ...] = (3, 6, 12, 24)
+
+# the patch embedding's edge: the decoders and check_roi_size rely on the total reduction of 32
 _PATCH = 2
-_DEPTHS = (2, 2, 2, 2)
-_NUM_HEADS = (3, 6, 12, 24)
+# MONAI's SwinTransformer holds exactly the stages layers1 .. layers4
+_NUM_STAGES = 4
 
 
 def _nearest_multiples(size: int, k: int) -> tuple[int, int]:
@@ -96,6 +111,52 @@ def check_roi_size(roi_size: Sequence[int], spatial_dims: int | None = None) -> 
     return n_tokens
 
 
+def _stage_values(name: str, value: Sequence[int]) -> tuple[int, ...]:
+    """``value`` as a tuple of one positive integer per stage; ValueError naming ``name`` otherwise."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        values = list(value)
+        if len(values) == _NUM_STAGES and all(
+            isinstance(v, Integral) and not isinstance(v, bool) and v > 0 for v in values
+        ):
+            return tuple(int(v) for v in values)
+    raise ValueError(
+        f"{name} must be {_NUM_STAGES} positive integers, one per Swin stage (MONAI's SwinTransformer has "
+        f"layers1 .. layers{_NUM_STAGES}), got {value!r}"
+    )
+
+
+def check_stages(
+    feature_size: int, depths: Sequence[int] = DEFAULT_DEPTHS, num_heads: Sequence[int] = DEFAULT_NUM_HEADS
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Check ``depths`` and ``num_heads`` against what MONAI's ``SwinTransformer`` builds, before it is built.
+
+    It has four stages; stage ``i`` (from 1) works on ``feature_size * 2 ** (i - 1)`` channels, which its attention
+    splits evenly over its heads. MONAI checks neither: other lengths build a broken encoder, and heads that do
+    not divide a stage's channels fail only in the first forward pass.
+
+    Returns:
+        ``(depths, num_heads)`` as tuples of ints (a config gives lists).
+
+    Raises:
+        ValueError: one line naming the value at fault.
+
+    Example::
+
+        >>> check_stages(48, [2, 2, 6, 2], [4, 8, 16, 32])
+        ((2, 2, 6, 2), (4, 8, 16, 32))
+    """
+    stage_depths = _stage_values("depths", depths)
+    stage_heads = _stage_values("num_heads", num_heads)
+    for stage, heads in enumerate(stage_heads):
+        channels = int(feature_size) * 2**stage
+        if channels % heads:
+            raise ValueError(
+                f"num_heads={num_heads!r}: stage {stage + 1} has {channels} channels (feature_size {feature_size}), "
+                f"which {heads} heads do not divide (each head takes an equal share)"
+            )
+    return stage_depths, stage_heads
+
+
 def swin_vit(
     in_channels: int,
     feature_size: int,
@@ -104,10 +165,16 @@ def swin_vit(
     use_checkpoint: bool = False,
     window_size: int = DEFAULT_WINDOW,
     use_v2: bool | str = False,
+    depths: Sequence[int] = DEFAULT_DEPTHS,
+    num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
 ) -> SwinTransformer:
     """MONAI's Swin ViT encoder in the configuration of ``SwinUNETR`` (window 7 by default, patch 2, depths
-    (2, 2, 2, 2), heads (3, 6, 12, 24)): held as attribute ``swinViT``, its state dict loads into
-    ``SwinUNETR(feature_size=f, window_size=w, use_v2=v).swinViT``.
+    (2, 2, 2, 2), heads (3, 6, 12, 24) by default): held as attribute ``swinViT``, its state dict loads into
+    ``SwinUNETR(feature_size=f, window_size=w, use_v2=v, depths=d, num_heads=h).swinViT``.
+
+    ``depths`` / ``num_heads``: Swin blocks and attention heads per stage, four each, checked by
+    :func:`check_stages` before anything is built (BrainSegFounder: depths (2, 2, 6, 2) or (2, 2, 18, 2), heads
+    (4, 8, 16, 32) or (6, 12, 24, 48)).
 
     ``use_v2``: SwinUNETR v2 (the encoder of VoCo B / L / H): MONAI's residual convolution block
     (``UnetrBasicBlock``: two bias-free 3x3x3 convolutions, instance norm without parameters) before each stage,
@@ -118,20 +185,24 @@ def swin_vit(
     Its last stage output (``swinViT(x, normalize=True)[4]``) has shape ``(B, 16 * feature_size, *[s // 32])``.
 
     Raises:
-        ValueError: ``use_v2`` is not a clear yes / no.
+        ValueError: ``use_v2`` is not a clear yes / no, or ``depths`` / ``num_heads`` that :func:`check_stages`
+            refuses.
 
     Example::
 
         >>> swin_vit(1, 48, use_v2=True).layers1c[0].__class__.__name__
         'UnetrBasicBlock'
+        >>> len(swin_vit(2, 48, depths=(2, 2, 6, 2), num_heads=(4, 8, 16, 32)).layers3[0].blocks)
+        6
     """
+    stage_depths, stage_heads = check_stages(feature_size, depths, num_heads)
     return SwinTransformer(
         in_chans=in_channels,
         embed_dim=feature_size,
         window_size=(window_size,) * spatial_dims,
         patch_size=(_PATCH,) * spatial_dims,
-        depths=_DEPTHS,
-        num_heads=_NUM_HEADS,
+        depths=stage_depths,
+        num_heads=stage_heads,
         mlp_ratio=4.0,
         qkv_bias=True,
         drop_rate=0.0,

@@ -112,16 +112,22 @@ def _projection_head(in_dim: int) -> nn.Module:
     return head
 
 
+def _voco_swin(feature_size: int) -> SwinUNETR:
+    """VoCo's ``Swin`` backbone (Large-Scale-Medical ``Self-supervised/models/voco_head.py``): a ``use_v2=True``
+    encoder ``swinViT`` with SwinUNETR's ``encoder1..4`` / ``encoder10`` blocks and no decoder or output layer."""
+    backbone = _swinunetr(feature_size, use_v2=True)
+    for name in ("decoder5", "decoder4", "decoder3", "decoder2", "decoder1", "out"):
+        delattr(backbone, name)
+    return backbone
+
+
 def _voco_head(feature_size: int, omni: bool) -> nn.Module:
     """VoCo's ``VoCoHead``: ``backbone`` is ``Swin`` (a v2 encoder with ``encoder1..4`` / ``encoder10``, no decoder:
     ``Self-supervised/models/voco_head.py``) or, omni-supervised, a whole SwinUNETR v2 of 21 outputs
     (``Omni-supervised/models/voco_head.py``); ``student`` / ``teacher`` project the pooled features of the five
     encoders (``24 * feature_size`` values: 1152 / 2304 / 4608)."""
     model = nn.Module()
-    model.backbone = _swinunetr(feature_size, use_v2=True, out_channels=21)
-    if not omni:
-        for name in ("decoder5", "decoder4", "decoder3", "decoder2", "decoder1", "out"):
-            delattr(model.backbone, name)
+    model.backbone = _swinunetr(feature_size, use_v2=True, out_channels=21) if omni else _voco_swin(feature_size)
     model.student = _projection_head(24 * feature_size)
     model.teacher = _projection_head(24 * feature_size)
     return model
@@ -236,6 +242,11 @@ def _published(name: str, fs: int, materialise: Callable[[dict], dict] = _consta
         sd = {spelled(k): v for k, v in _build(materialise, lambda: _research_ssl_head(fs)).items()}
         checkpoint = {"global_step": 450000, "state_dict": sd, "optimizer": {"state": {}, "param_groups": []}}
         return Published(checkpoint, sd, spelled, "ssl_original", {"feature_size": fs})
+    if name == "ssl_original_one_gpu":
+        # the same save_ckp without DDP (one GPU, research-contributions main.py without --distributed): no module.
+        sd = _build(materialise, lambda: _research_ssl_head(fs))
+        checkpoint = {"global_step": 3000, "state_dict": sd, "optimizer": {"state": {}, "param_groups": []}}
+        return Published(checkpoint, sd, _prefixed(""), "ssl_original", {"feature_size": fs})
     if name.startswith("brainsegfounder"):
         # lab-smile/BrainSegFounder pretrain/main_T1T2.py (stage 1, T1+T2: 2 channels) and
         # downstream/BraTS/ssl/main_T1T2.py (stage 2, BraTS: 4 channels); --num_swin_block 6 and
@@ -256,6 +267,11 @@ def _published(name: str, fs: int, materialise: Callable[[dict], dict] = _consta
                    "encoder.norm.bias": torch.randn(16 * fs), "out.conv.conv.weight": torch.randn(1, fs, 1, 1, 1),
                    "out.conv.conv.bias": torch.randn(1)})  # fmt: skip
         return Published({"model": sd}, sd, _autoencoder_key, "monai_ssl_autoencoder", {"feature_size": fs})
+    if name == "voco_ssl_head":
+        # the released VoCo_B_SSL_head.pt / _L_ / _H_ (huggingface Luffy503/VoCo): the bare state dict of VoCo's Swin
+        # backbone, which the downstream code loads with load_state_dict(strict=True)
+        state = _build(materialise, lambda: _voco_swin(fs))
+        return Published(dict(state), state, _prefixed(""), "voco", {"feature_size": fs, "use_v2": True})
     if name.startswith("voco"):
         # Large-Scale-Medical Self-supervised/voco_train.py: {"global_step", "state_dict"} of the DDP-wrapped VoCoHead
         # (model_current_epoch.pt) and final_model.pt = model.module.state_dict(); Omni-supervised/voco_train.py alike
@@ -293,11 +309,13 @@ PUBLISHED_SIZES = {
     "model_swinvit": (48,),
     "ssl_original": (48,),
     "ssl_original_swin_vit": (48,),
+    "ssl_original_one_gpu": (48,),
     "brainsegfounder_stage1": (48,),
     "brainsegfounder_stage2": (48,),
     "brainsegfounder_deep": (48,),
     "monai_ssl_autoencoder": (48,),
     "voco_ssl": (48, 96, 192),
+    "voco_ssl_head": (48, 96, 192),
     "voco_final": (48, 96, 192),
     "voco_omni": (48, 96, 192),
     "suprem": (48,),
@@ -374,8 +392,9 @@ def test_published_files_hold_the_published_sizes():
 
 
 @pytest.mark.parametrize(
-    "name", ["model_swinvit", "ssl_original_swin_vit", "brainsegfounder_deep", "monai_ssl_autoencoder", "voco_ssl",
-             "voco_final", "voco_omni", "suprem", "model_zoo", "ssl_collection", "dino_collection", "dino_export"],
+    "name", ["model_swinvit", "ssl_original_swin_vit", "ssl_original_one_gpu", "brainsegfounder_deep",
+             "monai_ssl_autoencoder", "voco_ssl", "voco_ssl_head", "voco_final", "voco_omni", "suprem", "model_zoo",
+             "ssl_collection", "dino_collection", "dino_export"],
 )  # fmt: skip
 def test_published_layout_loads_into_a_real_network(name, tmp_path, caplog):
     """At feature 12 with random values: load_pretrained writes every located tensor into the model and leaves the
@@ -422,6 +441,60 @@ def test_backbone_and_module_prefixes_and_containers_are_reported():
     assert report.container == "network_weights" and report.stripped_prefixes == ["backbone."]
     assert report.missing == [] and torch.equal(model.swinViT.layers4[0].downsample.norm.bias, zoo.state[
         "swinViT.layers4.0.downsample.norm.bias"])  # fmt: skip
+
+
+def test_released_voco_ssl_head_is_voco_and_a_swinunetr_takes_its_encoder_blocks(tmp_path):
+    """VoCo_B_SSL_head.pt as released: the bare state dict of VoCo's Swin backbone (it loads strictly into that
+    backbone). It is layout voco; a SwinUNETR takes swinViT.* and encoder1..4 / encoder10 from it, as from a full
+    SwinUNETR file, and reports its decoder and output layer missing; an SSLHead takes the encoder and reports the
+    encoder blocks dropped."""
+    voco = _published("voco_ssl_head", 12, _random)
+    path = tmp_path / "VoCo_B_SSL_head.pt"
+    torch.save(voco.checkpoint, path)
+    assert {k.split(".")[0] for k in voco.state} == {"swinViT", "encoder1", "encoder2", "encoder3", "encoder4",
+                                                     "encoder10"}  # fmt: skip
+    assert any(k.startswith("swinViT.layers4c.") for k in voco.state)
+    _voco_swin(12).load_state_dict(torch.load(path, weights_only=True), strict=True)
+
+    model = _swinunetr(12, use_v2=True)
+    report = load_pretrained(model, path)
+    assert (report.layout, report.container, report.stripped_prefixes) == ("voco", "", [])
+    assert sorted(report.loaded) == sorted(voco.state) and report.unexpected == {}
+    assert "encoder10.layer.conv1.conv.weight" in report.loaded and "encoder1.layer.conv3.conv.weight" in report.loaded
+    head = [k for k in model.state_dict() if k.startswith(("decoder", "out."))]
+    assert report.missing == head == report.allowed_missing
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in voco.state.items())
+
+    ssl = SSLHead(feature_size=12, use_v2=True)
+    report = load_pretrained(ssl, path)
+    assert report.layout == "voco" and report.loaded == [k for k in ssl.state_dict() if k.startswith("swinViT.")]
+    assert sorted(report.dropped) == sorted(k for k in voco.state if not k.startswith("swinViT."))
+    assert report.unknown == {}
+
+
+def test_original_ssl_code_on_one_gpu_is_ssl_original_and_our_files_stay_ssl_collection(tmp_path):
+    """The original SSL code trained without DDP writes {"global_step" | "epoch", "state_dict", "optimizer"} with no
+    module. prefix: layout ssl_original. This collection's SSL files (the bare state dict of models/model.pt, the
+    resumable {"model": ...}) stay ssl_collection."""
+    one_gpu = _published("ssl_original_one_gpu", 12, _random)
+    ssl = SSLHead(feature_size=12)
+    report = load_pretrained(ssl, one_gpu.checkpoint)
+    assert (report.layout, report.container, report.stripped_prefixes) == ("ssl_original", "state_dict", [])
+    assert report.loaded == list(ssl.state_dict()) == list(one_gpu.state) and report.missing == []
+    assert all(torch.equal(ssl.state_dict()[k], v) for k, v in one_gpu.state.items())
+    by_epoch = {"epoch": 12, "state_dict": one_gpu.state, "optimizer": {"state": {}}}
+    assert convert_state_dict(by_epoch, SSLHead(feature_size=12))[1].layout == "ssl_original"
+
+    resumable = ResumableCheckpointSaver(tmp_path / "resume", ssl, torch.optim.SGD(ssl.parameters(), lr=0.1))
+    resumable.save(Engine(lambda e, b: None))
+    final = CheckpointSaver(str(tmp_path / "final"), {"model": ssl}, save_final=True, final_filename="model.pt")
+    engine = Engine(lambda e, b: None)
+    final.attach(engine)
+    engine.run([0], max_epochs=1)
+    for path, container in ((resumable.path, "model"), (tmp_path / "final" / "model.pt", "")):
+        report = convert_state_dict(path, SSLHead(feature_size=12))[1]
+        loaded = (report.layout, report.container, len(report.loaded))
+        assert loaded == ("ssl_collection", container, len(one_gpu.state))
 
 
 def test_model_zoo_swinunetr_into_other_classes_reinitialises_the_output_layer(tmp_path, caplog):
@@ -480,6 +553,10 @@ def test_detect_layout_names_the_new_layouts():
     assert detect_layout(["swin_vit.patch_embed.proj.weight", "teacher.layer3.0.bias"]) == "voco"
     assert detect_layout(["patch_embed.proj.weight", "layers1c.0.layer.conv1.conv.weight"]) == "model_swinvit"
     assert detect_layout(enc + ["out.conv.conv.weight"]) == "swinunetr"
+    assert detect_layout(enc + ["encoder10.layer.conv1.conv.weight"]) == "voco"  # VoCo_*_SSL_head.pt
+    assert detect_layout(enc + ["encoder10.layer.conv1.conv.weight", "decoder1.transp_conv.conv.weight"]) == "swinunetr"
+    ssl = ["swinViT.patch_embed.proj.weight", "rotation_head.weight"]
+    assert (detect_layout(ssl), detect_layout(ssl, training_progress=True)) == ("ssl_collection", "ssl_original")
 
 
 def test_unknown_layout_shows_the_first_keys_and_the_layouts_known():
@@ -624,7 +701,7 @@ def test_pretrained_arch_auto_adopts_the_checkpoints_architecture(fs, tmp_path, 
 @pytest.mark.parametrize("fs", [48, 96, 192])
 def test_build_for_weights_fails_on_another_network_or_builds_the_checkpoints(fs, tmp_path):
     """The bundles' network_def: a feature-48 v1 config fails on VoCo's v2 encoder of each size with the overrides
-    ("config"), or builds the checkpoint's network ("auto"), for SwinUNETR and for SSLHead (which takes no depths)."""
+    ("config"), or builds the checkpoint's network ("auto"), for SwinUNETR and for SSLHead."""
     path = tmp_path / f"VoCo_{fs}.pt"
     torch.save(_published("voco_ssl", fs).checkpoint, path)
     overrides = "--network_def#use_v2 true." if fs == 48 else f"--feature_size {fs} --network_def#use_v2 true."
@@ -639,6 +716,66 @@ def test_build_for_weights_fails_on_another_network_or_builds_the_checkpoints(fs
         assert hasattr(network.swinViT, "layers4c")  # v2
     _, report = convert_state_dict(path, networks["swinunetr"])
     assert report.encoder_missing == [] and report.shape_mismatched == {}
+
+
+DEEP = {"depths": (2, 2, 6, 2), "num_heads": (4, 8, 16, 32)}
+DEEP_NETWORKS = {
+    "SSLHead": (SSLHead, {}),
+    "SelfDistillationNetwork": (SelfDistillationNetwork, {"out_dim": 32, "hidden_dim": 32, "bottleneck_dim": 16}),
+    "SwinUNETR": (SwinUNETR, {"out_channels": 3}),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_NETWORKS))
+def test_build_for_weights_takes_brainsegfounders_depths_and_heads(name, tmp_path):
+    """BrainSegFounder's deeper encoder (2 channels, depths (2, 2, 6, 2), heads (4, 8, 16, 32)) into each network:
+    "config" fails when the network is built, with the overrides; the network built with those overrides, or with
+    "auto", takes every encoder tensor of the file."""
+    deep = _published("brainsegfounder_deep", 12, _random)
+    path = tmp_path / "brainsegfounder_deep.pt"
+    torch.save(deep.checkpoint, path)
+    network, extra = DEEP_NETWORKS[name]
+    config = {"in_channels": 2, "feature_size": 12, **extra}
+    with pytest.raises(CheckpointLoadError) as err:
+        build_for_weights(network, path, **config)
+    assert str(err.value) == (
+        f"checkpoint {path} was trained with another network: depths=[2,2,6,2] in the checkpoint, [2,2,2,2] in the "
+        "network; num_heads=[4,8,16,32] in the checkpoint, [3,6,12,24] in the network. Run with --network_def#depths "
+        "[2,2,6,2] --network_def#num_heads [4,8,16,32]."
+    )
+    built = {"config": build_for_weights(network, path, **config, depths=[2, 2, 6, 2], num_heads=[4, 8, 16, 32]),
+             "auto": build_for_weights(network, path, "auto", **config)}  # fmt: skip
+    for model in built.values():
+        report = load_pretrained(model, path)
+        encoder = [k for k in model.state_dict() if k.startswith("swinViT.")]
+        assert report.layout == "ssl_original" and report.encoder_loaded == encoder and report.encoder_missing == []
+        assert "swinViT.layers3.0.blocks.5.mlp.linear2.weight" in encoder
+        assert all(torch.equal(model.state_dict()[k], deep.state["module." + k]) for k in encoder)
+
+
+def _fixed_encoder(in_channels: int = 1, feature_size: int = 48, use_v2: bool = False) -> nn.Module:
+    """A network that takes no depths, heads or window: it always builds (2, 2, 2, 2), (3, 6, 12, 24), window 7."""
+    network = nn.Module()
+    network.swinViT = _swinunetr(feature_size, use_v2, in_channels).swinViT
+    return network
+
+
+@pytest.mark.parametrize("arch", ["config", "auto"])
+def test_build_for_weights_names_an_architecture_value_the_network_cannot_take(arch, tmp_path):
+    """Nothing is dropped silently: a checkpoint whose depths and heads a network class has no argument for fails
+    when it is built, naming each value and the class; a checkpoint the class builds as is passes."""
+    path = tmp_path / "brainsegfounder_deep.pt"
+    torch.save(_published("brainsegfounder_deep", 12, _random).checkpoint, path)
+    with pytest.raises(CheckpointLoadError) as err:
+        build_for_weights(_fixed_encoder, path, arch, in_channels=2, feature_size=12)
+    assert str(err.value) == (
+        f"checkpoint {path} needs depths=[2,2,6,2], which _fixed_encoder cannot take (it has no 'depths' argument "
+        "and builds [2,2,2,2]); num_heads=[4,8,16,32], which _fixed_encoder cannot take (it has no 'num_heads' "
+        "argument and builds [3,6,12,24])."
+    )
+    plain = tmp_path / "ssl_original.pt"
+    torch.save(_published("ssl_original", 12, _random).checkpoint, plain)
+    assert build_for_weights(_fixed_encoder, plain, arch, feature_size=12).swinViT.embed_dim == 12
 
 
 def test_build_for_weights_without_weights_is_the_plain_network():

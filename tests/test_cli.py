@@ -3,6 +3,7 @@ their modules)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ import torch
 from monai.networks.nets import SwinUNETR
 
 from components import SSLHead
+from components.__main__ import COMMANDS, _unknown_flags, main
+from tests.test_checkpoint_layouts import _published, _random
 
 
 def _cli(*args: str, cwd: Path | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -41,6 +44,92 @@ def test_convert_checkpoint_fails_loudly_on_a_partial_encoder(tmp_path):
     assert result.returncode != 0
     assert "swinViT.layers4" in result.stderr and "ssl_collection" in result.stderr
     assert not (tmp_path / "out.pt").exists()
+
+
+def _swinunetr_file(path: Path, **network) -> dict:
+    """A trained-looking SwinUNETR (14 outputs) saved as a bare state dict; returns the state dict."""
+    torch.manual_seed(0)
+    state = {k: v + 0.05 * torch.randn(v.shape) if v.is_floating_point() else v
+             for k, v in SwinUNETR(out_channels=14, **network).state_dict().items()}  # fmt: skip
+    torch.save(state, path)
+    return state
+
+
+def _brainsegfounder_deep_file(path: Path) -> dict:
+    """BrainSegFounder's deeper SSL checkpoint (2 channels, depths (2, 2, 6, 2), heads (4, 8, 16, 32)) at feature
+    12, as its code saves it; returns its state dict without the module. prefix."""
+    published = _published("brainsegfounder_deep", 12, _random)
+    torch.save(published.checkpoint, path)
+    return {k[len("module.") :]: v for k, v in published.state.items()}
+
+
+def test_convert_checkpoint_reads_every_architecture_value_from_the_file(tmp_path, capsys):
+    """No size flag: a feature-24 v2 window-4 SwinUNETR and BrainSegFounder's deeper 2-channel encoder convert into
+    state dicts that load strictly into networks of exactly those values, every encoder tensor the file's."""
+    v2 = _swinunetr_file(tmp_path / "v2.pt", in_channels=1, feature_size=24, window_size=4, use_v2=True)
+    assert main(["convert-checkpoint", str(tmp_path / "v2.pt"), str(tmp_path / "v2_out.pt")]) == 0
+    seg = SwinUNETR(in_channels=1, out_channels=14, feature_size=24, window_size=4, use_v2=True)
+    n_encoder = sum(k.startswith("swinViT.") for k in seg.state_dict())
+    assert (f"layout=swinunetr target=swinunetr: loaded {n_encoder}/{n_encoder} encoder tensors ({len(v2)}/{len(v2)} "
+            "model tensors), 0 missing") in capsys.readouterr().out  # fmt: skip
+    seg.load_state_dict(torch.load(tmp_path / "v2_out.pt", weights_only=True), strict=True)
+    assert all(torch.equal(seg.state_dict()[k], v) for k, v in v2.items())
+
+    deep = _brainsegfounder_deep_file(tmp_path / "deep.pt")
+    targets = {"sslhead": SSLHead(in_channels=2, feature_size=12, depths=(2, 2, 6, 2), num_heads=(4, 8, 16, 32)),
+               "swinunetr": SwinUNETR(in_channels=2, out_channels=14, feature_size=12, depths=(2, 2, 6, 2),
+                                      num_heads=(4, 8, 16, 32))}  # fmt: skip
+    for target, network in targets.items():
+        out = tmp_path / f"deep_{target}.pt"
+        assert main(["convert-checkpoint", str(tmp_path / "deep.pt"), str(out), "--target", target]) == 0
+        n_encoder = sum(k.startswith("swinViT.") for k in network.state_dict())
+        assert f"layout=ssl_original target={target}: loaded {n_encoder}/{n_encoder} encoder tensors" in (
+            capsys.readouterr().out
+        )
+        network.load_state_dict(torch.load(out, weights_only=True), strict=True)
+        assert all(torch.equal(v, deep[k]) for k, v in network.state_dict().items() if k.startswith("swinViT."))
+
+
+def _partial_file(path: Path) -> None:
+    torch.save({k: v for k, v in SSLHead(feature_size=12).state_dict().items() if "layers4" not in k}, path)
+
+
+def _patch_4_file(path: Path) -> None:
+    _swinunetr_file(path, in_channels=1, feature_size=12, patch_size=4)
+
+
+# each failure of the converter: the file, the flags given, the flags its message must advise (rerunning with the
+# advised flags in place of the given ones converts the file, where the advice is a value)
+FAILURES = {
+    "feature_size": ("v2", ["--feature_size", "12"], {"--feature_size"}),
+    "v2_and_window": ("v2", ["--use_v2", "false", "--window_size", "7"], {"--use_v2", "--window_size"}),
+    "depths_and_heads": ("deep", ["--depths", "[2,2,2,2]", "--num_heads", "[3,6,12,24]"], {"--depths", "--num_heads"}),
+    "channels": ("v2", ["--in_channels", "4"], {"--channel_policy"}),
+    "partial_encoder": ("partial", ["--target", "sslhead"], {"--required"}),
+    "patch_size_into_sslhead": ("patch_4", ["--target", "sslhead"], {"--target"}),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+def test_every_flag_the_converter_advises_is_one_it_accepts(failure, tmp_path, capsys):
+    """The converter's one-line errors advise flags of convert-checkpoint (checked by the command's own unknown-flag
+    check), never a bundle's config ids; an architecture mismatch's "Run with ..." converts the file as advised."""
+    name, given, advised = FAILURES[failure]
+    src = tmp_path / f"{name}.pt"
+    {"v2": lambda p: _swinunetr_file(p, in_channels=1, feature_size=24, window_size=4, use_v2=True),
+     "deep": _brainsegfounder_deep_file, "partial": _partial_file, "patch_4": _patch_4_file}[name](src)  # fmt: skip
+    dst = tmp_path / "out.pt"
+    assert main(["convert-checkpoint", str(src), str(dst), *given]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("components convert-checkpoint: error: ")
+    flags = set(re.findall(r"(?<![\w#])--[A-Za-z_][\w#-]*", err)) - {"--debug"}
+    assert flags == advised, err
+    assert _unknown_flags(COMMANDS["convert-checkpoint"], sorted(flags)) is None
+    assert not dst.exists()
+    run_with = re.search(r"Run with (--.*?)\.", err)
+    if failure in ("feature_size", "v2_and_window", "depths_and_heads"):
+        assert main(["convert-checkpoint", str(src), str(dst), *run_with.group(1).split()]) == 0
+        assert dst.is_file()
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -10,7 +10,10 @@ Per bundle, on tiny synthetic CT (feature size 12, 2 training volumes, one per b
   ``--network_def#use_v2 true``;
 - a run stopped after its first epoch and relaunched with ``--max_epochs 2`` and the same ``--pretrained_path``
   starts from its checkpoint, not from the file (the log shows the file loaded, then the checkpoint), and ends where
-  an uninterrupted 2-epoch run ends.
+  an uninterrupted 2-epoch run ends;
+- BrainSegFounder's 2-channel (T1 + T2) encoder continued on this 1-channel CT: ``--training#channel_policy repeat``
+  loads every encoder tensor, the patch embedding adapted; without it the run stops before its first iteration
+  with one line naming that override.
 
 The file is VoCo's ``{"global_step", "state_dict"}`` of its DDP-wrapped ``VoCoHead`` at feature size 12, as
 tests/test_checkpoint_layouts.py builds it. It has VoCo's window 7, so these runs keep the bundles' default window 7
@@ -97,6 +100,16 @@ def data(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("continued_ct")
     write_dataset(folder, kind="ct", num=4, seed=1)  # 2 training volumes, 1 validation, 1 test
     return folder
+
+
+@pytest.fixture(scope="module")
+def two_channel(tmp_path_factory) -> tuple[Path, Published]:
+    """BrainSegFounder's stage-1 SSL checkpoint (T1 + T2: 2 input channels) at feature 12 with random values, saved
+    as its code saves it (window 7, as the bundles' default)."""
+    brainsegfounder = _published("brainsegfounder_stage1", 12, _random)
+    path = tmp_path_factory.mktemp("brainsegfounder") / "BrainSegFounder_T1T2_12.pt"
+    torch.save(brainsegfounder.checkpoint, path)
+    return path, brainsegfounder
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +259,41 @@ def test_resumed_continued_run_starts_from_its_checkpoint_not_the_file(tmp_path,
     a, b = _load(straight.checkpoint), _load(resumed.checkpoint)
     assert a["trainer"] == b["trainer"]
     _assert_same_state(case.bundle, a, b, reference=first, lrs=lrs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CONTINUED, ids=CONTINUED_IDS)
+def test_two_channel_encoder_continues_on_one_channel_data_with_the_channel_policy(tmp_path, data, two_channel,
+                                                                                  case):  # fmt: skip
+    """Without a channel policy the run stops when the trainer starts, before its first iteration or checkpoint,
+    with one line naming ``--training#channel_policy repeat``; with it every encoder tensor of the file is in the
+    network when training starts, the patch embedding the sum of its two kernels (the same response to a constant
+    image), and the report counts them all and the one adapted."""
+    path, brainsegfounder = two_channel
+    embedding = "swinViT.patch_embed.proj.weight"
+    stopped = _bundle_copy(tmp_path / "error", case.bundle)
+    overrides = {**case.bundle.overrides, "dataset_dir": str(data), "pretrained_path": str(path), "max_epochs": 1,
+                 "bundle_root": str(stopped)}  # fmt: skip
+    proc = subprocess.run(bundle_command(stopped, overrides=overrides), check=False, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=stopped)  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    message = (f"CheckpointLoadError: checkpoint {path} (layout=ssl_original): the patch embedding '{embedding}' has 2 "
+               "input channel(s) in the checkpoint (shape [12, 2, 2, 2, 2]) but the model has 1 (shape [12, 1, 2, 2, "
+               "2]). Run with --training#channel_policy repeat (")  # fmt: skip
+    assert message in output, output[-4000:]
+    assert "Epoch: 1/" not in output and not (stopped / "models" / "checkpoint.pt").exists()
+
+    root = _bundle_copy(tmp_path / "repeat", case.bundle)
+    overrides = {**case.bundle.overrides, "dataset_dir": str(data), "pretrained_path": str(path), "max_epochs": 1,
+                 "training#channel_policy": "repeat"}  # fmt: skip
+    run = _continued_run(root, case, overrides, "repeat")
+    network = _load(run.start)["network"]
+    encoder = [k for k in network if k.startswith("swinViT.")]
+    file_key = {k: "module." + k for k in encoder}
+    assert all(torch.equal(network[k], brainsegfounder.state[file_key[k]]) for k in encoder if k != embedding)
+    assert torch.allclose(network[embedding], brainsegfounder.state[file_key[embedding]].sum(1, keepdim=True))
+    assert (f"PretrainedLoader: {case.network_class} starts from {path}: layout=ssl_original target={case.target}: "
+            f"loaded {len(encoder)}/{len(encoder)} encoder tensors") in run.output  # fmt: skip
+    assert f"load_pretrained: adapted {embedding}: repeat: input channels 2 -> 1" in run.output
+    assert "Epoch: 1/1" in run.output

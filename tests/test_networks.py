@@ -16,7 +16,7 @@ from monai.networks.nets import SwinUNETR
 from torch import nn
 
 from components.__main__ import main
-from components.checkpoint import CheckpointLoadError
+from components.checkpoint import CheckpointLoadError, infer_architecture
 from components.conversion import convert_checkpoint
 from components.networks import check_roi_size, swin_vit
 from components.recipes.inpainting_contrast.network import SSLHead
@@ -255,6 +255,76 @@ def test_bad_constructor_arguments(kwargs, fragment):
     with pytest.raises(ValueError) as err:
         SSLHead(**kwargs)
     assert fragment in str(err.value)
+
+
+# ---------------------------------------------------------------- depths and heads (BrainSegFounder's deeper encoders)
+
+DEEP = {"depths": (2, 2, 6, 2), "num_heads": (4, 8, 16, 32)}  # --num_swin_block 6 --num_heads_first_stage 4
+DEEP_ENCODERS = {
+    "swin_vit": lambda **deep: nn.ModuleDict({"swinViT": swin_vit(2, 12, window_size=4, **deep)}),
+    "SSLHead": lambda **deep: SSLHead(in_channels=2, feature_size=12, window_size=4, **deep),
+    "SwinViTEmbedding": lambda **deep: SwinViTEmbedding(in_channels=2, feature_size=12, window_size=4, **deep),
+    "SelfDistillationNetwork": lambda **deep: SelfDistillationNetwork(
+        in_channels=2, feature_size=12, out_dim=32, hidden_dim=32, bottleneck_dim=16, window_size=4, **deep
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(DEEP_ENCODERS))
+def test_depths_and_heads_reach_the_encoder_and_load_into_swinunetr(name):
+    """Every recipe's encoder takes depths (2, 2, 6, 2) and heads (4, 8, 16, 32), reads them back from its tensors
+    (six blocks in stage 3, 4 .. 32 bias-table columns) and loads strictly into SwinUNETR's encoder of the same
+    depths and heads; lists from a config do as tuples; the defaults stay (2, 2, 2, 2) and (3, 6, 12, 24)."""
+    network = DEEP_ENCODERS[name](depths=[2, 2, 6, 2], num_heads=[4, 8, 16, 32])
+    found = infer_architecture(network.state_dict())
+    assert (found.depths, found.num_heads) == (DEEP["depths"], DEEP["num_heads"])
+    assert "swinViT.layers3.0.blocks.5.attn.relative_position_bias_table" in network.state_dict()
+    target = SwinUNETR(in_channels=2, out_channels=2, feature_size=12, window_size=4, **DEEP).swinViT
+    result = target.load_state_dict(network.swinViT.state_dict(), strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    default = infer_architecture(DEEP_ENCODERS[name]().state_dict())
+    assert (default.depths, default.num_heads) == ((2, 2, 2, 2), (3, 6, 12, 24))
+
+
+def test_deep_encoder_forward():
+    """BrainSegFounder's deepest variant, depths (2, 2, 18, 2) and heads from 6 (feature 12 here): a forward pass."""
+    net = SSLHead(in_channels=2, feature_size=12, window_size=4, depths=(2, 2, 18, 2), num_heads=(6, 12, 24, 48))
+    with torch.no_grad():
+        rot, contrastive, rec = net(torch.rand(1, 2, *SMALL_3D))
+    assert (rot.shape, contrastive.shape, rec.shape) == ((1, 4), (1, 512), (1, 2, *SMALL_3D))
+
+
+@pytest.mark.parametrize("name", list(DEEP_ENCODERS))
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        ({"num_heads": (5, 10, 20, 40)}, "num_heads=(5, 10, 20, 40): stage 1 has 12 channels (feature_size 12), "
+                                         "which 5 heads do not divide (each head takes an equal share)"),
+        ({"num_heads": (4, 8, 16, 36)}, "num_heads=(4, 8, 16, 36): stage 4 has 96 channels (feature_size 12), "
+                                        "which 36 heads do not divide (each head takes an equal share)"),
+        ({"depths": (2, 2, 2)}, "depths must be 4 positive integers, one per Swin stage (MONAI's SwinTransformer "
+                                "has layers1 .. layers4), got (2, 2, 2)"),
+        ({"depths": (2, 0, 6, 2)}, "depths must be 4 positive integers, one per Swin stage (MONAI's "
+                                   "SwinTransformer has layers1 .. layers4), got (2, 0, 6, 2)"),
+        ({"num_heads": "4,8,16,32"}, "num_heads must be 4 positive integers, one per Swin stage (MONAI's "
+                                     "SwinTransformer has layers1 .. layers4), got '4,8,16,32'"),
+        ({"num_heads": (4.0, 8, 16, 32)}, "num_heads must be 4 positive integers, one per Swin stage (MONAI's "
+                                          "SwinTransformer has layers1 .. layers4), got (4.0, 8, 16, 32)"),
+    ],
+    ids=["first-stage", "last-stage", "three-stages", "empty-stage", "string", "float"],
+)
+def test_depths_and_heads_are_checked_before_the_encoder_is_built(name, stages, message, monkeypatch):
+    """One line naming the value at fault, before MONAI's SwinTransformer is built (heads that do not divide a
+    stage's channels would otherwise fail only in the first forward pass)."""
+    import components.networks
+
+    def not_built(**kwargs):
+        raise AssertionError("the encoder was built")
+
+    monkeypatch.setattr(components.networks, "SwinTransformer", not_built)
+    with pytest.raises(ValueError) as err:
+        DEEP_ENCODERS[name](**stages)
+    assert str(err.value) == message
 
 
 # ---------------------------------------------------------------- gradients

@@ -27,6 +27,7 @@ from .layouts import (
     _ENCODER_PREFIX,
     PATCH_EMBED_WEIGHT,
     CheckpointLoadError,
+    beside_training_progress,
     extract_state_dict,
     map_state_dict,
     read_checkpoint,
@@ -160,8 +161,8 @@ def infer_architecture(source: str | os.PathLike | Mapping) -> SwinArchitecture:
     """
     where = source_name(source)
     raw = read_checkpoint(source, "cpu", mmap=True) if isinstance(source, (str, os.PathLike)) else source
-    state, _ = extract_state_dict(raw, where)
-    layout, _, mapped = map_state_dict(state, where)
+    state, container = extract_state_dict(raw, where)
+    layout, _, mapped = map_state_dict(state, where, beside_training_progress(raw, container))
     found = encoder_architecture({m.target: m.value for m in mapped if m.target is not None})
     if found.feature_size is None:
         raise CheckpointLoadError(
@@ -275,12 +276,31 @@ def adopt_architecture(
         "architecture": "$components.adopt_architecture(@pretrained_path, {'feature_size': @feature_size,
                          'use_v2': @use_v2}, @pretrained_arch)"
     """
+    found = _checkpoint_architecture(source, pretrained_arch)
+    if found is None:
+        return dict(configured)
+    return _adopt(found, configured, pretrained_arch, source_name(source), override_ids)
+
+
+def _checkpoint_architecture(
+    source: str | os.PathLike | Mapping | None, pretrained_arch: str
+) -> SwinArchitecture | None:
+    """The checkpoint's architecture (None without a checkpoint), once ``pretrained_arch`` is known to be valid."""
     if pretrained_arch not in PRETRAINED_ARCH:
         raise ValueError(f"pretrained_arch must be one of {list(PRETRAINED_ARCH)}, got {pretrained_arch!r}.")
     if source is None or (isinstance(source, (str, os.PathLike)) and optional_path(source) is None):
-        return dict(configured)
-    where = source_name(source)
-    found = infer_architecture(source)
+        return None
+    return infer_architecture(source)
+
+
+def _adopt(
+    found: SwinArchitecture,
+    configured: Mapping[str, Any],
+    pretrained_arch: str,
+    where: str,
+    override_ids: Mapping[str, str] | None,
+) -> dict[str, Any]:
+    """:func:`adopt_architecture` once the checkpoint's architecture ``found`` is read."""
     compared = {k: v for k, v in configured.items() if k != "in_channels"}
     if pretrained_arch == "config":
         check_architecture(found, compared, where, override_ids)
@@ -298,6 +318,26 @@ def adopt_architecture(
     return {**configured, **taken}
 
 
+def _check_built(network: nn.Module, found: SwinArchitecture, where: str, builder: Callable[..., nn.Module]) -> None:
+    """Fail when the built ``network`` lacks an architecture value of the checkpoint: ``build_for_weights`` passes
+    only the values ``builder`` takes, so a value it has no argument for (the depths of a fixed encoder) would
+    otherwise be dropped silently, to fail later in the loader with overrides the class cannot take."""
+    built = encoder_architecture(network.state_dict()).as_dict()
+    built.pop("in_channels", None)  # the channel policy's to handle
+    differences = architecture_differences(found, built)
+    if not differences:
+        return
+    name = getattr(builder, "__name__", type(network).__name__)
+    accepted = inspect.signature(builder).parameters
+    named = "; ".join(
+        f"{field}={_cli(needed)}, which {name} cannot take (it "
+        + ("has no " if field not in accepted else "ignores its ")
+        + f"'{field}' argument and builds {_cli(has)})"
+        for field, needed, has in differences
+    )
+    raise CheckpointLoadError(f"checkpoint {where} needs {named}.")
+
+
 def build_for_weights(
     network: Callable[..., nn.Module],
     pretrained_path: str | os.PathLike | None = None,
@@ -306,13 +346,14 @@ def build_for_weights(
 ) -> nn.Module:
     """``network(**kwargs)`` with the architecture of the weights it will start from: the bundles' ``network_def``.
 
-    The architecture values ``network`` accepts (``feature_size``, ``use_v2``, ``window_size``, and for MONAI's
-    ``SwinUNETR`` also ``depths``, ``num_heads``, ``patch_size``; ``kwargs`` or the signature's defaults) go through
-    :func:`adopt_architecture`: with ``pretrained_arch="config"`` a checkpoint of another architecture fails here,
-    when the config builds the network (the bundles build it before their data is cached), with one line naming
-    each difference and the overrides; with ``"auto"`` the network takes the checkpoint's values (logged). Without
-    ``pretrained_path`` this is ``network(**kwargs)``. Values the class cannot take (``depths`` of ``SSLHead``) are
-    not compared here; the loader's report names what does not fit.
+    The architecture values ``network`` accepts (``feature_size``, ``use_v2``, ``window_size``, ``depths``,
+    ``num_heads``, and for MONAI's ``SwinUNETR`` also ``patch_size``; ``kwargs`` or the signature's defaults) go
+    through :func:`adopt_architecture`: with ``pretrained_arch="config"`` a checkpoint of another architecture fails
+    here, when the config builds the network (the bundles build it before their data is cached), with one line
+    naming each difference and the overrides; with ``"auto"`` the network takes the checkpoint's values (logged).
+    Then the built network's encoder is compared with the checkpoint's: a value the class has no argument for and
+    builds otherwise (e.g. depths (2, 2, 6, 2) for a class that always builds (2, 2, 2, 2)) fails with one line naming
+    it and the class, instead of being dropped. Without ``pretrained_path`` this is ``network(**kwargs)``.
 
     Args:
         network: the class (or factory) to build, e.g. MONAI's ``SwinUNETR`` or :class:`~components.SSLHead`.
@@ -321,7 +362,8 @@ def build_for_weights(
         kwargs: the network's arguments.
 
     Raises:
-        CheckpointLoadError: with ``"config"``, a checkpoint of another architecture (or an unreadable one).
+        CheckpointLoadError: an unreadable checkpoint; with ``"config"``, a checkpoint of another architecture; a
+            checkpoint value the class cannot take.
         ValueError: an unknown ``pretrained_arch``.
 
     Example (``network_def`` of a bundle config)::
@@ -337,5 +379,11 @@ def build_for_weights(
         if name != "in_channels" and name in accepted
         and (name in kwargs or accepted[name].default is not inspect.Parameter.empty)
     }
-    values = adopt_architecture(pretrained_path, configured, pretrained_arch)
-    return network(**{**kwargs, **{name: value for name, value in values.items() if name in accepted}})
+    found = _checkpoint_architecture(pretrained_path, pretrained_arch)
+    if found is None:
+        return network(**kwargs)
+    where = source_name(pretrained_path)
+    values = _adopt(found, configured, pretrained_arch, where, None)
+    built = network(**{**kwargs, **{name: value for name, value in values.items() if name in accepted}})
+    _check_built(built, found, where, network)
+    return built

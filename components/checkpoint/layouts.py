@@ -19,7 +19,9 @@ the public code each comes from:
 ``ssl_original``          the original SSL code's checkpoints: ``{"global_step" | "epoch", "state_dict":
                           {"module.swinViT.*", "module.rotation_head.*", "module.contrastive_head.*",
                           "module.conv.*"}, "optimizer"}`` (older ones spell ``swin_vit``), written by
-                          research-contributions ``SwinUNETR/Pretrain/main.py`` (``models/ssl_head.py``).
+                          research-contributions ``SwinUNETR/Pretrain/main.py`` (``models/ssl_head.py``); trained
+                          on one GPU (no DDP) the keys have no ``module.``, and the container tells it from
+                          ``ssl_collection``: the state dict under ``state_dict`` beside ``epoch`` / ``global_step``.
                           lab-smile/BrainSegFounder ``pretrain/main.py`` / ``main_T1T2.py`` and
                           ``downstream/BraTS/ssl/main_T1T2.py`` save the same SSLHead the same way (with ``epoch`` and
                           ``global_step``), at other shapes: 2 or 4 input channels, depths (2, 2, 2, 2) / (2, 2, 6, 2)
@@ -28,7 +30,7 @@ the public code each comes from:
 ``ssl_collection``        this collection's :class:`~components.recipes.inpainting_contrast.SSLHead`: ``swinViT.*``
                           plus heads, no wrapper prefix (``_orig_mod.`` allowed): the SSL bundle's ``model.pt``
                           (MONAI ``CheckpointSaver`` of one object: a bare state dict) and resumable checkpoints
-                          (``{"model": ...}``).
+                          (``{"model": ...}``), never under ``state_dict``.
 ``monai_ssl_autoencoder`` MONAI's disruptive-autoencoder ``ssl_pretrained_weights.pth`` (~50k volumes):
                           ``{"model": {"encoder.patch_embed.*", "encoder.layersN.0.0.*", "encoder.mask_token",
                           "encoder.norm.*", "out.conv.conv.*"}}``, read by Project-MONAI/tutorials
@@ -51,7 +53,10 @@ the public code each comes from:
                           the bare ``backbone.*`` / ``student.*`` / ``teacher.*`` state dict; the downstream loader
                           (``Downstream/monai/*/utils/utils.py``: ``state_dict`` | ``network_weights`` | ``net``,
                           strips ``module.``, ``backbone.``, ``swin_vit``) reads both. Sizes B / L / H: feature 48 /
-                          96 / 192.
+                          96 / 192. The released ``VoCo_B_SSL_head.pt`` / ``_L_`` / ``_H_`` (huggingface
+                          ``Luffy503/VoCo``) are the bare state dict of that backbone (``Swin``): ``swinViT.*`` and
+                          ``encoder1..4`` / ``encoder10`` with no decoder and no ``out``, no container, no prefix; a
+                          SwinUNETR takes all of it, as from a ``swinunetr`` file.
 ``suprem``                SuPreM and the CLIP-Driven Universal Model (MrGiovanni/SuPreM
                           ``supervised_pretraining/train.py``): ``{"net": {"module.backbone.*" (a SwinUNETR without
                           ``out``), "module.precls_conv.*", "module.GAP.*", "module.controller.*",
@@ -116,6 +121,9 @@ _MLP_FC = re.compile(r"\.mlp\.fc([12])\.")
 _BARE_ENCODER = re.compile(r"^(patch_embed|layers[1-4]c?)\.")
 _SSL_HEADS = re.compile(r"^(rotation_head|contrastive_head|conv)\.")
 _SEG_DECODER = re.compile(r"^(encoder\d+|decoder\d+|out)\.")
+_ENCODER_BLOCKS = re.compile(r"^encoder\d+\.")
+_DECODER_BLOCKS = re.compile(r"^(decoder\d+|out)\.")
+_PROGRESS_KEYS = ("epoch", "global_step")
 _DINO_HEAD = re.compile(r"^head\.")
 _VOCO_HEADS = re.compile(r"^(student|teacher)\.")
 _UNIVERSAL_HEADS = re.compile(r"^(precls_conv\.|GAP\.|controller\.|text_to_vision\.|organ_embedding(\.|$))")
@@ -380,14 +388,32 @@ def _strip_all(state: Mapping[str, Any], where: str) -> tuple[dict[str, tuple[st
     return out, sorted(prefixes)
 
 
-def detect_layout(keys: Any, had_module_prefix: bool = False) -> str | None:
+def beside_training_progress(checkpoint: Any, container: str) -> bool:
+    """Whether :func:`extract_state_dict` found the state dict under ``state_dict`` beside ``epoch`` or
+    ``global_step``: the container of the original SSL code's ``save_ckp``, which this collection never writes (its
+    savers write a bare state dict or ``{"model": ...}``)."""
+    return (
+        container == "state_dict"
+        and isinstance(checkpoint, Mapping)
+        and any(key in checkpoint for key in _PROGRESS_KEYS)
+    )
+
+
+def detect_layout(keys: Any, had_module_prefix: bool = False, training_progress: bool = False) -> str | None:
     """Name the layout of state-dict keys with the wrapper prefixes already stripped (None if unknown).
 
     The heads beside the encoder tell the publisher: ``student`` / ``teacher`` (VoCo), the Universal Model's task
     heads (SuPreM), ``head`` (this collection's self-distillation), the SSL heads (``rotation_head`` ...), a
-    segmentation decoder (``encoder1`` ...). ``had_module_prefix`` tells whether the keys carried ``module.`` in the
-    file: this is what distinguishes the original SSL code's DDP checkpoints (``ssl_original``) from this
-    collection's (``ssl_collection``).
+    segmentation decoder (``decoder1`` ..., ``out``: a SwinUNETR), the encoder blocks ``encoder1`` ... alone (VoCo's
+    ``Swin`` backbone, as its released ``VoCo_*_SSL_head.pt`` holds it). With the SSL heads, the file tells the
+    original SSL code's checkpoints (``ssl_original``) from this collection's (``ssl_collection``):
+    ``had_module_prefix`` (the keys carried ``module.``: DDP) or ``training_progress``
+    (:func:`beside_training_progress`: one GPU).
+
+    Example::
+
+        >>> detect_layout(["swinViT.patch_embed.proj.weight", "encoder10.layer.conv1.conv.weight"])
+        'voco'
     """
     keys = [str(k) for k in keys]
     if any(_DAE_ENCODER.match(k) for k in keys):
@@ -401,10 +427,12 @@ def detect_layout(keys: Any, had_module_prefix: bool = False) -> str | None:
             return "suprem"
         if any(_DINO_HEAD.match(k) for k in keys):
             return "dino_collection"
-        if any(_SEG_DECODER.match(k) for k in keys):
+        if any(_DECODER_BLOCKS.match(k) for k in keys):
             return "swinunetr"
+        if any(_ENCODER_BLOCKS.match(k) for k in keys):
+            return "voco"
         has_heads = any(_SSL_HEADS.match(k) for k in keys)
-        if swin_old or (has_heads and had_module_prefix):
+        if swin_old or (has_heads and (had_module_prefix or training_progress)):
             return "ssl_original"
         if has_heads:
             return "ssl_collection"
@@ -485,8 +513,13 @@ class MappedKey(NamedTuple):
     value: Any
 
 
-def map_state_dict(state: Mapping[str, Any], where: str = "<mapping>") -> tuple[str, list[str], list[MappedKey]]:
+def map_state_dict(
+    state: Mapping[str, Any], where: str = "<mapping>", training_progress: bool = False
+) -> tuple[str, list[str], list[MappedKey]]:
     """Detect the layout of an unwrapped state dict and map every key to the collection's key space.
+
+    ``training_progress``: the state dict was found beside ``epoch`` / ``global_step``
+    (:func:`beside_training_progress`), as :func:`detect_layout` takes it.
 
     Returns:
         ``(layout, stripped wrapper prefixes, one MappedKey per source key in file order)``.
@@ -496,7 +529,7 @@ def map_state_dict(state: Mapping[str, Any], where: str = "<mapping>") -> tuple[
             source keys collapse onto one once the wrapper prefixes are stripped.
     """
     stripped, prefixes = _strip_all(state, where)
-    layout = detect_layout(stripped, had_module_prefix="module." in prefixes)
+    layout = detect_layout(stripped, had_module_prefix="module." in prefixes, training_progress=training_progress)
     if layout is None:
         raise CheckpointLoadError(
             f"checkpoint {where}: unknown layout; first keys {list(state)[:6]} ({len(state)} keys in all). Known "

@@ -33,6 +33,7 @@ from .layouts import (
     LoadReport,
     UnusedKey,
     _category,
+    beside_training_progress,
     extract_state_dict,
     map_state_dict,
     read_checkpoint,
@@ -40,6 +41,10 @@ from .layouts import (
 )
 
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
+
+#: the bundle config ids of the loader's options, as its messages name them by default (``--training#channel_policy
+#: repeat``); ``required`` has none in the bundles, so its advice names the argument (``required='none'``).
+LOADER_OVERRIDE_IDS: dict[str, str] = {"channel_policy": "training#channel_policy"}
 
 # ---------------------------------------------------------------------------------------------------------------
 # the target model
@@ -98,14 +103,15 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _hint(report: LoadReport, missing_required: list[str]) -> str:
+def _hint(report: LoadReport, missing_required: list[str], required_id: str | None) -> str:
     if any(k in report.shape_mismatched for k in missing_required):
         return "some tensors have other shapes: the checkpoint was made for a different configuration of the network"
     if not report.encoder_loaded and report.encoder_keys:
         return "no encoder tensor of the checkpoint matched the model: is it a checkpoint of another architecture?"
+    accept = f"run with --{required_id} none" if required_id else "pass required='none'"
     return (
-        "the checkpoint lacks these tensors (a partial or truncated encoder?); pass required='none' to accept a "
-        "partial load, which is then reported"
+        f"the checkpoint lacks these tensors (a partial or truncated encoder?); {accept} to accept a partial load, "
+        "which is then reported"
     )
 
 
@@ -117,6 +123,7 @@ def convert_state_dict(
     channel_policy: str = "error",
     required: str = "encoder",
     map_location: Any = "cpu",
+    override_ids: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, torch.Tensor], LoadReport]:
     """Map a checkpoint onto ``target_model``'s key space without loading it.
 
@@ -131,12 +138,13 @@ def convert_state_dict(
     _check_choice("required", required, REQUIRED_POLICIES)
     if target is not None:
         _check_choice("target", target, TARGETS)
+    ids = {**LOADER_OVERRIDE_IDS, **(override_ids or {})}
     where = source_name(source)
     raw = read_checkpoint(source, map_location) if isinstance(source, (str, os.PathLike)) else source
     state, container = extract_state_dict(raw, where)
     model = _unwrap_model(target_model)
     target = target or _detect_target(model)
-    layout, prefixes, keys = map_state_dict(state, where)
+    layout, prefixes, keys = map_state_dict(state, where, beside_training_progress(raw, container))
 
     report = LoadReport(
         layout=layout,
@@ -167,7 +175,7 @@ def convert_state_dict(
     # (the input channels are the channel policy's to handle)
     configured = encoder_architecture(tgt_state).as_dict()
     configured.pop("in_channels", None)
-    check_architecture(encoder_architecture({k.target: k.value for k in keys if k.target}), configured, where)
+    check_architecture(encoder_architecture({k.target: k.value for k in keys if k.target}), configured, where, ids)
 
     mapped: dict[str, torch.Tensor] = {}
     skipped: set[str] = set()
@@ -197,12 +205,13 @@ def convert_state_dict(
             continue
         c_src, c_dst = int(value.shape[1]), int(dst.shape[1])
         if channel_policy == "error":
+            policy = ids["channel_policy"]
             raise CheckpointLoadError(
                 f"checkpoint {where} (layout={layout}): the patch embedding '{canon}' has {c_src} input channel(s) "
                 f"in the checkpoint (shape {list(value.shape)}) but the model has {c_dst} (shape {list(dst.shape)}). "
-                f"Choose channel_policy='repeat' (repeat the kernel over the {c_dst} channels scaled by "
-                f"{c_src}/{c_dst}, so a constant input gives the same response) or channel_policy='skip' (keep the "
-                f"model's random patch embedding). The model was not modified."
+                f"Run with --{policy} repeat (channel_policy='repeat': the kernel repeated over the {c_dst} channels "
+                f"and scaled by {c_src}/{c_dst}, so a constant input gives the same response) or --{policy} skip "
+                f"(channel_policy='skip': the model's random patch embedding kept). The model was not modified."
             )
         if channel_policy == "repeat":
             mapped[canon] = _adapt_in_channels(value, c_dst)
@@ -245,7 +254,7 @@ def convert_state_dict(
             )
         if report.unknown:
             parts.append(f"Unused source keys of unknown role: {list(report.unknown)[:5]}.")
-        parts.append(f"Hint: {_hint(report, missing_required)}. The model was not modified.")
+        parts.append(f"Hint: {_hint(report, missing_required, ids.get('required'))}. The model was not modified.")
         raise CheckpointLoadError(" ".join(parts))
     return {k: mapped[k] for k in report.loaded}, report
 
@@ -258,6 +267,7 @@ def load_pretrained(
     channel_policy: str = "error",
     required: str = "encoder",
     map_location: Any = "cpu",
+    override_ids: Mapping[str, str] | None = None,
 ) -> LoadReport:
     """Load pretrained Swin ViT weights of any known layout into ``model`` and report exactly what happened.
 
@@ -275,6 +285,10 @@ def load_pretrained(
             ``"none"``: anything goes (still reported). ``relative_position_index`` buffers (deterministic) and a
             patch embedding skipped by ``channel_policy="skip"`` are never required.
         map_location: passed to ``torch.load``.
+        override_ids: how the error messages name the options to change, by option (an architecture field of
+            :data:`~components.checkpoint.architecture.OVERRIDE_IDS`, ``channel_policy``, ``required``): default the
+            bundles' config ids (``--network_def#use_v2 true``, ``--training#channel_policy repeat``); a command
+            line gives its own flags.
 
     Returns:
         the :class:`LoadReport`; its summary is logged at INFO (unknown keys and shape mismatches at WARNING).
@@ -293,7 +307,13 @@ def load_pretrained(
         print(report.summary())
     """
     state, report = convert_state_dict(
-        source, model, target=target, channel_policy=channel_policy, required=required, map_location=map_location
+        source,
+        model,
+        target=target,
+        channel_policy=channel_policy,
+        required=required,
+        map_location=map_location,
+        override_ids=override_ids,
     )
     module = _unwrap_model(model)
     # every key of `state` is a key of the model with the model's shape (checked above), so strict=False only

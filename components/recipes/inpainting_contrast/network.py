@@ -9,13 +9,21 @@ module, those checkpoints and ``SwinUNETR.swinViT`` unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from numbers import Integral, Real
 
 import torch
 from monai.networks.layers import Conv, Norm
 from torch import nn
 
-from ...networks import DEFAULT_WINDOW, SPATIAL_REDUCTION, check_roi_size, swin_vit
+from ...networks import (
+    DEFAULT_DEPTHS,
+    DEFAULT_NUM_HEADS,
+    DEFAULT_WINDOW,
+    SPATIAL_REDUCTION,
+    check_roi_size,
+    swin_vit,
+)
 
 __all__ = ["SSLHead", "UPSAMPLE_MODES", "OUTPUT_MODES"]
 
@@ -44,8 +52,9 @@ class SSLHead(nn.Module):
     contrastive coding and masked-volume (inpainting) reconstruction.
 
     The encoder is MONAI's :class:`~monai.networks.nets.swin_unetr.SwinTransformer` with the configuration of
-    ``SwinUNETR`` (window 7 by default, patch 2, depths (2, 2, 2, 2), heads (3, 6, 12, 24)), so
-    ``model.swinViT``'s state dict loads into ``SwinUNETR(feature_size=f, window_size=w, use_v2=v).swinViT`` as is. Its
+    ``SwinUNETR`` (window 7, patch 2, depths (2, 2, 2, 2), heads (3, 6, 12, 24) by default), so
+    ``model.swinViT``'s state dict loads into ``SwinUNETR(feature_size=f, window_size=w, use_v2=v, depths=d,
+    num_heads=h).swinViT`` as is. Its
     last stage output (normalised) of shape ``(B, 16 * feature_size, *[s // 32 for s in spatial])`` is
     flattened to tokens ``(B, N, 16 * feature_size)``; token 0 feeds ``rotation_head``, token 1
     ``contrastive_head``, and the whole map the reconstruction decoder ``conv``.
@@ -53,9 +62,8 @@ class SSLHead(nn.Module):
     Args:
         in_channels: number of input image channels.
         feature_size: embedding size of the Swin ViT (``embed_dim``); the last stage has ``16 * feature_size``
-            channels. Must be a multiple of 12, as ``SwinUNETR`` requires for the weights to be reused there
-            (the attention alone needs a multiple of 3: the head dimension is ``feature_size / 3`` in every
-            stage).
+            channels. Must be a multiple of 12, as ``SwinUNETR`` requires for the weights to be reused there,
+            and each stage's channels a multiple of its heads (``num_heads``).
         spatial_dims: number of spatial dimensions, 2 or 3.
         dropout_path_rate: stochastic-depth rate of the encoder, in [0, 1].
         window_size: edge of the cubic attention window (7, as published). The first stage holds
@@ -68,6 +76,11 @@ class SSLHead(nn.Module):
         use_v2: a SwinUNETR v2 encoder (:func:`~components.networks.swin_vit`: a residual convolution block
             before each stage, as VoCo's); its weights load into ``SwinUNETR(use_v2=True).swinViT``. The heads
             and the decoder are the same.
+        depths: Swin blocks per stage, four values ((2, 2, 2, 2) as published; BrainSegFounder: (2, 2, 6, 2) or
+            (2, 2, 18, 2)).
+        num_heads: attention heads per stage, four values ((3, 6, 12, 24) as published; BrainSegFounder:
+            (4, 8, 16, 32) or (6, 12, 24, 48)); ``feature_size`` must be divisible by the first, and each stage's
+            channels by its own (:func:`~components.networks.check_stages`).
         upsample: the reconstruction decoder, one of
 
             - ``"vae"`` (default): five blocks ``[Conv k3 p1, InstanceNorm, LeakyReLU, Upsample x2]`` taking
@@ -116,6 +129,8 @@ class SSLHead(nn.Module):
         output: str = "all",
         window_size: int = DEFAULT_WINDOW,
         use_v2: bool | str = False,
+        depths: Sequence[int] = DEFAULT_DEPTHS,
+        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
     ) -> None:
         super().__init__()
         in_channels = _as_int("in_channels", in_channels, 1)
@@ -123,9 +138,8 @@ class SSLHead(nn.Module):
         window_size = _as_int("window_size", window_size, 2)
         if feature_size % 12 != 0:
             raise ValueError(
-                f"SSLHead: feature_size must be a multiple of 12, got {feature_size} (the attention heads "
-                f"(3, 6, 12, 24) need a multiple of 3, and SwinUNETR, which reuses these weights, a multiple "
-                f"of 12; e.g. 12, 24, 48)."
+                f"SSLHead: feature_size must be a multiple of 12, got {feature_size} (SwinUNETR, which reuses "
+                f"these weights, needs a multiple of 12; e.g. 12, 24, 48)."
             )
         if isinstance(spatial_dims, bool) or spatial_dims not in (2, 3):
             raise ValueError(f"SSLHead: spatial_dims must be 2 or 3, got {spatial_dims!r}.")
@@ -148,7 +162,15 @@ class SSLHead(nn.Module):
         self.hidden_dim = dim
 
         self.swinViT = swin_vit(
-            in_channels, feature_size, self.spatial_dims, dropout_path_rate, use_checkpoint, window_size, use_v2
+            in_channels,
+            feature_size,
+            self.spatial_dims,
+            dropout_path_rate,
+            use_checkpoint,
+            window_size,
+            use_v2,
+            depths,
+            num_heads,
         )
         self.rotation_head = nn.Linear(dim, _NUM_ROTATIONS)
         self.contrastive_head = nn.Linear(dim, _CONTRASTIVE_DIM)

@@ -16,7 +16,7 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from ...encoder_lr import encoder_param_groups
 from ...engine import unwrap
-from ...networks import DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
+from ...networks import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
 
 __all__ = ["SwinViTEmbedding", "ProjectionHead", "SelfDistillationNetwork", "weight_decay_groups"]
 
@@ -37,6 +37,9 @@ class SwinViTEmbedding(nn.Module):
             same window size.
         use_v2: a SwinUNETR v2 encoder (a residual convolution block before each stage, as VoCo's); its weights load
             into ``SwinUNETR(use_v2=True).swinViT``.
+        depths, num_heads: Swin blocks and attention heads per stage, four each ((2, 2, 2, 2) and (3, 6, 12, 24) as
+            published; BrainSegFounder's deeper encoders: e.g. (2, 2, 6, 2) and (4, 8, 16, 32)), checked by
+            :func:`~components.networks.check_stages` before the encoder is built.
 
     Shapes:
         input ``(B, in_channels, *spatial)``, every spatial size a multiple of 32; output ``(B, 16 * feature_size)``.
@@ -56,6 +59,8 @@ class SwinViTEmbedding(nn.Module):
         use_checkpoint: bool = False,
         window_size: int = DEFAULT_WINDOW,
         use_v2: bool | str = False,
+        depths: Sequence[int] = DEFAULT_DEPTHS,
+        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
     ) -> None:
         super().__init__()
         if int(feature_size) < 12 or int(feature_size) % 12:
@@ -71,6 +76,8 @@ class SwinViTEmbedding(nn.Module):
             use_checkpoint,
             int(window_size),
             use_v2,
+            depths,
+            num_heads,
         )
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -169,9 +176,19 @@ class SelfDistillationNetwork(SwinViTEmbedding):
         use_checkpoint: bool = False,
         window_size: int = DEFAULT_WINDOW,
         use_v2: bool | str = False,
+        depths: Sequence[int] = DEFAULT_DEPTHS,
+        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
     ) -> None:
         super().__init__(
-            in_channels, feature_size, spatial_dims, dropout_path_rate, use_checkpoint, window_size, use_v2
+            in_channels,
+            feature_size,
+            spatial_dims,
+            dropout_path_rate,
+            use_checkpoint,
+            window_size,
+            use_v2,
+            depths,
+            num_heads,
         )
         self.head = ProjectionHead(self.embed_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, norm_last_layer)
 
