@@ -66,6 +66,10 @@ the public code each comes from:
                           (:class:`~components.recipes.self_distillation.SelfDistillationNetwork`): ``swinViT.*`` plus
                           the DINO projection ``head.*``, as the self-distillation bundle's resumable checkpoints hold
                           it (``{"model": ...}``).
+``mim_collection``        this collection's masked image model
+                          (:class:`~components.recipes.masked_image.MaskedImageModel`): ``swinViT.*`` plus
+                          ``mask_token`` and the reconstruction ``decoder.*``, as the masked image bundle's
+                          ``model.pt`` and resumable checkpoints hold it.
 ========================= ===================================================================================
 
 A file in none of these layouts raises :class:`CheckpointLoadError` naming its first keys and the layouts known.
@@ -101,6 +105,7 @@ LAYOUTS: tuple[str, ...] = (
     "voco",
     "suprem",
     "dino_collection",
+    "mim_collection",
 )
 #: kinds of target model: MONAI ``SwinUNETR``, :class:`~components.recipes.inpainting_contrast.SSLHead`, or any other module that
 #: holds the encoder as attribute ``swinViT``.
@@ -125,6 +130,7 @@ _ENCODER_BLOCKS = re.compile(r"^encoder\d+\.")
 _DECODER_BLOCKS = re.compile(r"^(decoder\d+|out)\.")
 _PROGRESS_KEYS = ("epoch", "global_step")
 _DINO_HEAD = re.compile(r"^head\.")
+_MIM_PARTS = re.compile(r"^(mask_token$|decoder\.)")
 _VOCO_HEADS = re.compile(r"^(student|teacher)\.")
 _UNIVERSAL_HEADS = re.compile(r"^(precls_conv\.|GAP\.|controller\.|text_to_vision\.|organ_embedding(\.|$))")
 _DAE_LAYER_NESTED = re.compile(r"^encoder\.(layers[1-4]c?)\.0\.0\.(.+)$")
@@ -427,6 +433,8 @@ def detect_layout(keys: Any, had_module_prefix: bool = False, training_progress:
             return "suprem"
         if any(_DINO_HEAD.match(k) for k in keys):
             return "dino_collection"
+        if any(_MIM_PARTS.match(k) for k in keys):
+            return "mim_collection"
         if any(_DECODER_BLOCKS.match(k) for k in keys):
             return "swinunetr"
         if any(_ENCODER_BLOCKS.match(k) for k in keys):
@@ -486,7 +494,7 @@ def _canonical(layout: str, key: str) -> tuple[str | None, UnusedKey | None]:
         key = _ENCODER_PREFIX + key[len(_OLD_ENCODER_PREFIX) :]
     if key.startswith(_ENCODER_PREFIX):
         return _rename_mlp(key), None
-    if _SSL_HEADS.match(key) or _SEG_DECODER.match(key) or _DINO_HEAD.match(key):
+    if _SSL_HEADS.match(key) or _SEG_DECODER.match(key) or _DINO_HEAD.match(key) or _MIM_PARTS.match(key):
         return key, None
     return None, UnusedKey("unknown", f"not a tensor of the {layout} layout")
 
@@ -500,6 +508,8 @@ def _category(key: str) -> str:
         return "seg_decoder"
     if _DINO_HEAD.match(key):
         return "dino_head"
+    if _MIM_PARTS.match(key):
+        return "mim_head"
     return "other"
 
 

@@ -13,7 +13,9 @@ import torch
 from monai.networks.layers import Conv
 from torch import nn
 
-from ...networks import DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
+from collections.abc import Sequence
+
+from ...networks import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
 
 __all__ = ["DECODERS", "MaskedImageModel", "voxel_shuffle"]
 
@@ -45,6 +47,7 @@ class MaskedImageModel(nn.Module):
         use_checkpoint: activation checkpointing in the Swin blocks.
         window_size: edge of the cubic attention window (7, as published).
         use_v2: a SwinUNETR v2 encoder (a residual convolution block before each stage, as VoCo's).
+        depths, num_heads: Swin blocks and attention heads per stage (SwinUNETR's (2, 2, 2, 2) and (3, 6, 12, 24)).
         decoder: ``"linear"`` (SimMIM: a 1x1x1 convolution ``16f -> 32^dims * in_channels`` and :func:`voxel_shuffle`,
             keys ``decoder.weight`` / ``decoder.bias``) or ``"deconv"`` (five transposed convolutions, kernel 2 stride 2,
             ``16f -> 8f -> 4f -> 2f -> f -> in_channels``, as the SSL recipe's ``deconv`` decoder).
@@ -71,6 +74,8 @@ class MaskedImageModel(nn.Module):
         window_size: int = DEFAULT_WINDOW,
         use_v2: bool | str = False,
         decoder: str = "linear",
+        depths: Sequence[int] = DEFAULT_DEPTHS,
+        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
     ) -> None:
         super().__init__()
         if int(feature_size) < 12 or int(feature_size) % 12:
@@ -81,8 +86,9 @@ class MaskedImageModel(nn.Module):
         self.spatial_dims = int(spatial_dims)
         feature_size = int(feature_size)
         self.swinViT = swin_vit(
-            self.in_channels, feature_size, self.spatial_dims, dropout_path_rate, use_checkpoint, int(window_size), use_v2
-        )
+            self.in_channels, feature_size, self.spatial_dims, dropout_path_rate, use_checkpoint, int(window_size),
+            use_v2, depths, num_heads,
+        )  # fmt: skip
         self.mask_token = nn.Parameter(torch.zeros(1, feature_size, *([1] * self.spatial_dims)))
         nn.init.trunc_normal_(self.mask_token, std=0.02)
         self.decoder_kind = decoder
