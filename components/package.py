@@ -10,13 +10,14 @@ configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here
   ``monai.bundle download --name <name>`` extracts to ``<bundle_dir>/<name>/``, and ``<zip>.sha256`` in the
   ``sha256sum`` format. Trained weights (``models/*.pt``) are included when present; logs, caches, evaluation
   outputs, data and temporary files are not (:func:`bundle_files`).
-- :func:`fetch` downloads (``http(s)://``, ``file://`` or a plain path) to a temporary file next to the target,
-  checks its SHA-256 and only then moves it into place. A hash is required: the ``sha256`` argument (from a
-  trusted place, e.g. the release notes) or, when it is not given, the ``<url>.sha256`` file published next to
-  the zip. The sidecar only guards against corrupt or truncated downloads (whoever can replace the zip can
-  replace the sidecar); pass ``sha256`` to guard against tampering.
-- :func:`extract_zip_safely` refuses absolute member names, ``..`` components, symbolic links and special files,
-  and any member whose resolved path leaves the target folder, before anything is written.
+- :func:`fetch` downloads (``http(s)://``, ``file://`` or a plain path) with MONAI's ``download_url``, which checks
+  the SHA-256, into a temporary folder next to the target and only then renames it into place. A hash is required:
+  the ``sha256`` argument (from a trusted place, e.g. the release notes) or, when it is not given, the
+  ``<url>.sha256`` file published next to the zip. The sidecar only guards against corrupt or truncated downloads
+  (whoever can replace the zip can replace the sidecar); pass ``sha256`` to guard against tampering.
+- :func:`extract_zip_safely` checks every member with MONAI's ``safe_extract_member`` (absolute names, paths out of
+  the target folder) and refuses what MONAI extracts (``..`` anywhere, symbolic links and special files,
+  backslashes, drive letters, duplicates) before MONAI's ``extractall`` writes anything.
 - :func:`fetch_bundle` = fetch + verify + safe extraction into ``<bundle_dir>/<name>/``; the zip is kept in
   ``bundle_dir`` so that ``monai.bundle download --source github ... --bundle_dir <bundle_dir>`` and
   ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` find it afterwards without downloading again.
@@ -50,6 +51,8 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from monai.apps.utils import HashCheckError, download_url, extractall, safe_extract_member
 
 from .atomic import atomic_write
 from .origin import PACKAGE_DIR, package_source
@@ -103,8 +106,8 @@ OWN_SCHEMA = Path(__file__).resolve().parent / "schema" / "bundle_metadata.schem
 LARGE_FILES = "large_files.yml"  # the Model Zoo's list of weights to download by URL (monai.bundle download_large_files)
 
 
-class HashMismatchError(ValueError):
-    """A downloaded file's SHA-256 differs from the expected one (the file was removed)."""
+class HashMismatchError(HashCheckError):
+    """A downloaded file's SHA-256 differs from the expected one (the file was removed); MONAI's ``HashCheckError``."""
 
 
 class UnsafeArchiveError(ValueError):
@@ -502,18 +505,41 @@ def _remove_empty(folders: list[Path]) -> None:
             break
 
 
+def _as_url(src: str) -> str:
+    """``src`` as a URL for MONAI's ``download_url`` (a plain path becomes ``file://``)."""
+    return src if _is_url(src) else Path(src).resolve().as_uri()
+
+
+def _download_checked(src: str, path: Path, expected: str) -> None:
+    """MONAI's ``download_url`` of ``src`` to ``path`` with the expected SHA-256; a mismatch raises
+    :class:`HashMismatchError` naming the source (MONAI's message names only its temporary file)."""
+    try:
+        download_url(_as_url(src), path, hash_val=expected, hash_type="sha256", progress=False)
+    except HashCheckError as err:
+        raise HashMismatchError(
+            f"sha256 of {src} differs from the expected {expected}; the download was discarded (corrupt, truncated "
+            "or not the published file)."
+        ) from err
+    if not path.is_file():  # download_url returns without a file after a PermissionError or NotADirectoryError
+        raise OSError(f"could not download {src} to {path}.")
+
+
 def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str | None = None) -> Path:
-    """Downloads ``url_or_path`` (``http(s)://``, ``file://`` or a local path) to ``dest`` after checking its
-    SHA-256; returns the file's path.
+    """Downloads ``url_or_path`` (``http(s)://``, ``file://`` or a local path) to ``dest`` with MONAI's
+    ``download_url``, which checks its SHA-256; returns the file's path.
 
     ``dest`` is the target file, or a folder (existing, or written with a trailing ``/``) to put the file in
-    under its own name. The expected hash
-    is ``sha256`` or, when that is ``None``, the one in ``<url_or_path>.sha256`` (``sha256sum`` format, as
-    :func:`package_bundle` writes it); without either the download is refused (``ValueError``): MONAI's own
-    bundle download checks no hash at all (``hash_val=None``). The data goes to a temporary file next to the
-    target and is moved into place only when the hash matches; on a mismatch (:class:`HashMismatchError`) or
-    any other failure the temporary file, and any folder this call created, is removed. A target that already
-    exists with the expected hash is kept as it is (no download)."""
+    under its own name. What this adds to ``download_url``, which downloads unchecked (a warning) without a hash:
+
+    - a hash is required: ``sha256`` or, when that is ``None``, the one in ``<url_or_path>.sha256``
+      (``sha256sum`` format, as :func:`package_bundle` writes it); without either the download is refused
+      (``ValueError``), as MONAI's own bundle download passes no hash at all (``hash_val=None``);
+    - the file is downloaded into a temporary folder beside the target and renamed into place, so the target is
+      never a partial file (``download_url`` moves it from the system's temporary folder, a copy across file
+      systems); a target with another hash is replaced (``download_url`` refuses it), one with the expected hash
+      is kept as it is (no download);
+    - on a mismatch (:class:`HashMismatchError`, a ``HashCheckError``) or any other failure nothing is left: no
+      temporary file, no folder this call created."""
     src = os.fspath(url_or_path)
     name = _source_name(src)
     expected = _normalize_sha256(sha256, "sha256") if sha256 is not None else _read_sidecar(src, name)
@@ -525,17 +551,9 @@ def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str |
 
     created = _make_dirs(target.parent)
     try:
-        digest = hashlib.sha256()
-        with _open_source(src) as fin, atomic_write(target) as fout:
-            for chunk in iter(lambda: fin.read(_CHUNK), b""):
-                digest.update(chunk)
-                fout.write(chunk)
-            actual = digest.hexdigest()
-            if actual != expected:
-                raise HashMismatchError(
-                    f"sha256 of {src} is {actual}, expected {expected}; the download was discarded "
-                    "(corrupt, truncated or not the published file)."
-                )
+        with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=target.parent) as staging:
+            _download_checked(src, Path(staging) / name, expected)
+            os.replace(Path(staging) / name, target)
     except BaseException:
         _remove_empty(created)
         raise
@@ -547,62 +565,67 @@ def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str |
 # safe extraction
 
 
-def _member_problem(info: zipfile.ZipInfo, root: Path) -> tuple[str | None, Path | None]:
-    """(reason, None) when a member must not be extracted, else (None, its target path)."""
+def _member_problem(info: zipfile.ZipInfo, seen: set[str]) -> str | None:
+    """Why a member must not be extracted, of what MONAI's ``extractall`` would extract: it normalises a name before
+    its check (``b/../x`` passes as ``x``, outside the member's own folder), takes ``C:/x`` and ``a\\..\\b`` as plain
+    names on POSIX (they escape on Windows), writes a symbolic link or a device as a regular file (holding the
+    link's target), and a second member of a name over the first."""
     name = info.filename
-    if not name or "\x00" in name:
-        return "has an empty or invalid name", None
-    if "\\" in name:
-        return "contains a backslash (an ambiguous path separator)", None
-    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
-        return "is an absolute path", None
-    parts = PurePosixPath(name).parts
-    if ".." in parts:
-        return "has a '..' component", None
     mode = info.external_attr >> 16
+    if not name or "\x00" in name:
+        return "has an empty or invalid name"
+    if "\\" in name:
+        return "contains a backslash (an ambiguous path separator)"
+    if re.match(r"^[A-Za-z]:", name):
+        return "is an absolute Windows path"
+    if ".." in PurePosixPath(name).parts:
+        return "has a '..' component"
     if stat.S_ISLNK(mode):
-        return "is a symbolic link", None
+        return "is a symbolic link"
     if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        return "is not a regular file or folder", None
-    target = (root / name).resolve()
-    if target != root and root not in target.parents:
-        return f"resolves to {target}, outside {root}", None
-    return None, target
+        return "is not a regular file or folder"
+    if name.rstrip("/") in seen:
+        return "appears twice"
+    return None
 
 
 def extract_zip_safely(zip_path: str | os.PathLike, dest: str | os.PathLike) -> list[Path]:
-    """Extracts a zip into ``dest`` after checking every member; returns the extracted files' paths.
+    """Extracts a zip into ``dest`` (new or empty) with MONAI's ``extractall`` after checking every member;
+    returns the extracted files' paths.
 
-    Refused (:class:`UnsafeArchiveError` naming the member; nothing is written): absolute names, ``..``
-    components, backslashes, symbolic links and other non-regular entries, duplicate names, and any member
-    whose resolved path (following links already present under ``dest``) is not inside ``dest``. Files are
-    written with mode 0644 whatever the archive says."""
+    MONAI (``safe_extract_member``) refuses absolute names, names that still start with ``..`` once normalised and
+    members whose resolved path (following links already under ``dest``) leaves ``dest``, and writes no file mode from the archive (no setuid or
+    exec bits); but it checks each member only when it reaches it, after writing the ones before. Here every member
+    is checked with MONAI's check before anything is written, and refused as well is what MONAI extracts: ``..``
+    anywhere in a name, symbolic links and other special entries, backslashes and drive letters, duplicate names
+    (:func:`_member_problem`).
+
+    Raises:
+        UnsafeArchiveError: naming the zip and the member; nothing was written.
+        FileExistsError: ``dest`` is not empty (``extractall`` skips a non-empty folder without a word).
+    """
     dest = Path(dest)
-    root = dest.resolve()
     with zipfile.ZipFile(zip_path) as zf:
-        plan: list[tuple[zipfile.ZipInfo, Path]] = []
-        seen: set[str] = set()
-        for info in zf.infolist():
-            reason, target = _member_problem(info, root)
-            if reason is None and info.filename.rstrip("/") in seen:
-                reason = "appears twice"
-            if reason is not None:
-                raise UnsafeArchiveError(
-                    f"refusing to extract {zip_path}: member {info.filename!r} {reason}; nothing was extracted."
-                )
-            seen.add(info.filename.rstrip("/"))
-            plan.append((info, target))
-        dest.mkdir(parents=True, exist_ok=True)
-        written = []
-        for info, target in plan:
-            if info.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as fin, open(target, "wb") as fout:
-                shutil.copyfileobj(fin, fout, _CHUNK)
-            os.chmod(target, 0o644)
+        members = zf.infolist()
+    seen: set[str] = set()
+    written = []
+    for info in members:
+        reason = _member_problem(info, seen)
+        if reason is None:
+            try:
+                target = Path(safe_extract_member(info, os.fspath(dest)))
+            except ValueError as err:
+                reason = f"would be written outside {dest.resolve()} ({err})"
+        if reason is not None:
+            raise UnsafeArchiveError(
+                f"refusing to extract {zip_path}: member {info.filename!r} {reason}; nothing was extracted."
+            )
+        seen.add(info.filename.rstrip("/"))
+        if not info.is_dir():
             written.append(target)
+    if dest.is_dir() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} is not empty; extract_zip_safely extracts into a new or empty folder.")
+    extractall(zip_path, dest, has_base=False)
     return written
 
 

@@ -536,6 +536,18 @@ def test_fetch_bundle_verifies_with_sidecar_and_extracts(packaged, fake_state, t
     assert not (folder / "configs" / "stale.json").exists()
 
 
+def test_fetch_and_extraction_go_through_monai(packaged, tmp_path, monkeypatch):
+    """The download, its SHA-256 check and the writing of the archive's members are MONAI's (``download_url`` with
+    the expected hash, ``extractall``); package.py adds only what MONAI lacks (see extract_zip_safely / fetch)."""
+    calls = []
+    download_url, extractall = pkg.download_url, pkg.extractall
+    monkeypatch.setattr(pkg, "download_url", lambda *a, **k: calls.append(("download_url", k["hash_val"], k["hash_type"])) or download_url(*a, **k))
+    monkeypatch.setattr(pkg, "extractall", lambda *a, **k: calls.append(("extractall",)) or extractall(*a, **k))
+    folder = pkg.fetch_bundle(packaged.as_uri(), tmp_path / "D")
+    assert calls == [("download_url", pkg.sha256_file(packaged), "sha256"), ("extractall",)]
+    assert (folder / "models" / "model.pt").is_file()
+
+
 def test_fetch_hash_mismatch_leaves_nothing(packaged, tmp_path):
     target = tmp_path / "new" / "sub" / packaged.name
     with pytest.raises(pkg.HashMismatchError, match="expected 0000"):
@@ -596,7 +608,7 @@ OK_MEMBER = ("b/configs/metadata.json", b"{}", 0o100644)
     [
         (("../evil", b"x", 0o100644), "'..'"),
         (("b/../../evil", b"x", 0o100644), "'..'"),
-        (("/abs/evil", b"x", 0o100644), "absolute"),
+        (("/abs/evil", b"x", 0o100644), "would be written outside"),
         (("C:/evil", b"x", 0o100644), "absolute"),
         (("b\\..\\..\\evil", b"x", 0o100644), "backslash"),
         (("b/link", b"../../../etc/passwd", stat.S_IFLNK | 0o777), "symbolic link"),
@@ -632,7 +644,20 @@ def test_extract_writes_plain_files(tmp_path):
     written = pkg.extract_zip_safely(archive, tmp_path / "out")
     names = sorted(p.relative_to(tmp_path / "out").as_posix() for p in written)
     assert names == ["b/configs/metadata.json", "b/run.sh"]
-    assert stat.S_IMODE((tmp_path / "out" / "b" / "run.sh").stat().st_mode) == 0o644  # no setuid / exec bits
+    umask = os.umask(0)
+    os.umask(umask)
+    # no setuid / exec bits from the archive: a new file's mode under this process's umask
+    assert stat.S_IMODE((tmp_path / "out" / "b" / "run.sh").stat().st_mode) == 0o666 & ~umask
+
+
+def test_extract_refuses_a_folder_that_is_not_empty(tmp_path):
+    """MONAI's extractall skips a non-empty folder without a word; extract_zip_safely says so instead."""
+    archive = _zip_with(tmp_path / "b.zip", [OK_MEMBER])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="out is not empty"):
+        pkg.extract_zip_safely(archive, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["old.txt"]
 
 
 def test_fetch_bundle_refuses_unsafe_or_foreign_zip(tmp_path):
