@@ -8,8 +8,9 @@ configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here
 - :func:`package_bundle` writes ``<out>/<name>_v<version>.zip`` byte-for-byte reproducibly (sorted entries, fixed
   timestamps and permissions, no extra attributes) with one top folder ``<name>/``, the layout
   ``monai.bundle download --name <name>`` extracts to ``<bundle_dir>/<name>/``, and ``<zip>.sha256`` in the
-  ``sha256sum`` format. Trained weights (``models/*.pt``) are included when present; logs, caches, evaluation
-  outputs, data and temporary files are not (:func:`bundle_files`).
+  ``sha256sum`` format. Trained weights (``models/*.pt``) are included when present (with a release URL beside the
+  zip, listed in ``large_files.yml``); logs, caches, evaluation outputs, data and temporary files are not
+  (:func:`bundle_files`).
 - :func:`fetch` downloads (``http(s)://``, ``file://`` or a plain path) with MONAI's ``download_url``, which checks
   the SHA-256, into a temporary folder next to the target and only then renames it into place. A hash is required:
   the ``sha256`` argument (from a trusted place, e.g. the release notes) or, when it is not given, the
@@ -18,8 +19,9 @@ configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here
 - :func:`extract_zip_safely` checks every member with MONAI's ``safe_extract_member`` (absolute names, paths out of
   the target folder) and refuses what MONAI extracts (``..`` anywhere, symbolic links and special files,
   backslashes, drive letters, duplicates) before MONAI's ``extractall`` writes anything.
-- :func:`fetch_bundle` = fetch + verify + safe extraction into ``<bundle_dir>/<name>/``; the zip is kept in
-  ``bundle_dir`` so that ``monai.bundle download --source github ... --bundle_dir <bundle_dir>`` and
+- :func:`fetch_bundle` = fetch + verify + safe extraction into ``<bundle_dir>/<name>/``, with the weights listed in
+  ``large_files.yml`` downloaded by MONAI's ``download_large_files`` once each is checked to have a hash; the zip
+  is kept in ``bundle_dir`` so that ``monai.bundle download --source github ... --bundle_dir <bundle_dir>`` and
   ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` find it afterwards without downloading again.
 - :func:`packaged_configs`: ``monai.bundle.load`` builds ``network_def`` from the packaged config and then copies
   the weights with ``copy_model_state``, which skips every tensor whose name or shape does not match and only
@@ -369,8 +371,10 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     them fit ``models/model.pt`` (it raises when they cannot), and the running package's source under
     ``<name>/components/`` (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is
     refused). With ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``)
-    the zip holds :func:`large_files` of its weights, each written beside the zip as :func:`release_asset_name` to
-    attach to the release. The zip is written to a temporary name and moved into place. Returns the zip's path."""
+    the weights stay out of the zip, as in the Model Zoo: the zip holds :func:`large_files` of them instead and each
+    is written beside the zip as :func:`release_asset_name`, to attach to the release (``monai.bundle
+    download_large_files`` and :func:`fetch_bundle` download them); without it the weights are in the zip (offline
+    ``file://`` use). The zip is written to a temporary name and moved into place. Returns the zip's path."""
     root = Path(bundle_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"no bundle folder at {str(root)!r}.")
@@ -387,10 +391,10 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     version = meta["version"]
     files = bundle_files(root)
     weights = [f for f in files if f.startswith("models/")]
-    contents: dict[str, Path | bytes] = {rel: root / rel for rel in files}
+    digests = {w: sha256_file(root / w) for w in weights} if base is not None else {}
+    contents: dict[str, Path | bytes] = {rel: root / rel for rel in files if rel not in digests}
     contents.update(packaged_configs(root))
     contents.update({f"components/{rel}": PACKAGE_DIR / rel for rel in package_source(PACKAGE_DIR)})
-    digests = {w: sha256_file(root / w) for w in weights} if base is not None else {}
     if digests:
         contents[LARGE_FILES] = large_files(digests, base, name, version).encode()
 
@@ -419,8 +423,8 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     for weight in digests:  # the files large_files.yml points at
         with open(root / weight, "rb") as fin, atomic_write(out / release_asset_name(name, version, weight)) as fout:
             shutil.copyfileobj(fin, fout, _CHUNK)
-    logger.info("package_bundle: wrote %s (%d files, weights: %s, components from %s), sha256 %s", zip_path,
-                len(files), ", ".join(weights) or "none", PACKAGE_DIR, digest)  # fmt: skip
+    logger.info("package_bundle: wrote %s (weights %s: %s; components from %s), sha256 %s", zip_path,
+                "beside the zip" if digests else "in the zip", ", ".join(weights) or "none", PACKAGE_DIR, digest)  # fmt: skip
     return zip_path
 
 
@@ -644,20 +648,40 @@ def _bundle_top_folder(zip_path: Path) -> str:
     return top
 
 
+def _download_large_files(bundle: Path) -> None:
+    """The files a bundle's ``large_files.yml`` lists, downloaded by MONAI's ``download_large_files`` (its
+    ``download_url`` checks each listed hash), once every entry is checked to have a hash: MONAI downloads an entry
+    without one unchecked."""
+    from monai.bundle import ConfigParser, download_large_files
+    from monai.utils import OptionalImportError
+
+    listed = bundle / LARGE_FILES
+    try:
+        entries = ConfigParser.load_config_file(listed).get("large_files") or []
+    except OptionalImportError:
+        raise ModuleNotFoundError(f"{listed} lists the bundle's weights and MONAI reads it with PyYAML, which is not "
+                                  "installed: pip install pyyaml") from None  # fmt: skip
+    unhashed = [entry.get("path") for entry in entries if not entry.get("hash_val")]
+    if unhashed:
+        raise ValueError(f"{bundle.name}/{LARGE_FILES} lists {unhashed} without hash_val; downloads are never used unchecked.")
+    download_large_files(bundle_path=str(bundle))
+
+
 def fetch_bundle(
     url: str | os.PathLike, bundle_dir: str | os.PathLike, sha256: str | None = None, overwrite: bool = False
 ) -> Path:
     """Downloads a bundle zip into ``bundle_dir`` with :func:`fetch` (hash required: ``sha256`` or
     ``<url>.sha256``), checks that it is a bundle release (one top folder ``<name>/`` with
-    ``configs/metadata.json``) and extracts it with :func:`extract_zip_safely` to ``bundle_dir/<name>/``;
-    returns that folder.
+    ``configs/metadata.json``) and extracts it with :func:`extract_zip_safely` to ``bundle_dir/<name>/``, with the
+    weights its ``large_files.yml`` lists (a release packaged with a release URL) downloaded and hash-checked into
+    it (:func:`_download_large_files`; MONAI reads the list with PyYAML); returns that folder.
 
     This is the hash-checked replacement for ``python -m monai.bundle download``, which in MONAI 1.6.1 passes
     ``hash_val=None`` for every bundle source. The zip stays in ``bundle_dir``, so ``monai.bundle download
     --source github --repo owner/repo/tag --version X --bundle_dir <bundle_dir>`` finds it and skips the download,
     and ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` uses the extracted folder. An existing non-empty
     ``bundle_dir/<name>/`` is replaced only with ``overwrite=True`` (``FileExistsError`` otherwise). Extraction
-    goes through a temporary folder, so a refused archive leaves no partial bundle."""
+    goes through a temporary folder, so a refused archive or weight file leaves no partial bundle."""
     bundle_dir = Path(bundle_dir)
     src = os.fspath(url)
     zip_target = bundle_dir / _source_name(src)
@@ -671,6 +695,8 @@ def fetch_bundle(
         staging = Path(tempfile.mkdtemp(prefix=f".{top}.", dir=bundle_dir))
         try:
             extract_zip_safely(zip_path, staging)
+            if (staging / top / LARGE_FILES).is_file():
+                _download_large_files(staging / top)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging / top, target)

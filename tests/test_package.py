@@ -242,51 +242,79 @@ def released(ssl_copy, tmp_path_factory) -> tuple[Path, str]:
     return pkg.package_bundle(ssl_copy, dist, release_url=dist.as_uri() + "/"), dist.as_uri()
 
 
-def test_large_files_yml_lists_the_packaged_weights(ssl_copy, released, fake_state):
-    """With a release URL, large_files.yml in the Model Zoo's format names models/model.pt with its URL among the
-    release's files and the SHA-256 of the packaged file; that file is written beside the zip under that name."""
+def test_a_release_zip_holds_large_files_yml_and_no_weights(ssl_copy, released, fake_state):
+    """With a release URL the weights stay out of the zip (as in the Model Zoo): large_files.yml names
+    models/model.pt with its URL among the release's files and its SHA-256, and the file is written beside the zip
+    under that name."""
     zip_path, url = released
     with zipfile.ZipFile(zip_path) as zf:
+        names = zf.namelist()
         listed = zf.read(f"{SSL}/{pkg.LARGE_FILES}").decode()
-        packaged_weights = zf.read(f"{SSL}/models/model.pt")
-    digest = hashlib.sha256(packaged_weights).hexdigest()
+    assert not [n for n in names if n.startswith(f"{SSL}/models/")], names
+    weights = (ssl_copy / "models" / "model.pt").read_bytes()
     asset = zip_path.with_name(pkg.release_asset_name(SSL, _version(ssl_copy), "models/model.pt"))
     assert asset.name == f"{SSL}_v{_version(ssl_copy)}_model.pt"
     assert listed == (
         "large_files:\n"
         '  - path: "models/model.pt"\n'
         f'    url: "{url}/{asset.name}"\n'
-        f'    hash_val: "{digest}"\n'
+        f'    hash_val: "{hashlib.sha256(weights).hexdigest()}"\n'
         '    hash_type: "sha256"\n'
     )
-    assert asset.read_bytes() == packaged_weights
-    weights = torch.load(asset, map_location="cpu", weights_only=True)
-    assert all(torch.equal(weights[k], fake_state[k]) for k in fake_state)
+    assert asset.read_bytes() == weights
+    state = torch.load(asset, map_location="cpu", weights_only=True)
+    assert all(torch.equal(state[k], fake_state[k]) for k in fake_state)
 
 
-def test_monai_download_large_files_restores_the_weights(released, tmp_path):
-    """MONAI's own reader of the Model Zoo format (`monai.bundle download_large_files`, as the Model Zoo CI calls it)
-    downloads models/model.pt from the URL in large_files.yml and checks its SHA-256."""
-    pytest.importorskip("yaml", reason="MONAI reads large_files.yml with pyyaml")
+def test_monai_download_then_download_large_files_gives_the_weights(ssl_copy, released, fake_state, tmp_path):
+    """The Model Zoo's route for a release made with a release URL: `monai.bundle download --url` extracts a bundle
+    without weights, `monai.bundle download_large_files` (MONAI reads large_files.yml with pyyaml) downloads
+    models/model.pt and checks its SHA-256, and monai.bundle.load then returns every packaged tensor."""
     import monai.bundle
     from monai.apps.utils import HashCheckError
 
     zip_path, _ = released
-    folder = pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
-    original = (folder / "models" / "model.pt").read_bytes()
-    (folder / "models" / "model.pt").unlink()
+    d = tmp_path / "D"
+    monai.bundle.download(name=SSL, url=zip_path.as_uri(), bundle_dir=str(d), progress=False)
+    folder = d / SSL
+    assert (folder / pkg.LARGE_FILES).is_file() and not (folder / "models").exists()
     monai.bundle.download_large_files(bundle_path=str(folder))
-    assert (folder / "models" / "model.pt").read_bytes() == original
+    digest = pkg.sha256_file(folder / "models" / "model.pt")
+    assert digest == pkg.sha256_file(ssl_copy / "models" / "model.pt")
+    assert f'hash_val: "{digest}"' in (folder / pkg.LARGE_FILES).read_text()
+    net = monai.bundle.load(name=SSL, bundle_dir=d, workflow_type="inference", device="cpu", progress=False)
+    _assert_same(net, fake_state)
 
     # a changed weight file fails MONAI's hash check: the hash is checked, not only the name
     (folder / "models" / "model.pt").unlink()
     asset = zip_path.with_name(f"{zip_path.stem}_model.pt")
+    original = asset.read_bytes()
     asset.write_bytes(original + b"x")
     try:
         with pytest.raises(HashCheckError, match="sha256 hash check of downloaded file failed"):
             monai.bundle.download_large_files(bundle_path=str(folder))
     finally:
         asset.write_bytes(original)
+
+
+def test_fetch_bundle_downloads_the_large_files(ssl_copy, released, tmp_path):
+    """`fetch` of a release made with a release URL gives a whole bundle: the weights large_files.yml lists are
+    downloaded and hash-checked before the bundle folder appears; a changed weight file leaves no bundle folder."""
+    from monai.apps.utils import HashCheckError
+
+    zip_path, _ = released
+    folder = pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
+    assert pkg.sha256_file(folder / "models" / "model.pt") == pkg.sha256_file(ssl_copy / "models" / "model.pt")
+
+    asset = zip_path.with_name(f"{zip_path.stem}_model.pt")
+    original = asset.read_bytes()
+    asset.write_bytes(original + b"x")
+    try:
+        with pytest.raises(HashCheckError, match="sha256"):
+            pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "E")
+    finally:
+        asset.write_bytes(original)
+    assert not (tmp_path / "E" / SSL).exists() and not [p for p in (tmp_path / "E").iterdir() if p.name.startswith(".")]
 
 
 def test_release_url_must_be_a_url(ssl_copy, tmp_path):
@@ -671,6 +699,17 @@ def test_fetch_bundle_refuses_unsafe_or_foreign_zip(tmp_path):
     foreign = _zip_with(tmp_path / "src" / "c.zip", [("c/readme.txt", b"x", 0o100644)])
     with pytest.raises(ValueError, match="not a bundle release"):
         pkg.fetch_bundle(foreign, tmp_path / "D", sha256=pkg.sha256_file(foreign))
+
+
+def test_fetch_bundle_refuses_large_files_without_a_hash(tmp_path):
+    """MONAI's download_large_files downloads an entry without hash_val unchecked: fetch refuses the bundle."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "w.pt").write_bytes(b"weights")
+    listed = f'large_files:\n  - path: "models/w.pt"\n    url: "{(tmp_path / "src" / "w.pt").as_uri()}"\n'
+    archive = _zip_with(tmp_path / "src" / "b_v0.1.0.zip", [OK_MEMBER, (f"b/{pkg.LARGE_FILES}", listed.encode(), 0o100644)])
+    with pytest.raises(ValueError, match=r"b/large_files.yml lists \['models/w.pt'\] without hash_val"):
+        pkg.fetch_bundle(archive, tmp_path / "D", sha256=pkg.sha256_file(archive))
+    assert list((tmp_path / "D").iterdir()) == []
 
 
 # ------------------------------------------------------------------------------------------------------------
