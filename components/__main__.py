@@ -115,7 +115,9 @@ def package(bundle: str, out: str = "dist", release_url: str | None = None) -> N
     writes OUT/<name>_v<version>.zip.sha256 ("<sha256>  <file>", as sha256sum) beside it. --release_url URL (where
     the release's files will be, e.g. https://github.com/OWNER/REPO/releases/download/TAG) keeps the weights out of
     the zip, as the Model Zoo does: the zip lists them in large_files.yml (URLs and SHA-256) and each is written as
-    OUT/<name>_v<version>_<file> beside it, to attach to the release with it; without it they are in the zip."""
+    OUT/<name>_v<version>_<file> beside it, to attach to the release with it; without it they are in the zip. A
+    models/model.pt2 (written by `python -m components export` before packaging) goes into the metadata's
+    exported_program (its input shape, read from it) and is refused unless exported from the packaged models/model.pt."""
     from .package import package_bundle, sha256_file
     from .runner import bundle_dir
 

@@ -64,6 +64,7 @@ __all__ = [
     "HashMismatchError",
     "UnsafeArchiveError",
     "bundle_files",
+    "exported_program_metadata",
     "extract_zip_safely",
     "fetch",
     "fetch_bundle",
@@ -226,6 +227,8 @@ def bundle_files(bundle_dir: str | os.PathLike, include_weights: bool = True) ->
 # SwinUNETR's output block (out_channels, feature_size, 1, 1, 1): the classes a segmentation state was trained with
 _SEG_OUT = "out.conv.conv.weight"
 _MODEL_FILE = "models/model.pt"
+_PROGRAM_FILE = "models/model.pt2"  # components.export's program of _MODEL_FILE
+_METADATA_FILE = "configs/metadata.json"
 
 
 def weight_sizes(state: Mapping[str, Any]) -> dict[str, int | bool]:
@@ -323,6 +326,41 @@ def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
     return replaced
 
 
+def exported_program_metadata(bundle_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``exported_program`` of a release's metadata: what ``models/model.pt2`` takes and which weights it computes
+    with, read from the program (:func:`components.export.exported_program_record`), as ``file``, ``input_shape``
+    (``"dynamic"`` for the batch), ``dtype``, ``exported_from`` and ``exported_from_sha256``; ``None`` without a
+    ``.pt2``. Raises ``ValueError`` (one line naming the file and the export command) when the program was not
+    exported from ``models/model.pt``: it would compute with other weights than the release's."""
+    root = Path(bundle_dir)
+    program = root / _PROGRAM_FILE
+    if not program.is_file():
+        return None
+    from .export import exported_program_record
+
+    record = exported_program_record(program)
+    source = record["exported_from_sha256"]
+    weights = root / _MODEL_FILE
+    packaged = sha256_file(weights) if weights.is_file() else None
+    if source is None or source != packaged:
+        why = "records no weights it was exported from" if source is None else (
+            f"was exported from weights of sha256 {source}, not from {_MODEL_FILE} "
+            f"({f'sha256 {packaged}' if packaged else 'missing'})")  # fmt: skip
+        raise ValueError(f"{program}: {why}; export it again before packaging (python -m components export {root}, "
+                         "with the --overrides the model was trained with) or remove it.")  # fmt: skip
+    return {"file": _PROGRAM_FILE, "input_shape": record["input_shape"], "dtype": record["dtype"],
+            "exported_from": _MODEL_FILE, "exported_from_sha256": source}  # fmt: skip
+
+
+def _packaged_metadata(bundle_dir: Path, meta: dict[str, Any], exported: dict[str, Any] | None) -> bytes:
+    """The release's ``configs/metadata.json``: the bundle's, with ``exported_program`` when it carries one."""
+    packaged = {k: v for k, v in meta.items() if k != "exported_program"}
+    if exported is not None:
+        packaged["exported_program"] = exported
+    text = (bundle_dir / _METADATA_FILE).read_text(encoding="utf-8")
+    return (json.dumps(packaged, indent=4, ensure_ascii=False) + ("\n" if text.endswith("\n") else "")).encode()
+
+
 def _zip_info(arcname: str, mode: int, compress_type: int) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(arcname, date_time=ZIP_DATE_TIME)
     info.create_system = 3  # unix, so that external_attr holds the mode
@@ -368,8 +406,9 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     ``github`` source) extract to ``D/<name>/``. The same files give the same bytes: entries sorted, every
     timestamp 1980-01-01 00:00, permissions 0644 (files) / 0755 (folders), no extra fields or comment, deflate.
     The files are :func:`bundle_files` (``models/*.pt`` when present), the configs as :func:`packaged_configs` makes
-    them fit ``models/model.pt`` (it raises when they cannot), and the running package's source under
-    ``<name>/components/`` (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is
+    them fit ``models/model.pt`` (it raises when they cannot), the metadata with :func:`exported_program_metadata`
+    of a ``models/model.pt2`` (it raises when the program is not ``model.pt``'s), and the running package's source
+    under ``<name>/components/`` (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is
     refused). With ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``)
     the weights stay out of the zip, as in the Model Zoo: the zip holds :func:`large_files` of them instead and each
     is written beside the zip as :func:`release_asset_name`, to attach to the release (``monai.bundle
@@ -394,6 +433,7 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     digests = {w: sha256_file(root / w) for w in weights} if base is not None else {}
     contents: dict[str, Path | bytes] = {rel: root / rel for rel in files if rel not in digests}
     contents.update(packaged_configs(root))
+    contents[_METADATA_FILE] = _packaged_metadata(root, meta, exported_program_metadata(root))
     contents.update({f"components/{rel}": PACKAGE_DIR / rel for rel in package_source(PACKAGE_DIR)})
     if digests:
         contents[LARGE_FILES] = large_files(digests, base, name, version).encode()

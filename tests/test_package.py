@@ -518,6 +518,76 @@ def test_package_refuses_weights_with_another_number_of_classes(tmp_path):
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
 
 
+@pytest.fixture(scope="module")
+def exported_btcv(tmp_path_factory) -> Path:
+    """A copy of the CT bundle with tiny trained weights and their exported program (ROI 64x32x32), as
+    `python -m components export` writes it."""
+    from components.export import export_network
+
+    root = _copy_bundle(BTCV, tmp_path_factory.mktemp("exported"))
+    (root / "models").mkdir()
+    torch.save(_perturbed(LOADED[BTCV](), seed=5), root / "models" / "model.pt")
+    export_network(root, roi_size=(64, 32, 32), overrides={"feature_size": FS})
+    return root
+
+
+def _packaged_metadata(zip_path: Path, name: str) -> dict:
+    with zipfile.ZipFile(zip_path) as zf:
+        return json.loads(zf.read(f"{name}/configs/metadata.json"))
+
+
+def test_package_records_the_exported_program_in_the_metadata(exported_btcv, tmp_path):
+    """A release with models/model.pt2 says in configs/metadata.json what the program takes, read from the program
+    (the metadata's network_data_format says 64*n, the program takes its one ROI), and which model.pt it came from;
+    the metadata still passes the collection's schema and MONAI's published one (when present). Without a .pt2 the
+    key is absent."""
+    from monai.bundle import verify_metadata
+
+    zip_path = pkg.package_bundle(exported_btcv, tmp_path / "dist")
+    meta = _packaged_metadata(zip_path, BTCV)
+    assert meta["exported_program"] == {
+        "file": "models/model.pt2",
+        "input_shape": ["dynamic", 1, 64, 32, 32],
+        "dtype": "float32",
+        "exported_from": "models/model.pt",
+        "exported_from_sha256": pkg.sha256_file(exported_btcv / "models" / "model.pt"),
+    }
+    repository_meta = json.loads((exported_btcv / "configs" / "metadata.json").read_text())
+    assert {k: v for k, v in meta.items() if k not in ("exported_program", "eval_metrics")} == {
+        k: v for k, v in repository_meta.items() if k != "eval_metrics"
+    }
+    packaged_meta = tmp_path / "metadata.json"
+    packaged_meta.write_text(json.dumps(meta))
+    published = Path(os.environ.get("BUNDLE_SCHEMA_PATH") or REPO.parent / "shared" / "bundle-schema" / pkg.SCHEMA_NAME)
+    for schema in [pkg.metadata_schema()] + ([published] if published.is_file() else []):
+        verify_metadata(meta_file=str(packaged_meta), filepath=str(schema))
+
+    without = tmp_path / "without" / BTCV
+    shutil.copytree(exported_btcv, without, ignore=shutil.ignore_patterns("model.pt2"))
+    assert "exported_program" not in _packaged_metadata(pkg.package_bundle(without, tmp_path / "dist2"), BTCV)
+
+
+def test_package_refuses_an_exported_program_of_other_weights(exported_btcv, tmp_path):
+    """model.pt retrained (or replaced) after the export: the .pt2 would compute with the old weights. Packaging
+    fails with one line naming the file and the export command, before anything is written; so does a program that
+    records no weights (exported before the record existed, or by other code)."""
+    root = tmp_path / "src" / BTCV
+    shutil.copytree(exported_btcv, root)
+    torch.save(_perturbed(LOADED[BTCV](), seed=6), root / "models" / "model.pt")
+    program = root / "models" / "model.pt2"
+    with pytest.raises(ValueError) as stale:
+        pkg.package_bundle(root, tmp_path / "dist")
+    with torch.no_grad():
+        torch.export.save(torch.export.export(torch.nn.Linear(2, 2), (torch.zeros(2, 2),)), program)
+    with pytest.raises(ValueError) as unrecorded:
+        pkg.package_bundle(root, tmp_path / "dist")
+    for error, why in ((stale, "was exported from weights of sha256 "), (unrecorded, "records no weights")):
+        message = str(error.value)
+        assert "\n" not in message and message.startswith(f"{program}: ") and why in message, message
+        assert f"python -m components export {root}" in message, message
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
 def test_github_source_is_offline_when_zip_present(packaged, fake_state, tmp_path, monkeypatch):
     """`--source github --repo owner/repo/tag --version X` resolves <name>_v<X>.zip and skips the download when
     that zip is already in bundle_dir (sockets are disabled here to prove it)."""
