@@ -108,7 +108,7 @@ def check_data(
         raise SystemExit(code)
 
 
-def package(bundle: str, out: str = "dist", release_url: str | None = None) -> None:
+def package(bundle: str, out: str = "dist", release_url: str | None = None, evaluation_record: str | None = None) -> None:
     """Packs BUNDLE (a bundle folder, or the name of a bundle this package carries) into OUT/<name>_v<version>.zip, reproducibly
     (same files, same bytes), with trained models/*.pt when present and without logs, caches, eval/ or data/, and
     with this package's source under <name>/components/ (the code its configs import, run from the bundle folder);
@@ -117,11 +117,13 @@ def package(bundle: str, out: str = "dist", release_url: str | None = None) -> N
     the zip, as the Model Zoo does: the zip lists them in large_files.yml (URLs and SHA-256) and each is written as
     OUT/<name>_v<version>_<file> beside it, to attach to the release with it; without it they are in the zip. A
     models/model.pt2 (written by `python -m components export` before packaging) goes into the metadata's
-    exported_program (its input shape, read from it) and is refused unless exported from the packaged models/model.pt."""
+    exported_program (its input shape, read from it) and is refused unless exported from the packaged models/model.pt.
+    The metadata's eval_metrics are those of --evaluation_record (default BUNDLE/eval/metrics.json, written by
+    configs/evaluate.json) when it measured the packaged models/model.pt, else empty (a warning says why)."""
     from .package import package_bundle, sha256_file
     from .runner import bundle_dir
 
-    path = package_bundle(bundle_dir(bundle), out, release_url=release_url)
+    path = package_bundle(bundle_dir(bundle), out, release_url=release_url, evaluation_record=evaluation_record)
     print(f"wrote {path} and {path.name}.sha256 (sha256 {sha256_file(path)})")
 
 

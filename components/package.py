@@ -74,6 +74,7 @@ __all__ = [
     "packaged_configs",
     "read_metadata",
     "release_asset_name",
+    "release_eval_metrics",
     "schema_path",
     "sha256_file",
     "weight_sizes",
@@ -229,6 +230,7 @@ _SEG_OUT = "out.conv.conv.weight"
 _MODEL_FILE = "models/model.pt"
 _PROGRAM_FILE = "models/model.pt2"  # components.export's program of _MODEL_FILE
 _METADATA_FILE = "configs/metadata.json"
+EVALUATION_RECORD = "eval/metrics.json"  # where configs/evaluate.json's PerClassMetrics writes (output_dir)
 
 
 def weight_sizes(state: Mapping[str, Any]) -> dict[str, int | bool]:
@@ -352,9 +354,50 @@ def exported_program_metadata(bundle_dir: str | os.PathLike) -> dict[str, Any] |
             "exported_from": _MODEL_FILE, "exported_from_sha256": source}  # fmt: skip
 
 
-def _packaged_metadata(bundle_dir: Path, meta: dict[str, Any], exported: dict[str, Any] | None) -> bytes:
-    """The release's ``configs/metadata.json``: the bundle's, with ``exported_program`` when it carries one."""
+def _read_evaluation_record(record: Path) -> dict[str, Any]:
+    """An evaluation summary of :class:`components.PerClassMetrics`, checked for what ``eval_metrics`` takes."""
+    try:
+        summary = json.loads(record.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{record} is not valid JSON: {e}") from e
+    missing = [k for k in ("metric", "mean", "per_class", "weights") if not isinstance(summary, dict) or k not in summary]
+    if missing:
+        raise ValueError(f"{record} is not an evaluation record of PerClassMetrics: it has no {missing}.")
+    return summary
+
+
+def release_eval_metrics(bundle_dir: str | os.PathLike, record: str | os.PathLike | None = None) -> dict[str, Any]:
+    """``eval_metrics`` of a release: the mean and per-class values of the evaluation ``record`` (default
+    ``<bundle>/eval/metrics.json``, written by ``configs/evaluate.json``) when it measured the packaged
+    ``models/model.pt`` (the SHA-256 the record names, see :class:`components.PerClassMetrics`), e.g.
+    ``{"val_mean_dice": 0.81, "spleen": 0.93, ...}``; otherwise ``{}``, with a WARNING saying why when weights are
+    packaged. The bundle's own metadata ``eval_metrics`` are never copied: they describe no particular weights."""
+    root = Path(bundle_dir)
+    record = Path(record) if record is not None else root / EVALUATION_RECORD
+    weights = root / _MODEL_FILE
+    if not weights.is_file():
+        logger.info("package_bundle: no %s, so the release's eval_metrics are empty", _MODEL_FILE)
+        return {}
+    packaged = sha256_file(weights)
+    summary = _read_evaluation_record(record) if record.is_file() else None
+    measured = (summary["weights"] or {}).get("sha256") if summary is not None else None
+    if measured == packaged:
+        return {summary["metric"]: summary["mean"], **summary["per_class"]}
+    why = (f"no evaluation record at {record}" if summary is None
+           else f"{record} names no weights it measured" if measured is None
+           else f"{record} measured weights of sha256 {measured}, not {_MODEL_FILE} (sha256 {packaged})")  # fmt: skip
+    logger.warning("package_bundle: the release's eval_metrics are empty: %s; they hold only numbers measured on the "
+                   "packaged weights (evaluate them with configs/evaluate.json before packaging).", why)  # fmt: skip
+    return {}
+
+
+def _packaged_metadata(
+    bundle_dir: Path, meta: dict[str, Any], eval_metrics: dict[str, Any], exported: dict[str, Any] | None
+) -> bytes:
+    """The release's ``configs/metadata.json``: the bundle's, with the release's ``eval_metrics`` and, when it
+    carries a program, ``exported_program``."""
     packaged = {k: v for k, v in meta.items() if k != "exported_program"}
+    packaged["eval_metrics"] = eval_metrics
     if exported is not None:
         packaged["exported_program"] = exported
     text = (bundle_dir / _METADATA_FILE).read_text(encoding="utf-8")
@@ -397,7 +440,12 @@ def large_files(weights: Mapping[str, str], release_url: str, name: str, version
     return "\n".join(lines) + "\n"
 
 
-def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "dist", release_url: str | None = None) -> Path:
+def package_bundle(
+    bundle_dir: str | os.PathLike,
+    out_dir: str | os.PathLike = "dist",
+    release_url: str | None = None,
+    evaluation_record: str | os.PathLike | None = None,
+) -> Path:
     """Writes ``<out_dir>/<name>_v<version>.zip`` and ``<out_dir>/<name>_v<version>.zip.sha256`` for a bundle.
 
     ``name`` is the bundle folder's name, ``version`` the one in ``configs/metadata.json`` (checked first by
@@ -406,10 +454,11 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     ``github`` source) extract to ``D/<name>/``. The same files give the same bytes: entries sorted, every
     timestamp 1980-01-01 00:00, permissions 0644 (files) / 0755 (folders), no extra fields or comment, deflate.
     The files are :func:`bundle_files` (``models/*.pt`` when present), the configs as :func:`packaged_configs` makes
-    them fit ``models/model.pt`` (it raises when they cannot), the metadata with :func:`exported_program_metadata`
-    of a ``models/model.pt2`` (it raises when the program is not ``model.pt``'s), and the running package's source
-    under ``<name>/components/`` (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is
-    refused). With ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``)
+    them fit ``models/model.pt`` (it raises when they cannot), the metadata with :func:`release_eval_metrics` (from
+    ``evaluation_record``, default ``<bundle>/eval/metrics.json``, when it measured ``models/model.pt``; else empty)
+    and :func:`exported_program_metadata` of a ``models/model.pt2`` (it raises when the program is not
+    ``model.pt``'s), and the running package's source under ``<name>/components/``
+    (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is refused). With ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``)
     the weights stay out of the zip, as in the Model Zoo: the zip holds :func:`large_files` of them instead and each
     is written beside the zip as :func:`release_asset_name`, to attach to the release (``monai.bundle
     download_large_files`` and :func:`fetch_bundle` download them); without it the weights are in the zip (offline
@@ -433,7 +482,8 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     digests = {w: sha256_file(root / w) for w in weights} if base is not None else {}
     contents: dict[str, Path | bytes] = {rel: root / rel for rel in files if rel not in digests}
     contents.update(packaged_configs(root))
-    contents[_METADATA_FILE] = _packaged_metadata(root, meta, exported_program_metadata(root))
+    contents[_METADATA_FILE] = _packaged_metadata(root, meta, release_eval_metrics(root, evaluation_record),
+                                                  exported_program_metadata(root))  # fmt: skip
     contents.update({f"components/{rel}": PACKAGE_DIR / rel for rel in package_source(PACKAGE_DIR)})
     if digests:
         contents[LARGE_FILES] = large_files(digests, base, name, version).encode()

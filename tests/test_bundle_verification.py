@@ -311,11 +311,8 @@ def test_workflow_properties_without_data(bundle, tmp_path, caplog):
 
 
 @bundle_param
-def test_eval_metrics_hold_only_figures_traced_in_the_docs(bundle):
-    """metadata.json's eval_metrics: numbers this bundle produced, each named with its value in the bundle docs
-    (where its command and data are), or nothing; never a paper's figure or a string."""
-    metrics = _meta(bundle)["eval_metrics"]
-    docs = (bundle / "docs" / "README.md").read_text()
-    for name, value in metrics.items():
-        assert isinstance(value, (int, float)) and not isinstance(value, bool), (name, value)
-        assert f"`{name}`" in docs and str(value) in docs, f"{bundle.name}: eval_metrics {name} = {value} is not traced in docs/README.md"
+def test_repository_eval_metrics_are_empty(bundle):
+    """metadata.json's eval_metrics describe no weights in the repository (weights are not in git): a release's are
+    filled by `package` from the evaluation record of the packaged weights, and a figure such as the demo's is
+    stated in the docs, where its command and data are."""
+    assert _meta(bundle)["eval_metrics"] == {}

@@ -588,6 +588,65 @@ def test_package_refuses_an_exported_program_of_other_weights(exported_btcv, tmp
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
 
 
+def _evaluation_record(bundle: Path, seed: int) -> dict:
+    """Writes bundle/eval/metrics.json as configs/evaluate.json's PerClassMetrics does after evaluating
+    models/model.pt (per-image, per-organ Dice of 2 images, one organ absent from both), and returns it."""
+    from ignite.engine import Engine, Events
+
+    organs = json.loads((bundle / "configs" / "inference.json").read_text())["label_names"][1:]
+    dice = torch.rand(2, len(organs), generator=torch.Generator().manual_seed(seed))
+    dice[:, 3] = float("nan")
+    engine = Engine(lambda engine, batch: None)
+
+    @engine.on(Events.EPOCH_COMPLETED)
+    def measured(engine: Engine) -> None:  # what MeanDice(save_details=True) leaves in the state
+        engine.state.metric_details = {"val_mean_dice": dice}
+        engine.state.metrics["val_mean_dice"] = float(dice.nanmean(dim=1).mean())
+
+    record = bundle / "eval" / "metrics.json"
+    components.PerClassMetrics("val_mean_dice", organs, json_path=record, weights=bundle / "models" / "model.pt").attach(engine)
+    engine.run([0])
+    return json.loads(record.read_text())
+
+
+def test_package_takes_eval_metrics_from_the_record_of_the_packaged_weights(tmp_path, caplog):
+    """eval_metrics of a release are the numbers measured on its weights: the evaluation record names the SHA-256 of
+    the weights it evaluated, and packaging those weights copies the record's mean and per-organ Dice; packaging
+    other weights (trained again after the evaluation) writes {} with a WARNING naming the record and both hashes."""
+    root = _copy_bundle(BTCV, tmp_path / "src")
+    (root / "models").mkdir()
+    torch.save(_perturbed(LOADED[BTCV](), seed=7), root / "models" / "model.pt")
+    record = _evaluation_record(root, seed=0)
+    measured = pkg.sha256_file(root / "models" / "model.pt")
+    assert record["weights"] == {"file": str(root / "models" / "model.pt"), "sha256": measured}
+    caplog.set_level(logging.INFO, logger="components.package")
+    metrics = _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist"), BTCV)["eval_metrics"]
+    assert metrics == {"val_mean_dice": record["mean"], **record["per_class"]}
+    assert len(metrics) == 14 and metrics["gallbladder"] is None and 0 < metrics["val_mean_dice"] < 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+    torch.save(_perturbed(LOADED[BTCV](), seed=8), root / "models" / "model.pt")
+    assert _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist2"), BTCV)["eval_metrics"] == {}
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    record_file = root / "eval" / "metrics.json"
+    assert f"{record_file} measured weights of sha256 {measured}, not models/model.pt " in warning
+    assert f"(sha256 {pkg.sha256_file(root / 'models' / 'model.pt')})" in warning
+
+
+def test_package_never_copies_the_repository_eval_metrics(tmp_path, caplog):
+    """The bundle's metadata held the demo's synthetic Dice: a release of any weights carried it. Without a record of
+    the packaged weights the release's eval_metrics are {} and a WARNING says why."""
+    root = _copy_bundle(BTCV, tmp_path / "src")
+    meta_file = root / "configs" / "metadata.json"
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "eval_metrics": {"demo_dice": 0.793}}, indent=4))
+    (root / "models").mkdir()
+    torch.save(_perturbed(LOADED[BTCV](), seed=7), root / "models" / "model.pt")
+    caplog.set_level(logging.WARNING, logger="components.package")
+    assert _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist"), BTCV)["eval_metrics"] == {}
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert f"no evaluation record at {root / 'eval' / 'metrics.json'}" in warning
+
+
 def test_github_source_is_offline_when_zip_present(packaged, fake_state, tmp_path, monkeypatch):
     """`--source github --repo owner/repo/tag --version X` resolves <name>_v<X>.zip and skips the download when
     that zip is already in bundle_dir (sockets are disabled here to prove it)."""
@@ -893,6 +952,23 @@ def test_finetune_from_downloaded_pretraining_weights(packaged, fake_state, ct_d
     assert encoder, f"no swinViT.* tensors in the finetuned checkpoint: {list(ckpt['model'])[:5]}"
     different = [k for k, v in encoder.items() if k not in fake_state or not torch.equal(v, fake_state[k])]
     assert not different, f"{len(different)} encoder tensors differ from the download: {different[:3]}\n{out[-3000:]}"
+
+
+@pytest.mark.slow
+def test_evaluate_json_binds_its_metrics_to_the_weights_it_evaluated(ct_data, tmp_path):
+    """The CT bundle's evaluation (train.json + evaluate.json) of its models/model.pt names that file's SHA-256 in
+    eval/metrics.json, and a package of these weights carries the evaluation's numbers as eval_metrics."""
+    root = _copy_bundle(BTCV, tmp_path / "src")
+    (root / "models").mkdir()
+    torch.save(_perturbed(LOADED[BTCV](), seed=9), root / "models" / "model.pt")
+    overrides = {"dataset_dir": str(ct_data), "roi_size": [64, 32, 32], "spacing": [3.0, 3.0, 4.0], "feature_size": FS,
+                 "batch_size": 1, "loader#num_workers": 0, "speed#amp": False, "speed#use_checkpoint": False,
+                 "device": "cpu"}  # fmt: skip
+    _run(bundle_command(root, ["train.json", "evaluate.json"], overrides))
+    record = json.loads((root / "eval" / "metrics.json").read_text())
+    assert record["weights"] == {"file": str(root / "models" / "model.pt"), "sha256": pkg.sha256_file(root / "models" / "model.pt")}
+    metrics = _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist"), BTCV)["eval_metrics"]
+    assert metrics == {"val_mean_dice": record["mean"], **record["per_class"]} and len(metrics) == 14
 
 
 @pytest.mark.slow
