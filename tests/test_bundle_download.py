@@ -10,10 +10,10 @@ repository on the path, no ``components`` installed), and run from their folders
   Model Zoo CI brings its own.
 - Each bundle is packaged from a copy with tiny "trained" weights (feature size 12) and a ``file://`` release URL,
   so its zip holds no weights: they lie beside it, listed in ``large_files.yml``.
-- One venv process downloads the four zips (``python -m monai.bundle download --name --version --url file://...``),
-  their weights (``python -m monai.bundle download_large_files --bundle_path ...``) and runs ``verify_metadata`` in
-  each bundle folder, against the schema the bundle carries and MONAI's published one when the repository's
-  neighbour folder has it; no bundle code is imported there.
+- One venv process downloads the four zips (``python -m monai.bundle download --name --version --url file://...``)
+  and, in each bundle folder as the bundles' docs say, their weights (``python -m monai.bundle
+  download_large_files``) and runs ``verify_metadata``, against the schema the bundle carries and MONAI's published
+  one when the repository's neighbour folder has it; no bundle code is imported there.
 - Per bundle, one venv process without ``jsonschema``, started in the bundle folder: ``python -m components synth``
   (the bundle's own copy writes the synthetic data), ``verify_net_in_out``, ``monai.bundle.load`` of the train and
   the inference config (the state dicts saved for comparison here), inference on the test volume (finetuning
@@ -221,8 +221,8 @@ def downloads(venv, tmp_path_factory) -> Downloads:
         version = _metadata(name)["version"]
         steps += [["cli", "monai.bundle", ["download", "--name", name, "--version", version, "--url", zip_path.as_uri(),
                                            "--bundle_dir", str(folder)]],
-                  ["cli", "monai.bundle", ["download_large_files", "--bundle_path", str(folder / name)]],
-                  ["start_in", str(folder / name)]]  # fmt: skip
+                  ["start_in", str(folder / name)],
+                  ["cli", "monai.bundle", ["download_large_files"]]]  # fmt: skip
         steps += [["cli", "monai.bundle", ["verify_metadata", "--meta_file", "configs/metadata.json", "--filepath", s]]
                   for s in schemas]  # fmt: skip
         steps += [["start_in", str(folder)]]

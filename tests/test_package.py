@@ -830,6 +830,21 @@ def test_fetch_bundle_refuses_unsafe_or_foreign_zip(tmp_path):
         pkg.fetch_bundle(foreign, tmp_path / "D", sha256=pkg.sha256_file(foreign))
 
 
+def test_fetch_bundle_says_that_large_files_yml_needs_pyyaml(released, tmp_path, monkeypatch):
+    """Where PyYAML is not installed (MONAI's config parser then holds a placeholder for it), fetching a release
+    with large_files.yml fails with one line naming the list and the package, and leaves no bundle folder."""
+    import monai.bundle.config_parser
+    from monai.utils import optional_import
+
+    monkeypatch.setattr(monai.bundle.config_parser, "yaml", optional_import("a_module_that_is_not_installed")[0])
+    zip_path, _ = released
+    with pytest.raises(ModuleNotFoundError) as error:
+        pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
+    assert str(error.value).endswith("large_files.yml lists the bundle's weights and MONAI reads it with PyYAML, which "
+                                     "is not installed: pip install pyyaml") and "\n" not in str(error.value)  # fmt: skip
+    assert not (tmp_path / "D" / SSL).exists()
+
+
 def test_fetch_bundle_refuses_large_files_without_a_hash(tmp_path):
     """MONAI's download_large_files downloads an entry without hash_val unchecked: fetch refuses the bundle."""
     (tmp_path / "src").mkdir()
