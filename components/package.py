@@ -458,11 +458,12 @@ def package_bundle(
     ``evaluation_record``, default ``<bundle>/eval/metrics.json``, when it measured ``models/model.pt``; else empty)
     and :func:`exported_program_metadata` of a ``models/model.pt2`` (it raises when the program is not
     ``model.pt``'s), and the running package's source under ``<name>/components/``
-    (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is refused). With ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``)
-    the weights stay out of the zip, as in the Model Zoo: the zip holds :func:`large_files` of them instead and each
-    is written beside the zip as :func:`release_asset_name`, to attach to the release (``monai.bundle
-    download_large_files`` and :func:`fetch_bundle` download them); without it the weights are in the zip (offline
-    ``file://`` use). The zip is written to a temporary name and moved into place. Returns the zip's path."""
+    (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is refused). With
+    ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``) the weights
+    stay out of the zip, as in the Model Zoo: the zip holds :func:`large_files` of them instead and each is written
+    beside the zip as :func:`release_asset_name`, to attach to the release (``monai.bundle download_large_files``
+    and :func:`fetch_bundle` download them); without it the weights are in the zip (offline ``file://`` use). The
+    zip is written to a temporary name and moved into place. Returns the zip's path."""
     root = Path(bundle_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"no bundle folder at {str(root)!r}.")
@@ -688,11 +689,11 @@ def extract_zip_safely(zip_path: str | os.PathLike, dest: str | os.PathLike) -> 
     returns the extracted files' paths.
 
     MONAI (``safe_extract_member``) refuses absolute names, names that still start with ``..`` once normalised and
-    members whose resolved path (following links already under ``dest``) leaves ``dest``, and writes no file mode from the archive (no setuid or
-    exec bits); but it checks each member only when it reaches it, after writing the ones before. Here every member
-    is checked with MONAI's check before anything is written, and refused as well is what MONAI extracts: ``..``
-    anywhere in a name, symbolic links and other special entries, backslashes and drive letters, duplicate names
-    (:func:`_member_problem`).
+    members whose resolved path (following links already under ``dest``) leaves ``dest``, and writes no file mode
+    from the archive (no setuid or exec bits); but it checks each member only when it reaches it, after writing the
+    ones before. Here every member is checked with MONAI's check before anything is written, and refused as well is
+    what MONAI extracts: ``..`` anywhere in a name, symbolic links and other special entries, backslashes and drive
+    letters, duplicate names (:func:`_member_problem`).
 
     Raises:
         UnsafeArchiveError: naming the zip and the member; nothing was written.
@@ -749,11 +750,12 @@ def _download_large_files(bundle: Path) -> None:
     try:
         entries = ConfigParser.load_config_file(listed).get("large_files") or []
     except OptionalImportError:
-        raise ModuleNotFoundError(f"{listed} lists the bundle's weights and MONAI reads it with PyYAML, which is not "
-                                  "installed: pip install pyyaml") from None  # fmt: skip
+        raise ModuleNotFoundError(f"{bundle.name}/{LARGE_FILES} lists the bundle's weights and MONAI reads it with "
+                                  "PyYAML, which is not installed: pip install pyyaml") from None  # fmt: skip
     unhashed = [entry.get("path") for entry in entries if not entry.get("hash_val")]
     if unhashed:
-        raise ValueError(f"{bundle.name}/{LARGE_FILES} lists {unhashed} without hash_val; downloads are never used unchecked.")
+        raise ValueError(f"{bundle.name}/{LARGE_FILES} lists {unhashed} without hash_val; downloads are never used "
+                         "unchecked.")  # fmt: skip
     download_large_files(bundle_path=str(bundle))
 
 

@@ -170,8 +170,10 @@ def test_docs_install_exactly_the_metadata_packages_and_the_release_tools(bundle
     MONAI commands its docs use need (:data:`RELEASE_TOOLS`), no more."""
     text = (bundle / "docs" / "README.md").read_text(encoding="utf-8")
     meta = _meta(bundle)
-    tools = {dist: importlib.metadata.version(dist) for command, (dist, _) in RELEASE_TOOLS.items() if f"monai.bundle {command}" in text}
-    expected = {"torch": meta["pytorch_version"], "monai": meta["monai_version"], **meta["required_packages_version"], **tools}
+    tools = {dist: importlib.metadata.version(dist) for command, (dist, _) in RELEASE_TOOLS.items()
+             if f"monai.bundle {command}" in text}  # fmt: skip
+    expected = {"torch": meta["pytorch_version"], "monai": meta["monai_version"], **meta["required_packages_version"]}
+    expected.update(tools)
     assert _install_pins(_downloaded_bundle_section(bundle)) == expected
 
 
@@ -184,9 +186,10 @@ def test_docs_name_what_monais_release_commands_need(bundle):
     text = (bundle / "docs" / "README.md").read_text(encoding="utf-8")
     pins = _install_pins(section)
     for command, (dist, module) in RELEASE_TOOLS.items():
-        assert f"python -m monai.bundle {command}" in section, f"{bundle.name}: the downloaded bundle's docs do not run {command}"
+        assert f"python -m monai.bundle {command}" in section, f"{bundle.name}: the download section runs no {command}"
         if f"monai.bundle {command}" in text:
-            assert pins.get(dist) == importlib.metadata.version(dist), f"{bundle.name}: {command} needs {dist}, install line {pins}"
+            installed = importlib.metadata.version(dist)
+            assert pins.get(dist) == installed, f"{bundle.name}: {command} needs {dist}=={installed}, install line {pins}"
             assert importlib.import_module(module)
 
 

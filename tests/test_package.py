@@ -604,7 +604,8 @@ def _evaluation_record(bundle: Path, seed: int) -> dict:
         engine.state.metrics["val_mean_dice"] = float(dice.nanmean(dim=1).mean())
 
     record = bundle / "eval" / "metrics.json"
-    components.PerClassMetrics("val_mean_dice", organs, json_path=record, weights=bundle / "models" / "model.pt").attach(engine)
+    handler = components.PerClassMetrics("val_mean_dice", organs, json_path=record, weights=bundle / "models" / "model.pt")
+    handler.attach(engine)
     engine.run([0])
     return json.loads(record.read_text())
 
@@ -638,7 +639,8 @@ def test_package_never_copies_the_repository_eval_metrics(tmp_path, caplog):
     the packaged weights the release's eval_metrics are {} and a WARNING says why."""
     root = _copy_bundle(BTCV, tmp_path / "src")
     meta_file = root / "configs" / "metadata.json"
-    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "eval_metrics": {"demo_dice": 0.793}}, indent=4))
+    demo = {"demo_dice": 0.793}
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "eval_metrics": demo}, indent=4))
     (root / "models").mkdir()
     torch.save(_perturbed(LOADED[BTCV](), seed=7), root / "models" / "model.pt")
     caplog.set_level(logging.WARNING, logger="components.package")
@@ -698,7 +700,11 @@ def test_fetch_and_extraction_go_through_monai(packaged, tmp_path, monkeypatch):
     the expected hash, ``extractall``); package.py adds only what MONAI lacks (see extract_zip_safely / fetch)."""
     calls = []
     download_url, extractall = pkg.download_url, pkg.extractall
-    monkeypatch.setattr(pkg, "download_url", lambda *a, **k: calls.append(("download_url", k["hash_val"], k["hash_type"])) or download_url(*a, **k))
+    def recorded_download(*args, **kwargs):
+        calls.append(("download_url", kwargs["hash_val"], kwargs["hash_type"]))
+        return download_url(*args, **kwargs)
+
+    monkeypatch.setattr(pkg, "download_url", recorded_download)
     monkeypatch.setattr(pkg, "extractall", lambda *a, **k: calls.append(("extractall",)) or extractall(*a, **k))
     folder = pkg.fetch_bundle(packaged.as_uri(), tmp_path / "D")
     assert calls == [("download_url", pkg.sha256_file(packaged), "sha256"), ("extractall",)]
