@@ -116,25 +116,30 @@ def check_data(
         raise SystemExit(code)
 
 
-def package(bundle: str, out: str = "dist", release_url: str | None = None) -> None:
+def package(bundle: str, out: str = "dist", release_url: str | None = None, evaluation_record: str | None = None) -> None:
     """Packs BUNDLE (a bundle folder, or the name of a bundle this package carries) into OUT/<name>_v<version>.zip, reproducibly
     (same files, same bytes), with trained models/*.pt when present and without logs, caches, eval/ or data/, and
     with this package's source under <name>/components/ (the code its configs import, run from the bundle folder);
     writes OUT/<name>_v<version>.zip.sha256 ("<sha256>  <file>", as sha256sum) beside it. --release_url URL (where
-    the release's files will be, e.g. https://github.com/OWNER/REPO/releases/download/TAG) adds large_files.yml
-    (the Model Zoo's list of the weights' URLs and SHA-256) and writes each weight as OUT/<name>_v<version>_<file>
-    beside the zip, to attach to the release with it."""
+    the release's files will be, e.g. https://github.com/OWNER/REPO/releases/download/TAG) keeps the weights out of
+    the zip, as the Model Zoo does: the zip lists them in large_files.yml (URLs and SHA-256) and each is written as
+    OUT/<name>_v<version>_<file> beside it, to attach to the release with it; without it they are in the zip. A
+    models/model.pt2 (written by `python -m components export` before packaging) goes into the metadata's
+    exported_program (its input shape, read from it) and is refused unless exported from the packaged models/model.pt.
+    The metadata's eval_metrics are those of --evaluation_record (default BUNDLE/eval/metrics.json, written by
+    configs/evaluate.json) when it measured the packaged models/model.pt, else empty (a warning says why)."""
     from .package import package_bundle, sha256_file
     from .runner import bundle_dir
 
-    path = package_bundle(bundle_dir(bundle), out, release_url=release_url)
+    path = package_bundle(bundle_dir(bundle), out, release_url=release_url, evaluation_record=evaluation_record)
     print(f"wrote {path} and {path.name}.sha256 (sha256 {sha256_file(path)})")
 
 
 def fetch(url: str, dest: str = ".", sha256: str | None = None, extract: bool = True, overwrite: bool = False) -> None:
     """Downloads URL (http(s)://, file:// or a path) into DEST after checking its SHA-256: --sha256 HEX, else
     the URL.sha256 file published beside it (no hash, no download; monai.bundle download checks none). A bundle
-    zip is then extracted safely to DEST/<name>/ (--extract false keeps only the zip; --overwrite replaces an
+    zip is then extracted safely to DEST/<name>/ with the weights its large_files.yml lists, downloaded and
+    hash-checked (MONAI reads the list with PyYAML) (--extract false keeps only the zip; --overwrite replaces an
     existing DEST/<name>/). DEST: the folder for a bundle zip (created when missing); with --extract false an
     existing folder or the target file's name."""
     from .package import fetch as fetch_file

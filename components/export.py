@@ -18,6 +18,10 @@ with MONAI's ``SwinUNETR`` (1.6): each stage picks its attention window and shif
 with the window (``get_window_size``: a stage no larger than the window attends over all of it, unshifted), and
 rounds the padded size up through ``int(np.ceil(...))``, so ``torch.export`` specialises every spatial dimension
 to the example's size (it reports "marked as dynamic but your code specialized it to be a constant").
+
+The ``.pt2`` records the SHA-256 of the checkpoint it was exported from (:func:`exported_program_record` reads it
+back with the input shape): ``python -m components package`` writes both into the release's metadata
+(``exported_program``) and refuses a program that was not exported from the packaged ``model.pt``.
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ from torch import nn
 from .atomic import atomic_write
 from .checkpoint import CheckpointLoadError, extract_state_dict, read_checkpoint
 from .networks import SPATIAL_REDUCTION
+from .package import sha256_file
 
-__all__ = ["EXPORTED_FILENAME", "ExportedModule", "export_network", "load_exported"]
+__all__ = ["EXPORTED_FILENAME", "ExportedModule", "export_network", "exported_program_record", "load_exported"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +52,8 @@ EXPORTED_FILENAME = "model.pt2"
 
 # the example batch: torch.export specialises a dimension whose example size is 0 or 1
 _EXAMPLE_BATCH = 2
+# the extra file of the .pt2 that holds the SHA-256 of the checkpoint the program was exported from
+_SOURCE_SHA256 = "exported_from_sha256"
 
 
 class ExportedModule(nn.Module):
@@ -90,6 +97,31 @@ def load_exported(path: str | os.PathLike) -> ExportedModule:
     if not path.is_file():
         raise FileNotFoundError(f"exported model '{path}' does not exist (write it with `python -m components export`).")
     return ExportedModule(torch.export.load(path))
+
+
+def exported_program_record(path: str | os.PathLike) -> dict[str, Any]:
+    """What a program written by :func:`export_network` says about itself, read from the program (for a release's
+    metadata: a bundle's ``network_data_format`` says ``64*n``, the program takes one ROI).
+
+    Returns:
+        ``input_shape``: the shape of its one input, ``"dynamic"`` for a dimension of any size (the batch);
+        ``dtype``: the input's, e.g. ``"float32"``; ``exported_from_sha256``: the SHA-256 of the checkpoint file it
+        was exported from, ``None`` when the program records none (exported by other code).
+
+    Raises:
+        ValueError: the program takes other than one input.
+    """
+    extra = {_SOURCE_SHA256: ""}
+    program = torch.export.load(path, extra_files=extra)
+    user_inputs = set(program.graph_signature.user_inputs)
+    inputs = [node.meta["val"] for node in program.graph.nodes if node.op == "placeholder" and node.name in user_inputs]
+    if len(inputs) != 1:
+        raise ValueError(f"{path}: expected a program of one input (the image), it takes {len(inputs)}.")
+    return {
+        "input_shape": [int(d) if isinstance(d, int) else "dynamic" for d in inputs[0].shape],
+        "dtype": str(inputs[0].dtype).removeprefix("torch."),
+        "exported_from_sha256": extra[_SOURCE_SHA256] or None,
+    }
 
 
 def _roi_size(value: Any, spatial_dims: int) -> tuple[int, ...]:
@@ -152,9 +184,10 @@ def export_network(
     The network is ``network`` of ``<bundle_dir>/configs/inference.json`` (``prepare_network`` with the config's
     fused attention), built on ``device`` with ``overrides`` applied, with the weights of ``checkpoint`` loaded
     strictly, in eval mode and float32. The program takes ``(batch, in_channels, *roi_size)`` with a dynamic batch
-    (see the module docstring for why the ROI is fixed). Before the file is written, the saved bytes are loaded
-    back and their output on a random ROI batch compared with the network's: a file that would compute anything
-    else is never written.
+    (see the module docstring for why the ROI is fixed) and records the SHA-256 of ``checkpoint`` (read back by
+    :func:`exported_program_record`: packaging refuses a program of other weights than the packaged ``model.pt``).
+    Before the file is written, the saved bytes are loaded back and their output on a random ROI batch compared
+    with the network's: a file that would compute anything else is never written.
 
     Args:
         bundle_dir: the bundle folder (holding ``configs/inference.json``).
@@ -197,6 +230,7 @@ def export_network(
         raise FileNotFoundError(f"checkpoint '{checkpoint}' does not exist (train the bundle or pass --checkpoint).")
 
     network = parser.get_parsed_content("network")
+    source_sha256 = sha256_file(checkpoint)
     _load_weights(network, checkpoint)
     network = network.float().eval()
     example = torch.randn(_EXAMPLE_BATCH, in_channels, *roi, device=device)
@@ -204,7 +238,7 @@ def export_network(
     with torch.no_grad():
         program = torch.export.export(network, (example,), dynamic_shapes=({0: batch},))
     buffer = io.BytesIO()
-    torch.export.save(program, buffer)
+    torch.export.save(program, buffer, extra_files={_SOURCE_SHA256: source_sha256})
 
     buffer.seek(0)
     reloaded = torch.export.load(buffer).module()
@@ -220,8 +254,9 @@ def export_network(
     with atomic_write(out, "wb") as f:
         f.write(buffer.getvalue())
     logger.info(
-        "export: wrote %s (%.1f MB) from %s: input (batch, %d, %s) float32 on %s, dynamic dims: batch (dim 0) "
-        "from 1, spatial size fixed; max |difference| to the network %.3g",
-        out, len(buffer.getvalue()) / 2**20, checkpoint, in_channels, "x".join(map(str, roi)), device, difference,
+        "export: wrote %s (%.1f MB) from %s (sha256 %s): input (batch, %d, %s) float32 on %s, dynamic dims: batch "
+        "(dim 0) from 1, spatial size fixed; max |difference| to the network %.3g",
+        out, len(buffer.getvalue()) / 2**20, checkpoint, source_sha256, in_channels, "x".join(map(str, roi)), device,
+        difference,
     )  # fmt: skip
     return out

@@ -8,17 +8,20 @@ configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here
 - :func:`package_bundle` writes ``<out>/<name>_v<version>.zip`` byte-for-byte reproducibly (sorted entries, fixed
   timestamps and permissions, no extra attributes) with one top folder ``<name>/``, the layout
   ``monai.bundle download --name <name>`` extracts to ``<bundle_dir>/<name>/``, and ``<zip>.sha256`` in the
-  ``sha256sum`` format. Trained weights (``models/*.pt``) are included when present; logs, caches, evaluation
-  outputs, data and temporary files are not (:func:`bundle_files`).
-- :func:`fetch` downloads (``http(s)://``, ``file://`` or a plain path) to a temporary file next to the target,
-  checks its SHA-256 and only then moves it into place. A hash is required: the ``sha256`` argument (from a
-  trusted place, e.g. the release notes) or, when it is not given, the ``<url>.sha256`` file published next to
-  the zip. The sidecar only guards against corrupt or truncated downloads (whoever can replace the zip can
-  replace the sidecar); pass ``sha256`` to guard against tampering.
-- :func:`extract_zip_safely` refuses absolute member names, ``..`` components, symbolic links and special files,
-  and any member whose resolved path leaves the target folder, before anything is written.
-- :func:`fetch_bundle` = fetch + verify + safe extraction into ``<bundle_dir>/<name>/``; the zip is kept in
-  ``bundle_dir`` so that ``monai.bundle download --source github ... --bundle_dir <bundle_dir>`` and
+  ``sha256sum`` format. Trained weights (``models/*.pt``) are included when present (with a release URL beside the
+  zip, listed in ``large_files.yml``); logs, caches, evaluation outputs, data and temporary files are not
+  (:func:`bundle_files`).
+- :func:`fetch` downloads (``http(s)://``, ``file://`` or a plain path) with MONAI's ``download_url``, which checks
+  the SHA-256, into a temporary folder next to the target and only then renames it into place. A hash is required:
+  the ``sha256`` argument (from a trusted place, e.g. the release notes) or, when it is not given, the
+  ``<url>.sha256`` file published next to the zip. The sidecar only guards against corrupt or truncated downloads
+  (whoever can replace the zip can replace the sidecar); pass ``sha256`` to guard against tampering.
+- :func:`extract_zip_safely` checks every member with MONAI's ``safe_extract_member`` (absolute names, paths out of
+  the target folder) and refuses what MONAI extracts (``..`` anywhere, symbolic links and special files,
+  backslashes, drive letters, duplicates) before MONAI's ``extractall`` writes anything.
+- :func:`fetch_bundle` = fetch + verify + safe extraction into ``<bundle_dir>/<name>/``, with the weights listed in
+  ``large_files.yml`` downloaded by MONAI's ``download_large_files`` once each is checked to have a hash; the zip
+  is kept in ``bundle_dir`` so that ``monai.bundle download --source github ... --bundle_dir <bundle_dir>`` and
   ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` find it afterwards without downloading again.
 - :func:`packaged_configs`: ``monai.bundle.load`` builds ``network_def`` from the packaged config and then copies
   the weights with ``copy_model_state``, which skips every tensor whose name or shape does not match and only
@@ -51,6 +54,8 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from monai.apps.utils import HashCheckError, download_url, extractall, safe_extract_member
+
 from .atomic import atomic_write
 from .origin import PACKAGE_DIR, package_source
 
@@ -59,6 +64,7 @@ __all__ = [
     "HashMismatchError",
     "UnsafeArchiveError",
     "bundle_files",
+    "exported_program_metadata",
     "extract_zip_safely",
     "fetch",
     "fetch_bundle",
@@ -68,6 +74,7 @@ __all__ = [
     "packaged_configs",
     "read_metadata",
     "release_asset_name",
+    "release_eval_metrics",
     "schema_path",
     "sha256_file",
     "weight_sizes",
@@ -103,8 +110,8 @@ OWN_SCHEMA = Path(__file__).resolve().parent / "schema" / "bundle_metadata.schem
 LARGE_FILES = "large_files.yml"  # the Model Zoo's list of weights to download by URL (monai.bundle download_large_files)
 
 
-class HashMismatchError(ValueError):
-    """A downloaded file's SHA-256 differs from the expected one (the file was removed)."""
+class HashMismatchError(HashCheckError):
+    """A downloaded file's SHA-256 differs from the expected one (the file was removed); MONAI's ``HashCheckError``."""
 
 
 class UnsafeArchiveError(ValueError):
@@ -221,6 +228,9 @@ def bundle_files(bundle_dir: str | os.PathLike, include_weights: bool = True) ->
 # SwinUNETR's output block (out_channels, feature_size, 1, 1, 1): the classes a segmentation state was trained with
 _SEG_OUT = "out.conv.conv.weight"
 _MODEL_FILE = "models/model.pt"
+_PROGRAM_FILE = "models/model.pt2"  # components.export's program of _MODEL_FILE
+_METADATA_FILE = "configs/metadata.json"
+EVALUATION_RECORD = "eval/metrics.json"  # where configs/evaluate.json's PerClassMetrics writes (output_dir)
 
 
 def weight_sizes(state: Mapping[str, Any]) -> dict[str, int | bool]:
@@ -318,6 +328,82 @@ def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
     return replaced
 
 
+def exported_program_metadata(bundle_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """``exported_program`` of a release's metadata: what ``models/model.pt2`` takes and which weights it computes
+    with, read from the program (:func:`components.export.exported_program_record`), as ``file``, ``input_shape``
+    (``"dynamic"`` for the batch), ``dtype``, ``exported_from`` and ``exported_from_sha256``; ``None`` without a
+    ``.pt2``. Raises ``ValueError`` (one line naming the file and the export command) when the program was not
+    exported from ``models/model.pt``: it would compute with other weights than the release's."""
+    root = Path(bundle_dir)
+    program = root / _PROGRAM_FILE
+    if not program.is_file():
+        return None
+    from .export import exported_program_record
+
+    record = exported_program_record(program)
+    source = record["exported_from_sha256"]
+    weights = root / _MODEL_FILE
+    packaged = sha256_file(weights) if weights.is_file() else None
+    if source is None or source != packaged:
+        why = "records no weights it was exported from" if source is None else (
+            f"was exported from weights of sha256 {source}, not from {_MODEL_FILE} "
+            f"({f'sha256 {packaged}' if packaged else 'missing'})")  # fmt: skip
+        raise ValueError(f"{program}: {why}; export it again before packaging (python -m components export {root}, "
+                         "with the --overrides the model was trained with) or remove it.")  # fmt: skip
+    return {"file": _PROGRAM_FILE, "input_shape": record["input_shape"], "dtype": record["dtype"],
+            "exported_from": _MODEL_FILE, "exported_from_sha256": source}  # fmt: skip
+
+
+def _read_evaluation_record(record: Path) -> dict[str, Any]:
+    """An evaluation summary of :class:`components.PerClassMetrics`, checked for what ``eval_metrics`` takes."""
+    try:
+        summary = json.loads(record.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{record} is not valid JSON: {e}") from e
+    missing = [k for k in ("metric", "mean", "per_class", "weights") if not isinstance(summary, dict) or k not in summary]
+    if missing:
+        raise ValueError(f"{record} is not an evaluation record of PerClassMetrics: it has no {missing}.")
+    return summary
+
+
+def release_eval_metrics(bundle_dir: str | os.PathLike, record: str | os.PathLike | None = None) -> dict[str, Any]:
+    """``eval_metrics`` of a release: the mean and per-class values of the evaluation ``record`` (default
+    ``<bundle>/eval/metrics.json``, written by ``configs/evaluate.json``) when it measured the packaged
+    ``models/model.pt`` (the SHA-256 the record names, see :class:`components.PerClassMetrics`), e.g.
+    ``{"val_mean_dice": 0.81, "spleen": 0.93, ...}``; otherwise ``{}``, with a WARNING saying why when weights are
+    packaged. The bundle's own metadata ``eval_metrics`` are never copied: they describe no particular weights."""
+    root = Path(bundle_dir)
+    record = Path(record) if record is not None else root / EVALUATION_RECORD
+    weights = root / _MODEL_FILE
+    if not weights.is_file():
+        logger.info("package_bundle: no %s, so the release's eval_metrics are empty", _MODEL_FILE)
+        return {}
+    packaged = sha256_file(weights)
+    summary = _read_evaluation_record(record) if record.is_file() else None
+    measured = (summary["weights"] or {}).get("sha256") if summary is not None else None
+    if measured == packaged:
+        return {summary["metric"]: summary["mean"], **summary["per_class"]}
+    why = (f"no evaluation record at {record}" if summary is None
+           else f"{record} names no weights it measured" if measured is None
+           else f"{record} measured weights of sha256 {measured}, not {_MODEL_FILE} (sha256 {packaged})")  # fmt: skip
+    logger.warning("package_bundle: the release's eval_metrics are empty: %s; they hold only numbers measured on the "
+                   "packaged weights (evaluate them with configs/evaluate.json before packaging).", why)  # fmt: skip
+    return {}
+
+
+def _packaged_metadata(
+    bundle_dir: Path, meta: dict[str, Any], eval_metrics: dict[str, Any], exported: dict[str, Any] | None
+) -> bytes:
+    """The release's ``configs/metadata.json``: the bundle's, with the release's ``eval_metrics`` and, when it
+    carries a program, ``exported_program``."""
+    packaged = {k: v for k, v in meta.items() if k != "exported_program"}
+    packaged["eval_metrics"] = eval_metrics
+    if exported is not None:
+        packaged["exported_program"] = exported
+    text = (bundle_dir / _METADATA_FILE).read_text(encoding="utf-8")
+    return (json.dumps(packaged, indent=4, ensure_ascii=False) + ("\n" if text.endswith("\n") else "")).encode()
+
+
 def _zip_info(arcname: str, mode: int, compress_type: int) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(arcname, date_time=ZIP_DATE_TIME)
     info.create_system = 3  # unix, so that external_attr holds the mode
@@ -354,7 +440,12 @@ def large_files(weights: Mapping[str, str], release_url: str, name: str, version
     return "\n".join(lines) + "\n"
 
 
-def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "dist", release_url: str | None = None) -> Path:
+def package_bundle(
+    bundle_dir: str | os.PathLike,
+    out_dir: str | os.PathLike = "dist",
+    release_url: str | None = None,
+    evaluation_record: str | os.PathLike | None = None,
+) -> Path:
     """Writes ``<out_dir>/<name>_v<version>.zip`` and ``<out_dir>/<name>_v<version>.zip.sha256`` for a bundle.
 
     ``name`` is the bundle folder's name, ``version`` the one in ``configs/metadata.json`` (checked first by
@@ -363,11 +454,16 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     ``github`` source) extract to ``D/<name>/``. The same files give the same bytes: entries sorted, every
     timestamp 1980-01-01 00:00, permissions 0644 (files) / 0755 (folders), no extra fields or comment, deflate.
     The files are :func:`bundle_files` (``models/*.pt`` when present), the configs as :func:`packaged_configs` makes
-    them fit ``models/model.pt`` (it raises when they cannot), and the running package's source under
-    ``<name>/components/`` (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is
-    refused). With ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``)
-    the zip holds :func:`large_files` of its weights, each written beside the zip as :func:`release_asset_name` to
-    attach to the release. The zip is written to a temporary name and moved into place. Returns the zip's path."""
+    them fit ``models/model.pt`` (it raises when they cannot), the metadata with :func:`release_eval_metrics` (from
+    ``evaluation_record``, default ``<bundle>/eval/metrics.json``, when it measured ``models/model.pt``; else empty)
+    and :func:`exported_program_metadata` of a ``models/model.pt2`` (it raises when the program is not
+    ``model.pt``'s), and the running package's source under ``<name>/components/``
+    (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is refused). With
+    ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``) the weights
+    stay out of the zip, as in the Model Zoo: the zip holds :func:`large_files` of them instead and each is written
+    beside the zip as :func:`release_asset_name`, to attach to the release (``monai.bundle download_large_files``
+    and :func:`fetch_bundle` download them); without it the weights are in the zip (offline ``file://`` use). The
+    zip is written to a temporary name and moved into place. Returns the zip's path."""
     root = Path(bundle_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"no bundle folder at {str(root)!r}.")
@@ -384,10 +480,12 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     version = meta["version"]
     files = bundle_files(root)
     weights = [f for f in files if f.startswith("models/")]
-    contents: dict[str, Path | bytes] = {rel: root / rel for rel in files}
-    contents.update(packaged_configs(root))
-    contents.update({f"components/{rel}": PACKAGE_DIR / rel for rel in package_source(PACKAGE_DIR)})
     digests = {w: sha256_file(root / w) for w in weights} if base is not None else {}
+    contents: dict[str, Path | bytes] = {rel: root / rel for rel in files if rel not in digests}
+    contents.update(packaged_configs(root))
+    contents[_METADATA_FILE] = _packaged_metadata(root, meta, release_eval_metrics(root, evaluation_record),
+                                                  exported_program_metadata(root))  # fmt: skip
+    contents.update({f"components/{rel}": PACKAGE_DIR / rel for rel in package_source(PACKAGE_DIR)})
     if digests:
         contents[LARGE_FILES] = large_files(digests, base, name, version).encode()
 
@@ -416,8 +514,8 @@ def package_bundle(bundle_dir: str | os.PathLike, out_dir: str | os.PathLike = "
     for weight in digests:  # the files large_files.yml points at
         with open(root / weight, "rb") as fin, atomic_write(out / release_asset_name(name, version, weight)) as fout:
             shutil.copyfileobj(fin, fout, _CHUNK)
-    logger.info("package_bundle: wrote %s (%d files, weights: %s, components from %s), sha256 %s", zip_path,
-                len(files), ", ".join(weights) or "none", PACKAGE_DIR, digest)  # fmt: skip
+    logger.info("package_bundle: wrote %s (weights %s: %s; components from %s), sha256 %s", zip_path,
+                "beside the zip" if digests else "in the zip", ", ".join(weights) or "none", PACKAGE_DIR, digest)  # fmt: skip
     return zip_path
 
 
@@ -502,18 +600,41 @@ def _remove_empty(folders: list[Path]) -> None:
             break
 
 
+def _as_url(src: str) -> str:
+    """``src`` as a URL for MONAI's ``download_url`` (a plain path becomes ``file://``)."""
+    return src if _is_url(src) else Path(src).resolve().as_uri()
+
+
+def _download_checked(src: str, path: Path, expected: str) -> None:
+    """MONAI's ``download_url`` of ``src`` to ``path`` with the expected SHA-256; a mismatch raises
+    :class:`HashMismatchError` naming the source (MONAI's message names only its temporary file)."""
+    try:
+        download_url(_as_url(src), path, hash_val=expected, hash_type="sha256", progress=False)
+    except HashCheckError as err:
+        raise HashMismatchError(
+            f"sha256 of {src} differs from the expected {expected}; the download was discarded (corrupt, truncated "
+            "or not the published file)."
+        ) from err
+    if not path.is_file():  # download_url returns without a file after a PermissionError or NotADirectoryError
+        raise OSError(f"could not download {src} to {path}.")
+
+
 def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str | None = None) -> Path:
-    """Downloads ``url_or_path`` (``http(s)://``, ``file://`` or a local path) to ``dest`` after checking its
-    SHA-256; returns the file's path.
+    """Downloads ``url_or_path`` (``http(s)://``, ``file://`` or a local path) to ``dest`` with MONAI's
+    ``download_url``, which checks its SHA-256; returns the file's path.
 
     ``dest`` is the target file, or a folder (existing, or written with a trailing ``/``) to put the file in
-    under its own name. The expected hash
-    is ``sha256`` or, when that is ``None``, the one in ``<url_or_path>.sha256`` (``sha256sum`` format, as
-    :func:`package_bundle` writes it); without either the download is refused (``ValueError``): MONAI's own
-    bundle download checks no hash at all (``hash_val=None``). The data goes to a temporary file next to the
-    target and is moved into place only when the hash matches; on a mismatch (:class:`HashMismatchError`) or
-    any other failure the temporary file, and any folder this call created, is removed. A target that already
-    exists with the expected hash is kept as it is (no download)."""
+    under its own name. What this adds to ``download_url``, which downloads unchecked (a warning) without a hash:
+
+    - a hash is required: ``sha256`` or, when that is ``None``, the one in ``<url_or_path>.sha256``
+      (``sha256sum`` format, as :func:`package_bundle` writes it); without either the download is refused
+      (``ValueError``), as MONAI's own bundle download passes no hash at all (``hash_val=None``);
+    - the file is downloaded into a temporary folder beside the target and renamed into place, so the target is
+      never a partial file (``download_url`` moves it from the system's temporary folder, a copy across file
+      systems); a target with another hash is replaced (``download_url`` refuses it), one with the expected hash
+      is kept as it is (no download);
+    - on a mismatch (:class:`HashMismatchError`, a ``HashCheckError``) or any other failure nothing is left: no
+      temporary file, no folder this call created."""
     src = os.fspath(url_or_path)
     name = _source_name(src)
     expected = _normalize_sha256(sha256, "sha256") if sha256 is not None else _read_sidecar(src, name)
@@ -525,17 +646,9 @@ def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str |
 
     created = _make_dirs(target.parent)
     try:
-        digest = hashlib.sha256()
-        with _open_source(src) as fin, atomic_write(target) as fout:
-            for chunk in iter(lambda: fin.read(_CHUNK), b""):
-                digest.update(chunk)
-                fout.write(chunk)
-            actual = digest.hexdigest()
-            if actual != expected:
-                raise HashMismatchError(
-                    f"sha256 of {src} is {actual}, expected {expected}; the download was discarded "
-                    "(corrupt, truncated or not the published file)."
-                )
+        with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=target.parent) as staging:
+            _download_checked(src, Path(staging) / name, expected)
+            os.replace(Path(staging) / name, target)
     except BaseException:
         _remove_empty(created)
         raise
@@ -547,62 +660,67 @@ def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str |
 # safe extraction
 
 
-def _member_problem(info: zipfile.ZipInfo, root: Path) -> tuple[str | None, Path | None]:
-    """(reason, None) when a member must not be extracted, else (None, its target path)."""
+def _member_problem(info: zipfile.ZipInfo, seen: set[str]) -> str | None:
+    """Why a member must not be extracted, of what MONAI's ``extractall`` would extract: it normalises a name before
+    its check (``b/../x`` passes as ``x``, outside the member's own folder), takes ``C:/x`` and ``a\\..\\b`` as plain
+    names on POSIX (they escape on Windows), writes a symbolic link or a device as a regular file (holding the
+    link's target), and a second member of a name over the first."""
     name = info.filename
-    if not name or "\x00" in name:
-        return "has an empty or invalid name", None
-    if "\\" in name:
-        return "contains a backslash (an ambiguous path separator)", None
-    if name.startswith("/") or re.match(r"^[A-Za-z]:", name):
-        return "is an absolute path", None
-    parts = PurePosixPath(name).parts
-    if ".." in parts:
-        return "has a '..' component", None
     mode = info.external_attr >> 16
+    if not name or "\x00" in name:
+        return "has an empty or invalid name"
+    if "\\" in name:
+        return "contains a backslash (an ambiguous path separator)"
+    if re.match(r"^[A-Za-z]:", name):
+        return "is an absolute Windows path"
+    if ".." in PurePosixPath(name).parts:
+        return "has a '..' component"
     if stat.S_ISLNK(mode):
-        return "is a symbolic link", None
+        return "is a symbolic link"
     if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        return "is not a regular file or folder", None
-    target = (root / name).resolve()
-    if target != root and root not in target.parents:
-        return f"resolves to {target}, outside {root}", None
-    return None, target
+        return "is not a regular file or folder"
+    if name.rstrip("/") in seen:
+        return "appears twice"
+    return None
 
 
 def extract_zip_safely(zip_path: str | os.PathLike, dest: str | os.PathLike) -> list[Path]:
-    """Extracts a zip into ``dest`` after checking every member; returns the extracted files' paths.
+    """Extracts a zip into ``dest`` (new or empty) with MONAI's ``extractall`` after checking every member;
+    returns the extracted files' paths.
 
-    Refused (:class:`UnsafeArchiveError` naming the member; nothing is written): absolute names, ``..``
-    components, backslashes, symbolic links and other non-regular entries, duplicate names, and any member
-    whose resolved path (following links already present under ``dest``) is not inside ``dest``. Files are
-    written with mode 0644 whatever the archive says."""
+    MONAI (``safe_extract_member``) refuses absolute names, names that still start with ``..`` once normalised and
+    members whose resolved path (following links already under ``dest``) leaves ``dest``, and writes no file mode
+    from the archive (no setuid or exec bits); but it checks each member only when it reaches it, after writing the
+    ones before. Here every member is checked with MONAI's check before anything is written, and refused as well is
+    what MONAI extracts: ``..`` anywhere in a name, symbolic links and other special entries, backslashes and drive
+    letters, duplicate names (:func:`_member_problem`).
+
+    Raises:
+        UnsafeArchiveError: naming the zip and the member; nothing was written.
+        FileExistsError: ``dest`` is not empty (``extractall`` skips a non-empty folder without a word).
+    """
     dest = Path(dest)
-    root = dest.resolve()
     with zipfile.ZipFile(zip_path) as zf:
-        plan: list[tuple[zipfile.ZipInfo, Path]] = []
-        seen: set[str] = set()
-        for info in zf.infolist():
-            reason, target = _member_problem(info, root)
-            if reason is None and info.filename.rstrip("/") in seen:
-                reason = "appears twice"
-            if reason is not None:
-                raise UnsafeArchiveError(
-                    f"refusing to extract {zip_path}: member {info.filename!r} {reason}; nothing was extracted."
-                )
-            seen.add(info.filename.rstrip("/"))
-            plan.append((info, target))
-        dest.mkdir(parents=True, exist_ok=True)
-        written = []
-        for info, target in plan:
-            if info.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with zf.open(info) as fin, open(target, "wb") as fout:
-                shutil.copyfileobj(fin, fout, _CHUNK)
-            os.chmod(target, 0o644)
+        members = zf.infolist()
+    seen: set[str] = set()
+    written = []
+    for info in members:
+        reason = _member_problem(info, seen)
+        if reason is None:
+            try:
+                target = Path(safe_extract_member(info, os.fspath(dest)))
+            except ValueError as err:
+                reason = f"would be written outside {dest.resolve()} ({err})"
+        if reason is not None:
+            raise UnsafeArchiveError(
+                f"refusing to extract {zip_path}: member {info.filename!r} {reason}; nothing was extracted."
+            )
+        seen.add(info.filename.rstrip("/"))
+        if not info.is_dir():
             written.append(target)
+    if dest.is_dir() and any(dest.iterdir()):
+        raise FileExistsError(f"{dest} is not empty; extract_zip_safely extracts into a new or empty folder.")
+    extractall(zip_path, dest, has_base=False)
     return written
 
 
@@ -621,20 +739,41 @@ def _bundle_top_folder(zip_path: Path) -> str:
     return top
 
 
+def _download_large_files(bundle: Path) -> None:
+    """The files a bundle's ``large_files.yml`` lists, downloaded by MONAI's ``download_large_files`` (its
+    ``download_url`` checks each listed hash), once every entry is checked to have a hash: MONAI downloads an entry
+    without one unchecked."""
+    from monai.bundle import ConfigParser, download_large_files
+    from monai.utils import OptionalImportError
+
+    listed = bundle / LARGE_FILES
+    try:
+        entries = ConfigParser.load_config_file(listed).get("large_files") or []
+    except OptionalImportError:
+        raise ModuleNotFoundError(f"{bundle.name}/{LARGE_FILES} lists the bundle's weights and MONAI reads it with "
+                                  "PyYAML, which is not installed: pip install pyyaml") from None  # fmt: skip
+    unhashed = [entry.get("path") for entry in entries if not entry.get("hash_val")]
+    if unhashed:
+        raise ValueError(f"{bundle.name}/{LARGE_FILES} lists {unhashed} without hash_val; downloads are never used "
+                         "unchecked.")  # fmt: skip
+    download_large_files(bundle_path=str(bundle))
+
+
 def fetch_bundle(
     url: str | os.PathLike, bundle_dir: str | os.PathLike, sha256: str | None = None, overwrite: bool = False
 ) -> Path:
     """Downloads a bundle zip into ``bundle_dir`` with :func:`fetch` (hash required: ``sha256`` or
     ``<url>.sha256``), checks that it is a bundle release (one top folder ``<name>/`` with
-    ``configs/metadata.json``) and extracts it with :func:`extract_zip_safely` to ``bundle_dir/<name>/``;
-    returns that folder.
+    ``configs/metadata.json``) and extracts it with :func:`extract_zip_safely` to ``bundle_dir/<name>/``, with the
+    weights its ``large_files.yml`` lists (a release packaged with a release URL) downloaded and hash-checked into
+    it (:func:`_download_large_files`; MONAI reads the list with PyYAML); returns that folder.
 
     This is the hash-checked replacement for ``python -m monai.bundle download``, which in MONAI 1.6.1 passes
     ``hash_val=None`` for every bundle source. The zip stays in ``bundle_dir``, so ``monai.bundle download
     --source github --repo owner/repo/tag --version X --bundle_dir <bundle_dir>`` finds it and skips the download,
     and ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` uses the extracted folder. An existing non-empty
     ``bundle_dir/<name>/`` is replaced only with ``overwrite=True`` (``FileExistsError`` otherwise). Extraction
-    goes through a temporary folder, so a refused archive leaves no partial bundle."""
+    goes through a temporary folder, so a refused archive or weight file leaves no partial bundle."""
     bundle_dir = Path(bundle_dir)
     src = os.fspath(url)
     zip_target = bundle_dir / _source_name(src)
@@ -648,6 +787,8 @@ def fetch_bundle(
         staging = Path(tempfile.mkdtemp(prefix=f".{top}.", dir=bundle_dir))
         try:
             extract_zip_safely(zip_path, staging)
+            if (staging / top / LARGE_FILES).is_file():
+                _download_large_files(staging / top)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging / top, target)

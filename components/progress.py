@@ -15,6 +15,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TextIO
 
 from ignite.engine import Engine, Events
@@ -22,15 +23,9 @@ from monai.handlers import StatsHandler
 
 from .distributed import get_rank
 
-__all__ = ["StatsWithEta", "VolumeProgress", "format_duration", "remaining_seconds"]
+__all__ = ["StatsWithEta", "VolumeProgress", "remaining_seconds"]
 
 logger = logging.getLogger(__name__)
-
-
-def format_duration(seconds: float) -> str:
-    """``h:mm:ss`` of a non-negative number of seconds (rounded), e.g. ``format_duration(3725.4) == "1:02:05"``."""
-    total = int(round(max(float(seconds), 0.0)))
-    return f"{total // 3600}:{total % 3600 // 60:02d}:{total % 60:02d}"
 
 
 def remaining_seconds(done: int, total: int, elapsed_s: float) -> float | None:
@@ -73,12 +68,13 @@ class StatsWithEta(StatsHandler):
             self._start = (self.clock(), engine.state.iteration - 1)
 
     def eta_text(self, engine: Engine) -> str:
-        """``elapsed h:mm:ss, ETA h:mm:ss`` at the current iteration of ``engine``."""
+        """``elapsed h:mm:ss, ETA h:mm:ss`` (``datetime.timedelta``'s text) at the current iteration of ``engine``."""
         start_time, start_iteration = self._start if self._start is not None else (self.clock(), engine.state.iteration)
         elapsed = self.clock() - start_time
         total = int(engine.state.max_epochs or 0) * int(engine.state.epoch_length or 0)
         left = remaining_seconds(engine.state.iteration - start_iteration, total - start_iteration, elapsed)
-        return f"elapsed {format_duration(elapsed)}, ETA " + ("unknown" if left is None else format_duration(left))
+        eta = "unknown" if left is None else timedelta(seconds=round(left))
+        return f"elapsed {timedelta(seconds=round(elapsed))}, ETA {eta}"
 
     def _default_iteration_print(self, engine: Engine) -> None:
         plain = self.logger
@@ -131,5 +127,5 @@ class VolumeProgress:
         total = engine.state.epoch_length or done
         left = remaining_seconds(done, total, now - self._started)
         logger.info("volume %d/%d done (%.1f s) -- elapsed %s, ETA %s", done, total, now - self._last,
-                    format_duration(now - self._started), format_duration(left or 0.0))  # fmt: skip
+                    timedelta(seconds=round(now - self._started)), timedelta(seconds=round(left or 0.0)))  # fmt: skip
         self._last = now

@@ -29,6 +29,7 @@ from monai.data import MetaTensor
 
 from .atomic import atomic_write
 from .distributed import get_rank
+from .package import sha256_file
 
 __all__ = ["PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"]
 
@@ -119,7 +120,11 @@ class PerClassMetrics:
       ``val_dice_right_kidney``), so ``StatsHandler``, ``TensorBoardStatsHandler`` and ``MetricsSaver(metrics="*")``
       listed *after* this handler report them too;
     - with ``json_path``, writes (rank 0, atomically) ``{"metric", "mean", "num_images", "per_class": {name: value},
-      "epoch"}``; NaN (a class absent from every image) is written as ``null``.
+      "epoch", "weights"}``; NaN (a class absent from every image) is written as ``null``. ``weights`` is
+      ``{"file", "sha256"}`` of the ``weights`` file taken when the evaluator starts (when MONAI's
+      ``CheckpointLoader``, listed before this handler, loads it), ``null`` without ``weights``: the numbers are bound
+      to the weights they were measured on, which is how ``python -m components package`` tells whether they
+      describe the weights it releases.
 
     Args:
         metric_name: name of a metric handler attached with ``save_details=True`` (MONAI's ``MeanDice`` default).
@@ -127,11 +132,13 @@ class PerClassMetrics:
             metric excludes the background channel.
         key_prefix: prefix of the scalar metric names (default ``f"{metric_name}_"``).
         json_path: optional JSON file for the summary (directories are created).
+        weights: the weights file the evaluator evaluates (its ``CheckpointLoader``'s ``load_path``), named with its
+            SHA-256 in the summary.
 
     Example (bundle config)::
 
         {"_target_": "components.PerClassMetrics", "metric_name": "val_mean_dice",
-         "class_names": "$@label_names[1:]", "key_prefix": "val_dice_"}
+         "class_names": "$@label_names[1:]", "key_prefix": "val_dice_", "weights": "@checkpoint"}
     """
 
     def __init__(
@@ -140,6 +147,7 @@ class PerClassMetrics:
         class_names: Sequence[str],
         key_prefix: str | None = None,
         json_path: str | os.PathLike | None = None,
+        weights: str | os.PathLike | None = None,
     ) -> None:
         if isinstance(class_names, str) or not class_names:
             raise ValueError(f"class_names must be a non-empty list of names, got {class_names!r}.")
@@ -147,10 +155,20 @@ class PerClassMetrics:
         self.class_names = [str(n) for n in class_names]
         self.key_prefix = f"{metric_name}_" if key_prefix is None else key_prefix
         self.json_path = None if json_path in (None, "") else Path(json_path)
+        self.weights = None if weights in (None, "") else Path(weights)
+        self.weights_sha256: str | None = None
         self.last: dict[str, Any] | None = None
 
     def attach(self, engine: Engine) -> None:
+        if self.weights is not None:
+            engine.add_event_handler(Events.STARTED, self._hash_weights)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self)
+
+    def _hash_weights(self, engine: Engine) -> None:
+        """The SHA-256 of ``weights`` when the evaluator starts, as the checkpoint loader before this handler loads it."""
+        if not self.weights.is_file():
+            raise FileNotFoundError(f"PerClassMetrics: the evaluated weights '{self.weights}' do not exist.")
+        self.weights_sha256 = sha256_file(self.weights)
 
     def summary(self, engine: Engine) -> dict[str, Any]:
         """The summary dict for the current state of ``engine`` (see the class docstring)."""
@@ -173,6 +191,7 @@ class PerClassMetrics:
             "num_images": num_images,
             "per_class": {name: _json_number(v) for name, v in zip(self.class_names, values)},
             "epoch": int(engine.state.epoch),
+            "weights": None if self.weights is None else {"file": str(self.weights), "sha256": self.weights_sha256},
         }
 
     def __call__(self, engine: Engine) -> None:

@@ -5,11 +5,14 @@ repository on the path, no ``components`` installed), and run from their folders
 - One venv for the module (``python -m venv``, no system site packages): pip installs exactly the metadata's
   ``torch==pytorch_version``, ``monai==monai_version`` and ``required_packages_version`` (fire among them), from
   this machine's configured wheel folders and indexes (``--no-compile``: the first import writes the byte code).
-  ``jsonschema``, the checker ``verify_metadata`` needs, goes to a separate folder put on ``PYTHONPATH`` only for
-  the metadata checks, as the Model Zoo CI brings its own.
-- Each bundle is packaged from a copy with tiny "trained" weights (feature size 12) and a ``file://`` release URL.
+  ``jsonschema`` (what ``verify_metadata`` needs) and PyYAML (what ``download_large_files`` reads
+  ``large_files.yml`` with) go to a separate folder put on ``PYTHONPATH`` only for the download process, as the
+  Model Zoo CI brings its own.
+- Each bundle is packaged from a copy with tiny "trained" weights (feature size 12) and a ``file://`` release URL,
+  so its zip holds no weights: they lie beside it, listed in ``large_files.yml``.
 - One venv process downloads the four zips (``python -m monai.bundle download --name --version --url file://...``)
-  and runs ``verify_metadata`` in each bundle folder, against the schema the bundle carries and MONAI's published
+  and, in each bundle folder as the bundles' docs say, their weights (``python -m monai.bundle
+  download_large_files``) and runs ``verify_metadata``, against the schema the bundle carries and MONAI's published
   one when the repository's neighbour folder has it; no bundle code is imported there.
 - Per bundle, one venv process without ``jsonschema``, started in the bundle folder: ``python -m components synth``
   (the bundle's own copy writes the synthetic data), ``verify_net_in_out``, ``monai.bundle.load`` of the train and
@@ -30,6 +33,7 @@ import os
 import re
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,7 +165,7 @@ def _pins() -> list[str]:
 @dataclass(frozen=True)
 class Venv:
     python: Path
-    tools: Path  # jsonschema, for verify_metadata only
+    tools: Path  # jsonschema and pyyaml, for verify_metadata and download_large_files only
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +175,8 @@ def venv(tmp_path_factory) -> Venv:
     python = root / "env" / "bin" / "python"
     pip = [sys.executable, "-m", "pip", "--python", python, "install", "--no-compile", "--quiet"]
     _ok(_run([*pip, *_pins()], root, _env()), "pip install into the venv")
-    checker = f"jsonschema=={importlib.metadata.version('jsonschema')}"
-    _ok(_run([*pip, "--target", root / "tools", checker], root, _env()), "pip install --target tools jsonschema")
+    tools = [f"{name}=={importlib.metadata.version(name)}" for name in ("jsonschema", "pyyaml")]
+    _ok(_run([*pip, "--target", root / "tools", *tools], root, _env()), f"pip install --target tools {tools}")
     return Venv(python, root / "tools")
 
 
@@ -183,13 +187,14 @@ def test_the_venv_holds_only_the_users_packages(venv, tmp_path):
     listing = "import importlib.metadata as m, json; print(json.dumps([d.metadata['Name'].lower() for d in m.distributions()]))"
     installed = set(json.loads(_ok(_run([venv.python, "-c", listing], tmp_path, _env()), "listing")))
     assert {p.split("==")[0] for p in _pins()} <= installed
-    assert "swin-ssl-bundles" not in installed and "jsonschema" not in installed
+    assert "swin-ssl-bundles" not in installed and not {"jsonschema", "pyyaml"} & installed
 
 
 @dataclass(frozen=True)
 class Release:
     zip_path: Path
-    state: dict[str, torch.Tensor]  # the packaged models/model.pt
+    weights: Path  # the packaged models/model.pt
+    state: dict[str, torch.Tensor]  # its tensors
 
 
 @dataclass(frozen=True)
@@ -201,8 +206,8 @@ class Downloads:
 
 @pytest.fixture(scope="module")
 def downloads(venv, tmp_path_factory) -> Downloads:
-    """Packages the four bundles (tiny weights, a file:// release URL), then one venv process downloads each and
-    runs verify_metadata in its folder."""
+    """Packages the four bundles (tiny weights, a file:// release URL), then one venv process downloads each with its
+    weights and runs verify_metadata in its folder."""
     dist, folder = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("downloads")
     releases, steps = {}, [["start_in", str(folder)]]
     schemas = ["components/schema/bundle_metadata.schema.json"] + ([str(PUBLISHED_SCHEMA)] if PUBLISHED_SCHEMA.is_file() else [])
@@ -212,16 +217,17 @@ def downloads(venv, tmp_path_factory) -> Downloads:
         state = _fake_trained_state(NETWORKS[name]())
         torch.save(state, root / "models" / "model.pt")
         zip_path = pkg.package_bundle(root, dist, release_url=dist.as_uri())
-        releases[name] = Release(zip_path, state)
+        releases[name] = Release(zip_path, root / "models" / "model.pt", state)
         version = _metadata(name)["version"]
         steps += [["cli", "monai.bundle", ["download", "--name", name, "--version", version, "--url", zip_path.as_uri(),
                                            "--bundle_dir", str(folder)]],
-                  ["start_in", str(folder / name)]]  # fmt: skip
+                  ["start_in", str(folder / name)],
+                  ["cli", "monai.bundle", ["download_large_files"]]]  # fmt: skip
         steps += [["cli", "monai.bundle", ["verify_metadata", "--meta_file", "configs/metadata.json", "--filepath", s]]
                   for s in schemas]  # fmt: skip
         steps += [["start_in", str(folder)]]
     proc = _run([venv.python, "-c", DRIVER, json.dumps(steps)], folder, _env(PYTHONPATH=str(venv.tools)))
-    return Downloads(folder, releases, _ok(proc, "download and verify_metadata"))
+    return Downloads(folder, releases, _ok(proc, "download, download_large_files and verify_metadata"))
 
 
 @dataclass(frozen=True)
@@ -270,9 +276,13 @@ def _ran(run: BundleRun) -> str:
 
 @pytest.mark.parametrize("name", BUNDLES)
 def test_download_passes_the_model_zoo_metadata_check(name, downloads):
-    """The zip extracts to <bundle_dir>/<name>/ with its components/ and large_files.yml; verify_metadata passes
-    against each schema (the carried one, and MONAI's published one when present) with no bundle code imported."""
+    """The zip (no weights in it) extracts to <bundle_dir>/<name>/ with its components/ and large_files.yml, and
+    download_large_files brings the packaged weights; verify_metadata passes against each schema (the carried one,
+    and MONAI's published one when present) with no bundle code imported."""
     folder = downloads.folder / name
+    release = downloads.releases[name]
+    with zipfile.ZipFile(release.zip_path) as zf:
+        assert not [n for n in zf.namelist() if n.startswith(f"{name}/models/")]
     assert (folder / "components" / "__init__.py").is_file() and (folder / "configs" / "metadata.json").is_file()
     segment = downloads.output.split(f"STEP start_in {folder}\n", 1)[1].split("STEP start_in", 1)[0]
     schemas = 2 if PUBLISHED_SCHEMA.is_file() else 1
@@ -281,7 +291,7 @@ def test_download_passes_the_model_zoo_metadata_check(name, downloads):
 
     listed = (folder / pkg.LARGE_FILES).read_text()
     digest = hashlib.sha256((folder / "models" / "model.pt").read_bytes()).hexdigest()
-    assert re.findall(r'hash_val: "([0-9a-f]{64})"', listed) == [digest]
+    assert re.findall(r'hash_val: "([0-9a-f]{64})"', listed) == [digest] == [pkg.sha256_file(release.weights)]
     assert re.findall(r'path: "([^"]+)"', listed) == ["models/model.pt"]
 
 

@@ -203,6 +203,8 @@ def not_runnable(command: DocCommand) -> str | None:
         ("-m pytest", "is the test suite itself"),
         ("<", "has placeholders for the reader's release (<owner>/<repo>/<tag>, <hash>)"),
         ("https://", "downloads from the network"),
+        ("download_large_files", "downloads a published release's weights (tests/test_bundle_download.py runs it)"),
+        ("verify_metadata", "checks a downloaded bundle (tests/test_bundle_download.py runs it)"),
         ("/data/", "needs a real dataset"),
         ("/shared/", "needs a cluster's shared file system"),
         ("srun ", "needs Slurm"),

@@ -11,6 +11,7 @@ and through sliding-window inference.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import shutil
 from dataclasses import dataclass, field
@@ -146,6 +147,20 @@ def test_export_command_writes_the_program_beside_the_checkpoint(exported):
     models = exported.bundle / "models"
     assert f"wrote {models / 'model.pt2'}" in exported.stdout
     assert sorted(p.name for p in models.iterdir()) == ["model.pt", "model.pt2"]  # no temporary file left
+
+
+@pytest.mark.parametrize("exported", ["brats"], indirect=True)
+def test_the_program_records_its_input_and_the_weights_it_came_from(exported):
+    """Read from the program itself: its input shape (the batch dynamic, the ROI fixed) and dtype, and the SHA-256 of
+    the checkpoint it was exported from (saved in the .pt2 at export), which packaging compares with model.pt."""
+    from components.export import exported_program_record
+
+    weights = hashlib.sha256((exported.bundle / "models" / "model.pt").read_bytes()).hexdigest()
+    assert exported_program_record(exported.path) == {
+        "input_shape": ["dynamic", 4, 32, 64, 32],
+        "dtype": "float32",
+        "exported_from_sha256": weights,
+    }
 
 
 def test_checkpoint_with_a_missing_key_fails_naming_the_file_and_keys(tmp_path):

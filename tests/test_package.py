@@ -241,51 +241,79 @@ def released(ssl_copy, tmp_path_factory) -> tuple[Path, str]:
     return pkg.package_bundle(ssl_copy, dist, release_url=dist.as_uri() + "/"), dist.as_uri()
 
 
-def test_large_files_yml_lists_the_packaged_weights(ssl_copy, released, fake_state):
-    """With a release URL, large_files.yml in the Model Zoo's format names models/model.pt with its URL among the
-    release's files and the SHA-256 of the packaged file; that file is written beside the zip under that name."""
+def test_a_release_zip_holds_large_files_yml_and_no_weights(ssl_copy, released, fake_state):
+    """With a release URL the weights stay out of the zip (as in the Model Zoo): large_files.yml names
+    models/model.pt with its URL among the release's files and its SHA-256, and the file is written beside the zip
+    under that name."""
     zip_path, url = released
     with zipfile.ZipFile(zip_path) as zf:
+        names = zf.namelist()
         listed = zf.read(f"{SSL}/{pkg.LARGE_FILES}").decode()
-        packaged_weights = zf.read(f"{SSL}/models/model.pt")
-    digest = hashlib.sha256(packaged_weights).hexdigest()
+    assert not [n for n in names if n.startswith(f"{SSL}/models/")], names
+    weights = (ssl_copy / "models" / "model.pt").read_bytes()
     asset = zip_path.with_name(pkg.release_asset_name(SSL, _version(ssl_copy), "models/model.pt"))
     assert asset.name == f"{SSL}_v{_version(ssl_copy)}_model.pt"
     assert listed == (
         "large_files:\n"
         '  - path: "models/model.pt"\n'
         f'    url: "{url}/{asset.name}"\n'
-        f'    hash_val: "{digest}"\n'
+        f'    hash_val: "{hashlib.sha256(weights).hexdigest()}"\n'
         '    hash_type: "sha256"\n'
     )
-    assert asset.read_bytes() == packaged_weights
-    weights = torch.load(asset, map_location="cpu", weights_only=True)
-    assert all(torch.equal(weights[k], fake_state[k]) for k in fake_state)
+    assert asset.read_bytes() == weights
+    state = torch.load(asset, map_location="cpu", weights_only=True)
+    assert all(torch.equal(state[k], fake_state[k]) for k in fake_state)
 
 
-def test_monai_download_large_files_restores_the_weights(released, tmp_path):
-    """MONAI's own reader of the Model Zoo format (`monai.bundle download_large_files`, as the Model Zoo CI calls it)
-    downloads models/model.pt from the URL in large_files.yml and checks its SHA-256."""
-    pytest.importorskip("yaml", reason="MONAI reads large_files.yml with pyyaml")
+def test_monai_download_then_download_large_files_gives_the_weights(ssl_copy, released, fake_state, tmp_path):
+    """The Model Zoo's route for a release made with a release URL: `monai.bundle download --url` extracts a bundle
+    without weights, `monai.bundle download_large_files` (MONAI reads large_files.yml with pyyaml) downloads
+    models/model.pt and checks its SHA-256, and monai.bundle.load then returns every packaged tensor."""
     import monai.bundle
     from monai.apps.utils import HashCheckError
 
     zip_path, _ = released
-    folder = pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
-    original = (folder / "models" / "model.pt").read_bytes()
-    (folder / "models" / "model.pt").unlink()
+    d = tmp_path / "D"
+    monai.bundle.download(name=SSL, url=zip_path.as_uri(), bundle_dir=str(d), progress=False)
+    folder = d / SSL
+    assert (folder / pkg.LARGE_FILES).is_file() and not (folder / "models").exists()
     monai.bundle.download_large_files(bundle_path=str(folder))
-    assert (folder / "models" / "model.pt").read_bytes() == original
+    digest = pkg.sha256_file(folder / "models" / "model.pt")
+    assert digest == pkg.sha256_file(ssl_copy / "models" / "model.pt")
+    assert f'hash_val: "{digest}"' in (folder / pkg.LARGE_FILES).read_text()
+    net = monai.bundle.load(name=SSL, bundle_dir=d, workflow_type="inference", device="cpu", progress=False)
+    _assert_same(net, fake_state)
 
     # a changed weight file fails MONAI's hash check: the hash is checked, not only the name
     (folder / "models" / "model.pt").unlink()
     asset = zip_path.with_name(f"{zip_path.stem}_model.pt")
+    original = asset.read_bytes()
     asset.write_bytes(original + b"x")
     try:
         with pytest.raises(HashCheckError, match="sha256 hash check of downloaded file failed"):
             monai.bundle.download_large_files(bundle_path=str(folder))
     finally:
         asset.write_bytes(original)
+
+
+def test_fetch_bundle_downloads_the_large_files(ssl_copy, released, tmp_path):
+    """`fetch` of a release made with a release URL gives a whole bundle: the weights large_files.yml lists are
+    downloaded and hash-checked before the bundle folder appears; a changed weight file leaves no bundle folder."""
+    from monai.apps.utils import HashCheckError
+
+    zip_path, _ = released
+    folder = pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
+    assert pkg.sha256_file(folder / "models" / "model.pt") == pkg.sha256_file(ssl_copy / "models" / "model.pt")
+
+    asset = zip_path.with_name(f"{zip_path.stem}_model.pt")
+    original = asset.read_bytes()
+    asset.write_bytes(original + b"x")
+    try:
+        with pytest.raises(HashCheckError, match="sha256"):
+            pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "E")
+    finally:
+        asset.write_bytes(original)
+    assert not (tmp_path / "E" / SSL).exists() and not [p for p in (tmp_path / "E").iterdir() if p.name.startswith(".")]
 
 
 def test_release_url_must_be_a_url(ssl_copy, tmp_path):
@@ -444,6 +472,137 @@ def test_package_refuses_weights_with_another_number_of_classes(tmp_path):
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
 
 
+@pytest.fixture(scope="module")
+def exported_btcv(tmp_path_factory) -> Path:
+    """A copy of the CT bundle with tiny trained weights and their exported program (ROI 64x32x32), as
+    `python -m components export` writes it."""
+    from components.export import export_network
+
+    root = _copy_bundle(BTCV, tmp_path_factory.mktemp("exported"))
+    (root / "models").mkdir()
+    torch.save(_perturbed(LOADED[BTCV](), seed=5), root / "models" / "model.pt")
+    export_network(root, roi_size=(64, 32, 32), overrides={"feature_size": FS})
+    return root
+
+
+def _packaged_metadata(zip_path: Path, name: str) -> dict:
+    with zipfile.ZipFile(zip_path) as zf:
+        return json.loads(zf.read(f"{name}/configs/metadata.json"))
+
+
+def test_package_records_the_exported_program_in_the_metadata(exported_btcv, tmp_path):
+    """A release with models/model.pt2 says in configs/metadata.json what the program takes, read from the program
+    (the metadata's network_data_format says 64*n, the program takes its one ROI), and which model.pt it came from;
+    the metadata still passes the collection's schema and MONAI's published one (when present). Without a .pt2 the
+    key is absent."""
+    from monai.bundle import verify_metadata
+
+    zip_path = pkg.package_bundle(exported_btcv, tmp_path / "dist")
+    meta = _packaged_metadata(zip_path, BTCV)
+    assert meta["exported_program"] == {
+        "file": "models/model.pt2",
+        "input_shape": ["dynamic", 1, 64, 32, 32],
+        "dtype": "float32",
+        "exported_from": "models/model.pt",
+        "exported_from_sha256": pkg.sha256_file(exported_btcv / "models" / "model.pt"),
+    }
+    repository_meta = json.loads((exported_btcv / "configs" / "metadata.json").read_text())
+    assert {k: v for k, v in meta.items() if k not in ("exported_program", "eval_metrics")} == {
+        k: v for k, v in repository_meta.items() if k != "eval_metrics"
+    }
+    packaged_meta = tmp_path / "metadata.json"
+    packaged_meta.write_text(json.dumps(meta))
+    published = Path(os.environ.get("BUNDLE_SCHEMA_PATH") or REPO.parent / "shared" / "bundle-schema" / pkg.SCHEMA_NAME)
+    for schema in [pkg.metadata_schema()] + ([published] if published.is_file() else []):
+        verify_metadata(meta_file=str(packaged_meta), filepath=str(schema))
+
+    without = tmp_path / "without" / BTCV
+    shutil.copytree(exported_btcv, without, ignore=shutil.ignore_patterns("model.pt2"))
+    assert "exported_program" not in _packaged_metadata(pkg.package_bundle(without, tmp_path / "dist2"), BTCV)
+
+
+def test_package_refuses_an_exported_program_of_other_weights(exported_btcv, tmp_path):
+    """model.pt retrained (or replaced) after the export: the .pt2 would compute with the old weights. Packaging
+    fails with one line naming the file and the export command, before anything is written; so does a program that
+    records no weights (exported before the record existed, or by other code)."""
+    root = tmp_path / "src" / BTCV
+    shutil.copytree(exported_btcv, root)
+    torch.save(_perturbed(LOADED[BTCV](), seed=6), root / "models" / "model.pt")
+    program = root / "models" / "model.pt2"
+    with pytest.raises(ValueError) as stale:
+        pkg.package_bundle(root, tmp_path / "dist")
+    with torch.no_grad():
+        torch.export.save(torch.export.export(torch.nn.Linear(2, 2), (torch.zeros(2, 2),)), program)
+    with pytest.raises(ValueError) as unrecorded:
+        pkg.package_bundle(root, tmp_path / "dist")
+    for error, why in ((stale, "was exported from weights of sha256 "), (unrecorded, "records no weights")):
+        message = str(error.value)
+        assert "\n" not in message and message.startswith(f"{program}: ") and why in message, message
+        assert f"python -m components export {root}" in message, message
+    assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
+
+
+def _evaluation_record(bundle: Path, seed: int) -> dict:
+    """Writes bundle/eval/metrics.json as configs/evaluate.json's PerClassMetrics does after evaluating
+    models/model.pt (per-image, per-organ Dice of 2 images, one organ absent from both), and returns it."""
+    from ignite.engine import Engine, Events
+
+    organs = json.loads((bundle / "configs" / "inference.json").read_text())["label_names"][1:]
+    dice = torch.rand(2, len(organs), generator=torch.Generator().manual_seed(seed))
+    dice[:, 3] = float("nan")
+    engine = Engine(lambda engine, batch: None)
+
+    @engine.on(Events.EPOCH_COMPLETED)
+    def measured(engine: Engine) -> None:  # what MeanDice(save_details=True) leaves in the state
+        engine.state.metric_details = {"val_mean_dice": dice}
+        engine.state.metrics["val_mean_dice"] = float(dice.nanmean(dim=1).mean())
+
+    record = bundle / "eval" / "metrics.json"
+    handler = components.PerClassMetrics("val_mean_dice", organs, json_path=record, weights=bundle / "models" / "model.pt")
+    handler.attach(engine)
+    engine.run([0])
+    return json.loads(record.read_text())
+
+
+def test_package_takes_eval_metrics_from_the_record_of_the_packaged_weights(tmp_path, caplog):
+    """eval_metrics of a release are the numbers measured on its weights: the evaluation record names the SHA-256 of
+    the weights it evaluated, and packaging those weights copies the record's mean and per-organ Dice; packaging
+    other weights (trained again after the evaluation) writes {} with a WARNING naming the record and both hashes."""
+    root = _copy_bundle(BTCV, tmp_path / "src")
+    (root / "models").mkdir()
+    torch.save(_perturbed(LOADED[BTCV](), seed=7), root / "models" / "model.pt")
+    record = _evaluation_record(root, seed=0)
+    measured = pkg.sha256_file(root / "models" / "model.pt")
+    assert record["weights"] == {"file": str(root / "models" / "model.pt"), "sha256": measured}
+    caplog.set_level(logging.INFO, logger="components.package")
+    metrics = _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist"), BTCV)["eval_metrics"]
+    assert metrics == {"val_mean_dice": record["mean"], **record["per_class"]}
+    assert len(metrics) == 14 and metrics["gallbladder"] is None and 0 < metrics["val_mean_dice"] < 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+    torch.save(_perturbed(LOADED[BTCV](), seed=8), root / "models" / "model.pt")
+    assert _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist2"), BTCV)["eval_metrics"] == {}
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    record_file = root / "eval" / "metrics.json"
+    assert f"{record_file} measured weights of sha256 {measured}, not models/model.pt " in warning
+    assert f"(sha256 {pkg.sha256_file(root / 'models' / 'model.pt')})" in warning
+
+
+def test_package_never_copies_the_repository_eval_metrics(tmp_path, caplog):
+    """The bundle's metadata held the demo's synthetic Dice: a release of any weights carried it. Without a record of
+    the packaged weights the release's eval_metrics are {} and a WARNING says why."""
+    root = _copy_bundle(BTCV, tmp_path / "src")
+    meta_file = root / "configs" / "metadata.json"
+    demo = {"demo_dice": 0.793}
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "eval_metrics": demo}, indent=4))
+    (root / "models").mkdir()
+    torch.save(_perturbed(LOADED[BTCV](), seed=7), root / "models" / "model.pt")
+    caplog.set_level(logging.WARNING, logger="components.package")
+    assert _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist"), BTCV)["eval_metrics"] == {}
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert f"no evaluation record at {root / 'eval' / 'metrics.json'}" in warning
+
+
 def test_github_source_is_offline_when_zip_present(packaged, fake_state, tmp_path, monkeypatch):
     """`--source github --repo owner/repo/tag --version X` resolves <name>_v<X>.zip and skips the download when
     that zip is already in bundle_dir (sockets are disabled here to prove it)."""
@@ -488,6 +647,22 @@ def test_fetch_bundle_verifies_with_sidecar_and_extracts(packaged, fake_state, t
     digest = packaged.with_name(packaged.name + ".sha256").read_text().split()[0]
     assert pkg.fetch_bundle(str(packaged), d, sha256=digest.upper(), overwrite=True) == folder  # plain path
     assert not (folder / "configs" / "stale.json").exists()
+
+
+def test_fetch_and_extraction_go_through_monai(packaged, tmp_path, monkeypatch):
+    """The download, its SHA-256 check and the writing of the archive's members are MONAI's (``download_url`` with
+    the expected hash, ``extractall``); package.py adds only what MONAI lacks (see extract_zip_safely / fetch)."""
+    calls = []
+    download_url, extractall = pkg.download_url, pkg.extractall
+    def recorded_download(*args, **kwargs):
+        calls.append(("download_url", kwargs["hash_val"], kwargs["hash_type"]))
+        return download_url(*args, **kwargs)
+
+    monkeypatch.setattr(pkg, "download_url", recorded_download)
+    monkeypatch.setattr(pkg, "extractall", lambda *a, **k: calls.append(("extractall",)) or extractall(*a, **k))
+    folder = pkg.fetch_bundle(packaged.as_uri(), tmp_path / "D")
+    assert calls == [("download_url", pkg.sha256_file(packaged), "sha256"), ("extractall",)]
+    assert (folder / "models" / "model.pt").is_file()
 
 
 def test_fetch_hash_mismatch_leaves_nothing(packaged, tmp_path):
@@ -550,7 +725,7 @@ OK_MEMBER = ("b/configs/metadata.json", b"{}", 0o100644)
     [
         (("../evil", b"x", 0o100644), "'..'"),
         (("b/../../evil", b"x", 0o100644), "'..'"),
-        (("/abs/evil", b"x", 0o100644), "absolute"),
+        (("/abs/evil", b"x", 0o100644), "would be written outside"),
         (("C:/evil", b"x", 0o100644), "absolute"),
         (("b\\..\\..\\evil", b"x", 0o100644), "backslash"),
         (("b/link", b"../../../etc/passwd", stat.S_IFLNK | 0o777), "symbolic link"),
@@ -586,7 +761,20 @@ def test_extract_writes_plain_files(tmp_path):
     written = pkg.extract_zip_safely(archive, tmp_path / "out")
     names = sorted(p.relative_to(tmp_path / "out").as_posix() for p in written)
     assert names == ["b/configs/metadata.json", "b/run.sh"]
-    assert stat.S_IMODE((tmp_path / "out" / "b" / "run.sh").stat().st_mode) == 0o644  # no setuid / exec bits
+    umask = os.umask(0)
+    os.umask(umask)
+    # no setuid / exec bits from the archive: a new file's mode under this process's umask
+    assert stat.S_IMODE((tmp_path / "out" / "b" / "run.sh").stat().st_mode) == 0o666 & ~umask
+
+
+def test_extract_refuses_a_folder_that_is_not_empty(tmp_path):
+    """MONAI's extractall skips a non-empty folder without a word; extract_zip_safely says so instead."""
+    archive = _zip_with(tmp_path / "b.zip", [OK_MEMBER])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="out is not empty"):
+        pkg.extract_zip_safely(archive, tmp_path / "out")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["old.txt"]
 
 
 def test_fetch_bundle_refuses_unsafe_or_foreign_zip(tmp_path):
@@ -600,6 +788,32 @@ def test_fetch_bundle_refuses_unsafe_or_foreign_zip(tmp_path):
     foreign = _zip_with(tmp_path / "src" / "c.zip", [("c/readme.txt", b"x", 0o100644)])
     with pytest.raises(ValueError, match="not a bundle release"):
         pkg.fetch_bundle(foreign, tmp_path / "D", sha256=pkg.sha256_file(foreign))
+
+
+def test_fetch_bundle_says_that_large_files_yml_needs_pyyaml(released, tmp_path, monkeypatch):
+    """Where PyYAML is not installed (MONAI's config parser then holds a placeholder for it), fetching a release
+    with large_files.yml fails with one line naming the list and the package, and leaves no bundle folder."""
+    import monai.bundle.config_parser
+    from monai.utils import optional_import
+
+    monkeypatch.setattr(monai.bundle.config_parser, "yaml", optional_import("a_module_that_is_not_installed")[0])
+    zip_path, _ = released
+    with pytest.raises(ModuleNotFoundError) as error:
+        pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
+    assert str(error.value).endswith("large_files.yml lists the bundle's weights and MONAI reads it with PyYAML, which "
+                                     "is not installed: pip install pyyaml") and "\n" not in str(error.value)  # fmt: skip
+    assert not (tmp_path / "D" / SSL).exists()
+
+
+def test_fetch_bundle_refuses_large_files_without_a_hash(tmp_path):
+    """MONAI's download_large_files downloads an entry without hash_val unchecked: fetch refuses the bundle."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "w.pt").write_bytes(b"weights")
+    listed = f'large_files:\n  - path: "models/w.pt"\n    url: "{(tmp_path / "src" / "w.pt").as_uri()}"\n'
+    archive = _zip_with(tmp_path / "src" / "b_v0.1.0.zip", [OK_MEMBER, (f"b/{pkg.LARGE_FILES}", listed.encode(), 0o100644)])
+    with pytest.raises(ValueError, match=r"b/large_files.yml lists \['models/w.pt'\] without hash_val"):
+        pkg.fetch_bundle(archive, tmp_path / "D", sha256=pkg.sha256_file(archive))
+    assert list((tmp_path / "D").iterdir()) == []
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -713,6 +927,23 @@ def test_finetune_from_downloaded_pretraining_weights(packaged, fake_state, ct_d
     assert encoder, f"no swinViT.* tensors in the finetuned checkpoint: {list(ckpt['model'])[:5]}"
     different = [k for k, v in encoder.items() if k not in fake_state or not torch.equal(v, fake_state[k])]
     assert not different, f"{len(different)} encoder tensors differ from the download: {different[:3]}\n{out[-3000:]}"
+
+
+@pytest.mark.slow
+def test_evaluate_json_binds_its_metrics_to_the_weights_it_evaluated(ct_data, tmp_path):
+    """The CT bundle's evaluation (train.json + evaluate.json) of its models/model.pt names that file's SHA-256 in
+    eval/metrics.json, and a package of these weights carries the evaluation's numbers as eval_metrics."""
+    root = _copy_bundle(BTCV, tmp_path / "src")
+    (root / "models").mkdir()
+    torch.save(_perturbed(LOADED[BTCV](), seed=9), root / "models" / "model.pt")
+    overrides = {"dataset_dir": str(ct_data), "roi_size": [64, 32, 32], "spacing": [3.0, 3.0, 4.0], "feature_size": FS,
+                 "batch_size": 1, "loader#num_workers": 0, "speed#amp": False, "speed#use_checkpoint": False,
+                 "device": "cpu"}  # fmt: skip
+    _run(bundle_command(root, ["train.json", "evaluate.json"], overrides))
+    record = json.loads((root / "eval" / "metrics.json").read_text())
+    assert record["weights"] == {"file": str(root / "models" / "model.pt"), "sha256": pkg.sha256_file(root / "models" / "model.pt")}
+    metrics = _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist"), BTCV)["eval_metrics"]
+    assert metrics == {"val_mean_dice": record["mean"], **record["per_class"]} and len(metrics) == 14
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import torch
 from ignite.engine import Engine
 
 from components import progress
-from components.progress import StatsWithEta, VolumeProgress, format_duration, remaining_seconds
+from components.progress import StatsWithEta, VolumeProgress, remaining_seconds
 
 
 class FakeClock:
@@ -43,8 +43,7 @@ def _engine(clock: FakeClock, seconds_per_iteration: float) -> Engine:
     return Engine(step)
 
 
-def test_durations_and_pace():
-    assert format_duration(3725.4) == "1:02:05" and format_duration(0) == "0:00:00" and format_duration(-3) == "0:00:00"
+def test_pace():
     assert remaining_seconds(0, 10, 5.0) is None
     assert remaining_seconds(3, 10, 6.0) == pytest.approx(14.0)
     assert remaining_seconds(12, 10, 6.0) == 0.0
@@ -88,6 +87,18 @@ def test_volume_progress_logs_a_line_per_volume_when_not_a_terminal(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "components.progress"]
     assert lines[1] == "volume 2/4 done (3.0 s) -- elapsed 0:00:06, ETA 0:00:06"
     assert lines[-1] == "volume 4/4 done (3.0 s) -- elapsed 0:00:12, ETA 0:00:00" and len(lines) == 4
+
+
+def test_durations_read_as_python_timedeltas(caplog):
+    """Elapsed time and ETA are ``str(datetime.timedelta)`` of the rounded seconds: 7.6 h per volume, 4 volumes."""
+    clock = FakeClock()
+    engine = _engine(clock, 27_360.4)
+    VolumeProgress(stream=io.StringIO(), clock=clock).attach(engine)
+    with caplog.at_level(logging.INFO, logger="components.progress"):
+        engine.run(range(4))
+    lines = [r.getMessage() for r in caplog.records if r.name == "components.progress"]
+    assert lines[0] == "volume 1/4 done (27360.4 s) -- elapsed 7:36:00, ETA 22:48:01"
+    assert lines[3] == "volume 4/4 done (27360.4 s) -- elapsed 1 day, 6:24:02, ETA 0:00:00"
 
 
 class Terminal(io.StringIO):
