@@ -27,12 +27,13 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from datetime import timedelta
 from multiprocessing import get_all_start_methods, get_context
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, TextIO
 
-from ...progress import format_duration, remaining_seconds
+from ...progress import remaining_seconds
 from ..check import check_items
 from ..check_report import DataCheckError, DataReport
 from ..datalists import load_datalist
@@ -72,7 +73,7 @@ class PreprocessSummary:
         """One line for the log, naming every skipped and failed volume."""
         part = f" (part {self.part} of {self.parts})" if self.parts > 1 else ""
         text = (f"preprocess{part}: {self.written} written, {self.reused} already there, {len(self.skipped)} skipped, "
-                f"{len(self.failed)} failed in {format_duration(self.seconds)}; ")  # fmt: skip
+                f"{len(self.failed)} failed in {timedelta(seconds=round(self.seconds))}; ")  # fmt: skip
         text += f"index {self.index}" if self.index else "index.json follows when every part is done"
         for kind, volumes in (("skipped", self.skipped), ("failed", self.failed)):
             text += "".join(f"; {kind} {v['source']}: {v['reason']}" for v in volumes)
@@ -93,8 +94,8 @@ class _Progress:
             return
         elapsed = time.monotonic() - self.start
         left = remaining_seconds(done, self.total, elapsed)
-        eta = "?" if left is None else format_duration(left)
-        text = f"preprocess: {done}/{self.total} volumes, elapsed {format_duration(elapsed)}, ETA {eta}"
+        eta = "?" if left is None else timedelta(seconds=round(left))
+        text = f"preprocess: {done}/{self.total} volumes, elapsed {timedelta(seconds=round(elapsed))}, ETA {eta}"
         self.stream.write(("\r" + text + ("\n" if done == self.total else "")) if self.tty else text + "\n")
         self.stream.flush()
 
