@@ -110,6 +110,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "MaskedImageModel",
         "MaskedImageRecipe",
         "MaskedReconstructionLoss",
+        "MaskedTokenDistillation",
         "MaskedViewsImageHandler",
         "MultiCrop",
         "SelfDistillationLoss",

@@ -155,3 +155,74 @@ def test_two_ranks_give_the_global_mean_and_its_gradient(tmp_path):
     per_rank_means = (float((pred[0:1] - target[0:1]).abs()[mask[0:1]].mean()) +
                       float((pred[1:3] - target[1:3]).abs()[mask[1:3]].mean())) / 2  # fmt: skip
     assert abs(per_rank_means - expected) > 1e-3  # what a mean of per-rank means would have logged
+
+
+# ---------------------------------------------------------------- the masked-token self-distillation
+
+
+def _distilled(**kwargs) -> tuple[MaskedImageModel, MaskedImageRecipe]:
+    from components.recipes.masked_image import MaskedTokenDistillation
+
+    torch.manual_seed(0)
+    net = MaskedImageModel(**TINY, distill_prototypes=16, head_hidden_dim=24, head_bottleneck_dim=8)
+    distillation = MaskedTokenDistillation(net, total_iterations=10, **kwargs)
+    return net, MaskedImageRecipe(MaskedReconstructionLoss(), mask_ratio=0.5, mask_block=16, distillation=distillation)
+
+
+def test_the_distillation_term_is_the_cross_entropy_at_the_masked_third_stage_tokens():
+    """Recomputed here from the two networks' logits: the teacher's centred, sharpened softmax against the student's
+    log-softmax, averaged over the tokens whose 16^3 voxels are masked; the unmasked tokens do not count."""
+    import torch.nn.functional as F
+
+    from components.recipes.masked_image import stage_tokens
+
+    net, recipe = _distilled(teacher_temperature=0.07, warmup_teacher_temperature=0.04,
+                             teacher_temperature_warmup_iterations=4)  # fmt: skip
+    recipe.distillation.step = 2  # halfway through the warm-up: 0.055
+    recipe.distillation.center.fill_(0.01)
+    views = recipe.views(torch.rand(2, 1, 64, 32, 32), torch.Generator().manual_seed(1))
+    reconstruction, student, teacher = recipe.forward(net, views)
+    center = recipe.distillation.center.clone()
+    total, parts = recipe.loss((reconstruction, student, teacher), views)
+    mask = views.voxel_mask[:, 0, ::16, ::16, ::16].flatten(1)
+    assert mask.shape == (2, 16) and 0 < int(mask.sum()) < 32  # 4 x 2 x 2 tokens of 16^3 voxels per crop
+    targets = F.softmax((teacher - center) / 0.055, dim=-1)
+    expected = (-(targets * F.log_softmax(student / 0.1, dim=-1)).sum(-1))[mask].mean()
+    assert torch.allclose(parts["distill"], expected, atol=1e-6)
+    assert torch.allclose(total, parts["recon"] + parts["distill"])
+    with torch.no_grad():  # the teacher's logits are those of the whole crop through its own encoder and head
+        own = recipe.distillation.teacher["token_head"](stage_tokens(recipe.distillation.teacher["swinViT"], views.image))
+    assert torch.allclose(teacher, own)
+
+
+def test_the_teacher_follows_the_student_by_ema_and_the_schedules_run():
+    net, recipe = _distilled(momentum=(0.9, 1.0))
+    distillation = recipe.distillation
+    before = [p.clone() for p in distillation.teacher["swinViT"].parameters()]
+    with torch.no_grad():
+        for p in net.swinViT.parameters():
+            p.add_(1.0)
+    distillation.step = 0
+    distillation.update_teacher(net)
+    after = list(distillation.teacher["swinViT"].parameters())
+    student = list(net.swinViT.parameters())
+    assert all(torch.allclose(a, 0.9 * b + 0.1 * s) for a, b, s in zip(after, before, student))
+    assert distillation.momentum_at(0) == 0.9 and distillation.momentum_at(10) == 1.0
+    assert recipe.monitor(None, None) == {"teacher_temperature": 0.07, "momentum": 0.9}
+
+
+def test_the_distillation_needs_whole_tokens_masked_and_a_token_head():
+    from components.recipes.masked_image import MaskedTokenDistillation
+
+    net, recipe = _distilled()
+    with pytest.raises(ValueError, match="masking#block_size must be a multiple of 16, got 8"):
+        MaskedImageRecipe(MaskedReconstructionLoss(), mask_block=8, distillation=recipe.distillation)
+    with pytest.raises(ValueError, match="distill_prototypes > 0"):
+        MaskedTokenDistillation(MaskedImageModel(**TINY), total_iterations=10)
+
+
+def test_the_recipe_state_holds_the_teacher_and_centre_only_with_a_distillation():
+    _, recipe = _distilled()
+    keys = set(recipe.state_dict())
+    assert "distillation.center" in keys and any(k.startswith("distillation.teacher.swinViT.") for k in keys)
+    assert MaskedImageRecipe(MaskedReconstructionLoss()).state_dict() == {}

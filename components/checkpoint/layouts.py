@@ -68,7 +68,8 @@ the public code each comes from:
                           it (``{"model": ...}``).
 ``mim_collection``        this collection's masked image model
                           (:class:`~components.recipes.masked_image.MaskedImageModel`): ``swinViT.*`` plus
-                          ``mask_token`` and the reconstruction ``decoder.*``, as the masked image bundle's
+                          ``mask_token``, the reconstruction ``decoder.*`` and, with the masked-token distillation,
+                          its ``token_head.*``, as the masked image bundle's
                           ``model.pt`` and resumable checkpoints hold it.
 ========================= ===================================================================================
 
@@ -130,7 +131,7 @@ _ENCODER_BLOCKS = re.compile(r"^encoder\d+\.")
 _DECODER_BLOCKS = re.compile(r"^(decoder\d+|out)\.")
 _PROGRESS_KEYS = ("epoch", "global_step")
 _DINO_HEAD = re.compile(r"^head\.")
-_MIM_PARTS = re.compile(r"^(mask_token$|decoder\.)")
+_MIM_PARTS = re.compile(r"^(mask_token$|decoder\.|token_head\.)")
 _VOCO_HEADS = re.compile(r"^(student|teacher)\.")
 _UNIVERSAL_HEADS = re.compile(r"^(precls_conv\.|GAP\.|controller\.|text_to_vision\.|organ_embedding(\.|$))")
 _DAE_LAYER_NESTED = re.compile(r"^encoder\.(layers[1-4]c?)\.0\.0\.(.+)$")

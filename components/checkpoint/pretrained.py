@@ -161,7 +161,7 @@ def convert_state_dict(
         "ssl_head": "SSL pretraining head/decoder",
         "seg_decoder": "SwinUNETR segmentation decoder",
         "dino_head": "self-distillation projection head",
-        "mim_head": "masked image modelling mask token / decoder",
+        "mim_head": "masked image modelling mask token / decoder / token head",
     }
     mapped_from: dict[str, str] = {}
     for key in keys:

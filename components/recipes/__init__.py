@@ -11,7 +11,14 @@ from .inpainting_contrast import (
     rot_rand,
     ssl_views,
 )
-from .masked_image import MaskedImageModel, MaskedImageRecipe, MaskedReconstructionLoss, MaskedViewsImageHandler, block_grid
+from .masked_image import (
+    MaskedImageModel,
+    MaskedImageRecipe,
+    MaskedReconstructionLoss,
+    MaskedTokenDistillation,
+    MaskedViewsImageHandler,
+    block_grid,
+)
 from .self_distillation import (
     MultiCrop,
     SelfDistillationLoss,
@@ -29,6 +36,7 @@ __all__ = [
     "MaskedImageModel",
     "MaskedImageRecipe",
     "MaskedReconstructionLoss",
+    "MaskedTokenDistillation",
     "MaskedViewsImageHandler",
     "MultiCrop",
     "SSLEvaluator",

@@ -80,10 +80,15 @@ class MaskedReconstructionLoss(nn.Module):
             target = normalise_blocks(target, self.block_size)
         error = (pred.float() - target.float()).abs() if self.loss == "l1" else (pred.float() - target.float()) ** 2
         mask = voxel_mask.expand_as(error)
+        total = (error * mask).sum() / self.global_count(mask, pred)
+        return total, {"recon": total}
+
+    def global_count(self, mask: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        """The number of True entries of ``mask``, as the divisor of a sum over this rank's ``batch`` that makes the
+        global mean under DDP (the mean count over ranks; this rank's own count with equal rank batches); >= 1."""
         count = mask.sum()
         if self.ranks.active:
-            self.ranks.check_once(pred)
+            self.ranks.check_once(batch)
             if not self.ranks.equal_sizes:
                 count = all_reduce_mean(count)
-        total = (error * mask).sum() / count.clamp_min(1).to(error.dtype)
-        return total, {"recon": total}
+        return count.clamp_min(1).float()

@@ -16,6 +16,7 @@ from torch import nn
 from collections.abc import Sequence
 
 from ...networks import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
+from ..self_distillation.network import ProjectionHead
 
 __all__ = ["DECODERS", "MaskedImageModel", "voxel_shuffle"]
 
@@ -48,13 +49,18 @@ class MaskedImageModel(nn.Module):
         window_size: edge of the cubic attention window (7, as published).
         use_v2: a SwinUNETR v2 encoder (a residual convolution block before each stage, as VoCo's).
         depths, num_heads: Swin blocks and attention heads per stage (SwinUNETR's (2, 2, 2, 2) and (3, 6, 12, 24)).
+        distill_prototypes: with K > 0, a DINO projection head ``token_head`` (``8f -> head_hidden_dim ->
+            head_bottleneck_dim -> K``) on the third-stage tokens, for the masked-token self-distillation
+            (:mod:`.distillation`); ``forward`` then also returns its logits ``(B, N, K)``.
+        head_hidden_dim, head_bottleneck_dim: the token head's MLP widths.
         decoder: ``"linear"`` (SimMIM: a 1x1x1 convolution ``16f -> 32^dims * in_channels`` and :func:`voxel_shuffle`,
             keys ``decoder.weight`` / ``decoder.bias``) or ``"deconv"`` (five transposed convolutions, kernel 2 stride 2,
             ``16f -> 8f -> 4f -> 2f -> f -> in_channels``, as the SSL recipe's ``deconv`` decoder).
 
     ``forward(x, token_mask)``: ``x`` ``(B, in_channels, *spatial)`` (every spatial size a multiple of 32) and
     ``token_mask`` ``(B, *[s // 2])`` bool (True: that patch's embedding becomes ``mask_token``; None: no masking)
-    give the reconstruction ``(B, in_channels, *spatial)`` of every voxel (the loss reads the masked ones).
+    give the reconstruction ``(B, in_channels, *spatial)`` of every voxel (the loss reads the masked ones), and with a
+    ``token_head`` also the logits of the third-stage tokens ``(B, N, K)``.
 
     Example::
 
@@ -76,6 +82,9 @@ class MaskedImageModel(nn.Module):
         decoder: str = "linear",
         depths: Sequence[int] = DEFAULT_DEPTHS,
         num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
+        distill_prototypes: int = 0,
+        head_hidden_dim: int = 2048,
+        head_bottleneck_dim: int = 256,
     ) -> None:
         super().__init__()
         if int(feature_size) < 12 or int(feature_size) % 12:
@@ -93,6 +102,10 @@ class MaskedImageModel(nn.Module):
         nn.init.trunc_normal_(self.mask_token, std=0.02)
         self.decoder_kind = decoder
         self.decoder = self._build_decoder(decoder, feature_size)
+        self.token_head = (
+            ProjectionHead(8 * feature_size, int(distill_prototypes), int(head_hidden_dim), int(head_bottleneck_dim))
+            if int(distill_prototypes) > 0 else None
+        )  # fmt: skip
         self._token_mask: torch.Tensor | None = None
         self.swinViT.patch_embed.register_forward_hook(self._mask_patches)
 
@@ -116,7 +129,9 @@ class MaskedImageModel(nn.Module):
             )
         return torch.where(self._token_mask.unsqueeze(1), self.mask_token.to(embeddings.dtype), embeddings)
 
-    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, token_mask: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if x.ndim != self.spatial_dims + 2 or x.shape[1] != self.in_channels or any(s % SPATIAL_REDUCTION for s in x.shape[2:]):
             raise ValueError(
                 f"expected an input (B, {self.in_channels}, *spatial) with every spatial size a multiple of "
@@ -124,9 +139,13 @@ class MaskedImageModel(nn.Module):
             )
         self._token_mask = token_mask
         try:
-            features = self.swinViT(x.contiguous(), normalize=True)[4]  # (B, 16f, *[s // 32])
+            hidden = self.swinViT(x.contiguous(), normalize=True)  # stage 4: (B, 16f, *[s // 32])
         finally:
             self._token_mask = None
-        decoded = self.decoder(features)
-        return voxel_shuffle(decoded, SPATIAL_REDUCTION) if self.decoder_kind == "linear" else decoded
+        decoded = self.decoder(hidden[4])
+        reconstruction = voxel_shuffle(decoded, SPATIAL_REDUCTION) if self.decoder_kind == "linear" else decoded
+        if self.token_head is None:
+            return reconstruction
+        tokens = hidden[3].flatten(start_dim=2).transpose(1, 2)  # (B, N, 8f)
+        return reconstruction, self.token_head(tokens)
 

@@ -2,8 +2,9 @@
 
 One step: block masks for the batch's crops (:mod:`.masks`), one forward of the crops with the masked patch embeddings
 replaced by the mask token (:class:`~.network.MaskedImageModel`), and the reconstruction error on the masked voxels
-(:class:`~.loss.MaskedReconstructionLoss`). :class:`MaskedViewsImageHandler` shows a user what the model sees and
-predicts.
+(:class:`~.loss.MaskedReconstructionLoss`); optionally, the self-distillation of the masked tokens
+(:class:`~.distillation.MaskedTokenDistillation`). :class:`MaskedViewsImageHandler` shows a user what the model sees
+and predicts.
 """
 
 from __future__ import annotations
@@ -17,14 +18,18 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 from ...distributed import get_rank
+from .distillation import TOKEN_STRIDE, MaskedTokenDistillation
 from .loss import MaskedReconstructionLoss, normalise_blocks
 from .masks import MaskedViews, masked_views
 
 __all__ = ["MaskedImageRecipe", "MaskedViewsImageHandler"]
 
 
-class MaskedImageRecipe:
-    """Views, forward and loss of masked image modelling.
+class MaskedImageRecipe(nn.Module):
+    """Views, forward and loss of masked image modelling, and optionally the self-distillation of the masked tokens.
+
+    An ``nn.Module`` so that a distillation's teacher and centre are part of the bundle's resumable checkpoint (its
+    state dict is empty without one).
 
     Args:
         loss_function: a :class:`MaskedReconstructionLoss` (its ``block_size`` is the mask block's), or None for an
@@ -32,6 +37,9 @@ class MaskedImageRecipe:
         mask_ratio: the share of each crop's blocks that is masked (SimMIM 2D: 0.6; nnssl's 3D MAE: 0.75).
         mask_block: the mask block's edge in voxels, a multiple of the patch size that divides the crop (16: nnssl).
         patch_size: the encoder's patch edge (2 in Swin UNETR).
+        distillation: a :class:`MaskedTokenDistillation` to add its term (the loss parts are then ``recon`` and
+            ``distill``, the total ``recon + weight x distill``), or None; it needs whole third-stage tokens hidden,
+            so ``mask_block`` a multiple of 16.
 
     Outputs (for handlers and the evaluator's metric): ``image`` (the crops), ``masked`` (the crops with the masked
     voxels at 0: what the encoder is shown), ``reconstruction`` (every voxel), ``target`` (the loss's target), and
@@ -46,7 +54,9 @@ class MaskedImageRecipe:
         mask_ratio: float = 0.6,
         mask_block: int = 16,
         patch_size: int = 2,
+        distillation: MaskedTokenDistillation | None = None,
     ) -> None:
+        super().__init__()
         self.loss_function = loss_function
         self.mask_ratio = float(mask_ratio)
         self.mask_block = int(mask_block)
@@ -56,12 +66,20 @@ class MaskedImageRecipe:
                 f"the loss normalises targets per block of {loss_function.block_size} voxels, the masks use blocks of "
                 f"{self.mask_block}: give both the same size."
             )
+        if distillation is not None and self.mask_block % TOKEN_STRIDE:
+            raise ValueError(f"the masked-token distillation needs whole {TOKEN_STRIDE}^3-voxel tokens hidden: "
+                             f"masking#block_size must be a multiple of {TOKEN_STRIDE}, got {self.mask_block}.")  # fmt: skip
+        self.distillation = distillation
 
     def views(self, image: torch.Tensor, generator: torch.Generator) -> MaskedViews:
         return masked_views(image, generator, self.mask_ratio, self.mask_block, self.patch_size)
 
-    def forward(self, network: nn.Module, views: MaskedViews) -> torch.Tensor:
-        return network(views.image, views.token_mask)
+    def forward(self, network: nn.Module, views: MaskedViews) -> Any:  # type: ignore[override]
+        """The reconstruction, or with a distillation ``(reconstruction, student logits, teacher logits)``."""
+        outputs = network(views.image, views.token_mask)
+        if self.distillation is None:
+            return outputs
+        return (*outputs, self.distillation.teacher_logits(views.image))
 
     def target(self, image: torch.Tensor) -> torch.Tensor:
         """What the reconstruction is compared with: the crops, or their per-block normalised values."""
@@ -69,13 +87,21 @@ class MaskedImageRecipe:
             return normalise_blocks(image, self.mask_block)
         return image
 
-    def loss(self, outputs: torch.Tensor, views: MaskedViews) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(self, outputs: Any, views: MaskedViews) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if self.loss_function is None:
             raise RuntimeError("MaskedImageRecipe was built without a loss_function (an evaluator's recipe).")
-        return self.loss_function(outputs, views.image, views.voxel_mask)
+        if self.distillation is None:
+            return self.loss_function(outputs, views.image, views.voxel_mask)
+        reconstruction, student_logits, teacher_logits = outputs
+        recon, _ = self.loss_function(reconstruction, views.image, views.voxel_mask)
+        stride = TOKEN_STRIDE
+        token_mask = views.voxel_mask[:, 0, ::stride, ::stride, ::stride].flatten(start_dim=1)  # (B, N)
+        count = self.loss_function.global_count(token_mask, views.image)
+        distill = self.distillation.loss(student_logits, teacher_logits, token_mask, count)
+        return recon + self.distillation.weight * distill, {"recon": recon, "distill": distill}
 
-    def outputs(self, outputs: torch.Tensor, views: MaskedViews) -> dict[str, Any]:
-        reconstruction = outputs.detach().float()
+    def outputs(self, outputs: Any, views: MaskedViews) -> dict[str, Any]:
+        reconstruction = (outputs[0] if isinstance(outputs, tuple) else outputs).detach().float()
         target = self.target(views.image).float()
         mask = views.voxel_mask.expand_as(target)
         return {
@@ -86,6 +112,21 @@ class MaskedImageRecipe:
             Keys.PRED: reconstruction[mask].unsqueeze(0),
             Keys.LABEL: target[mask].unsqueeze(0),
         }
+
+    def monitor(self, outputs: Any, views: MaskedViews) -> dict[str, Any]:
+        if self.distillation is None:
+            return {}
+        step = self.distillation.step
+        return {"teacher_temperature": self.distillation.teacher_temperature_at(step),
+                "momentum": self.distillation.momentum_at(step)}  # fmt: skip
+
+    def after_step(self, engine: Engine) -> None:
+        if self.distillation is not None:
+            self.distillation.update_teacher(engine.network)
+
+    def attach(self, engine: Engine) -> None:
+        if self.distillation is not None:
+            self.distillation.attach(engine)
 
 
 class MaskedViewsImageHandler:
