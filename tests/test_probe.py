@@ -18,7 +18,8 @@ import torch
 from monai.bundle import ConfigParser
 
 import components
-from tests.test_finetune_bundles import CT, CT_TINY, TRAIN_TINY, _ok, _run, _summary
+from components.checkpoint import PATCH_EMBED_WEIGHT
+from tests.test_finetune_bundles import CT, CT_TINY, MRI, TRAIN_TINY, _ok, _run, _summary
 
 PROBE = "$components.LinearProbe"
 FS = 12
@@ -30,10 +31,11 @@ def _probe(**kwargs) -> components.LinearProbe:
     return components.LinearProbe(**{"in_channels": 1, "out_channels": 3, "feature_size": FS, "window_size": WINDOW, **kwargs})
 
 
-def _ct_parser(**overrides) -> ConfigParser:
-    """The CT bundle's train.json with the probe as its network, tiny, on the CPU, from scratch unless told."""
+def _ct_parser(bundle: Path = CT, **overrides) -> ConfigParser:
+    """A finetuning bundle's train.json (CT unless told) with the probe as its network, tiny, on the CPU, from scratch
+    unless told."""
     parser = ConfigParser()
-    parser.read_config(str(CT / "configs" / "train.json"))
+    parser.read_config(str(bundle / "configs" / "train.json"))
     parser.update({"network_def#network": PROBE, "feature_size": FS, "network_def#window_size": WINDOW, "device": "cpu",
                    "pretrained_path": None, "speed#use_checkpoint": False, "speed#amp": False, **overrides})  # fmt: skip
     parser.get_parsed_content("imports")
@@ -100,6 +102,25 @@ def test_the_encoder_is_bit_identical_after_steps_of_the_ct_bundles_optimizer():
     encoder = [k for k in before if k.startswith("swinViT.")]
     assert encoder and all(torch.equal(after[k], before[k]) for k in encoder)
     assert all(not torch.equal(after[k], before[k]) for k in before if k.startswith("heads.") and k.endswith("weight"))
+
+
+@pytest.mark.parametrize("bundle", [CT, MRI], ids=["ct", "mri"])
+def test_both_finetuning_bundles_build_the_probe_from_their_shipped_network_def(bundle, tmp_path):
+    """The override alone: network_def passes SwinUNETR's arguments of the shipped config, the probe takes them (the
+    MRI bundle's 4 channels get the 1-channel SSL patch embedding through its channel policy, as SwinUNETR does)."""
+    torch.manual_seed(2)
+    source = tmp_path / "ssl.pt"
+    torch.save(components.SSLHead(feature_size=FS, window_size=WINDOW).state_dict(), source)
+    parser = _ct_parser(bundle, pretrained_path=str(source))
+    config = json.loads((bundle / "configs" / "train.json").read_text())
+    loader = parser.get_parsed_content("train#handlers#0")
+    probe = loader.network
+    assert isinstance(probe, components.LinearProbe)
+    report = loader()
+    assert report.encoder_loaded == report.encoder_keys and list(report.adapted) == (
+        [PATCH_EMBED_WEIGHT] if config["in_channels"] > 1 else [])
+    image = torch.rand(1, config["in_channels"], 64, 32, 32)
+    assert tuple(probe(image).shape) == (1, len(config["label_names"]), 64, 32, 32)
 
 
 def _pretraining_checkpoints(folder: Path) -> dict[str, Path]:
