@@ -68,8 +68,9 @@ def data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data):
     root = tmp_path_factory.mktemp("dino_one")
-    # 2 crops per volume: the one validation volume gives RankMe two embeddings
-    cmd = bundle_command(BUNDLE, overrides=_overrides(root, data, batch_size=2, **{"training#num_samples": 2}))
+    # 2 crops per volume; RankMe embeds 16 crops: 8 draws of 2 from the one validation volume
+    overrides = _overrides(root, data, batch_size=2, **{"training#num_samples": 2, "training#rankme_crops": 16})
+    cmd = bundle_command(BUNDLE, overrides=overrides)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-4000:]
@@ -242,11 +243,11 @@ def test_one_process_run_logs_the_named_parts_and_collapse_diagnostics(trained):
 
 def test_one_process_run_logs_the_teachers_rankme_to_the_log_and_tensorboard(trained):
     root, output = trained
-    assert "val_rankme: " in output and "(2 crops x 192 dims; at most 2)" in output
+    assert "val_rankme: " in output and "(16 crops x 192 dims; at most 16)" in output
     from components.runner import read_scalars
 
     (point,) = read_scalars(root / "eval")["val_rankme"]
-    assert point[0] == 1 and 1.0 <= point[1] <= 2.0
+    assert point[0] == 1 and 1.0 <= point[1] <= 16.0
 
 
 def test_exported_teacher_encoder_loads_fully_into_the_btcv_bundle(trained, caplog):
