@@ -256,7 +256,8 @@ class LinearProbe(nn.Module):
         ValueError: one line naming an argument out of range, or in ``forward`` an input of the wrong dimensions or
             channels.
 
-    Example (a bundle's command line: ``--network_def#network "$components.LinearProbe"``)::
+    Example (a finetuning bundle's command line: ``--network_def#network '$components.LinearProbe'``, in single
+    quotes so that the shell leaves ``$components`` alone)::
 
         >>> probe = LinearProbe(in_channels=1, out_channels=14, feature_size=48)
         >>> probe(torch.rand(1, 1, 96, 96, 96)).shape
@@ -278,11 +279,14 @@ class LinearProbe(nn.Module):
         use_checkpoint: bool = False,
     ) -> None:
         super().__init__()
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels), ("feature_size", feature_size)):
+        sizes = {"in_channels": in_channels, "out_channels": out_channels, "feature_size": feature_size}
+        for name, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
                 raise ValueError(f"LinearProbe: {name} must be a positive integer, got {value!r}.")
         if spatial_dims not in _INTERPOLATION:
-            raise ValueError(f"LinearProbe: spatial_dims must be one of {sorted(_INTERPOLATION)}, got {spatial_dims!r}.")
+            raise ValueError(
+                f"LinearProbe: spatial_dims must be one of {sorted(_INTERPOLATION)}, got {spatial_dims!r}."
+            )
         self.in_channels, self.spatial_dims = int(in_channels), int(spatial_dims)
         self.swinViT = swin_vit(self.in_channels, int(feature_size), self.spatial_dims, use_checkpoint=use_checkpoint,
                                 window_size=window_size, use_v2=use_v2, depths=depths, num_heads=num_heads)  # fmt: skip
