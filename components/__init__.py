@@ -99,7 +99,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "log_filter",
     ),
     "loader": ("PersistentWorkerLoader", "default_num_workers"),
-    "networks": ("check_roi_size", "prepare_network"),
+    "networks": ("LinearProbe", "check_roi_size", "prepare_network"),
     "origin": ("report_origin",),
     "package": ("extract_zip_safely", "fetch", "fetch_bundle", "metadata_schema", "package_bundle", "schema_path"),
     "progress": ("StatsWithEta", "VolumeProgress"),

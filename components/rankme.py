@@ -6,20 +6,26 @@ embedding matrix (N embeddings x D dimensions). It is near 1 when every input ma
 collapsed encoder) and at most ``min(N, D)``; in that paper it ranks pretraining runs of one method roughly as their
 downstream accuracy does, without any label.
 
-MONAI and ignite have no such metric; :class:`EmbeddingRankHandler` computes it on a pretraining bundle's
-validation crops at its validation interval and logs it next to the losses (log line and TensorBoard).
+Because the bound depends on N, two values compare only when they embed the same number of inputs: a run validating
+7 crops cannot read above 7, one validating 29 can. :class:`EmbeddingRankHandler` therefore embeds a fixed number of
+crops (``training#rankme_crops`` in the pretraining bundles, 256 by default), drawn the same way at every validation
+from the validation volumes, whatever the length of the validation list.
+
+MONAI and ignite have no such metric; the handler logs it next to the losses (log line and TensorBoard).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 from ignite.engine import Engine, Events
+from monai.data.utils import set_rnd
 from monai.utils import CommonKeys as Keys
 
-from .engine import reseed_data, unwrap
+from .engine import unwrap
 
 __all__ = ["EmbeddingRankHandler", "effective_rank", "swin_embeddings"]
 
@@ -69,42 +75,78 @@ def swin_embeddings(network: torch.nn.Module, image: torch.Tensor) -> torch.Tens
     return encoder(image.contiguous(), normalize=True)[-1].flatten(start_dim=2).mean(dim=2)
 
 
-class EmbeddingRankHandler:
-    """Ignite handler: RankMe of the encoder's embeddings of the validation crops, every ``interval`` epochs of the
-    trainer and at its last epoch.
+def _visit_seed(seed: int, visit: int) -> int:
+    """The seed of the ``visit``-th draw of crops: a function of the run's seed and the draw's index alone."""
+    return int(np.random.SeedSequence((seed, visit)).generate_state(1)[0])
 
-    It runs the encoder (never through the DDP wrapper, so no collective is involved) without gradients over
-    ``data_loader``, reseeded with ``seed`` before each pass so that every evaluation embeds the same crops, logs
-    ``val_rankme: 37.20 (96 crops x 192 dims; at most 96)`` and puts the value in ``trainer.state.metrics`` for that
+
+class EmbeddingRankHandler:
+    """Ignite handler: RankMe of the encoder's embeddings of ``crops`` validation crops, every ``interval`` epochs of
+    the trainer and at its last epoch.
+
+    The crops: the validation volumes are visited in order and cycled over until ``crops`` crops are drawn; each visit
+    runs the dataset's own transforms (so the validation's crop size, ``roi_size``, and its random crops and
+    augmentations), reseeded from ``(seed, visit)``, and gives that transform's crops (``training#num_samples`` per
+    volume in the bundles). So every evaluation embeds the same crops, their number never depends on the length of the
+    validation list, and the crop drawn at a given visit of a given volume is the same in a longer list. The reseeding
+    happens inside a forked CPU random state: the training's random streams are the same with or without it. The
+    dataset's transforms keep the last visit's random state; the bundles' evaluators reseed them at their own start.
+
+    Why 256 by default: RankMe is at most ``min(N, D)``, ``D = 16 * feature_size`` dimensions (768 at feature size 48,
+    192 at 12). N must be the same in the runs compared, and far above the values they reach (3 to 21 in this
+    collection's low-data benchmarks, which embed 128 crops), so that the bound does not flatten the differences; 256
+    is twice the benchmarks' count and costs one pass without gradients per 4 crops at the SSL bundle's batch (64
+    passes), little next to an epoch. The bound is then 256 at feature size 48 and 192 at 12: a value near it means
+    the crops, not the encoder, limit the rank; raise N (at the cost of more passes) before comparing such runs.
+
+    It runs the encoder (never through the DDP wrapper, so no collective is involved) without gradients, logs
+    ``val_rankme: 37.20 (256 crops x 768 dims; at most 256)`` and puts the value in ``trainer.state.metrics`` for that
     epoch, where the bundle's ``StatsHandler`` and ``TensorBoardStatsHandler`` (attached after this handler) log it
-    with the epoch's other metrics. The value is at most ``min(crops, dims)``: give the loader enough crops. Meant for
-    rank 0 only (the bundles disable it elsewhere); under ``multi_gpu_train.json`` it embeds rank 0's validation shard.
-    With fewer than 2 crops it logs a WARNING and skips the evaluation (a rank of one crop says nothing).
+    with the epoch's other metrics. Meant for rank 0 only (the bundles disable it elsewhere); under
+    ``multi_gpu_train.json`` it draws from rank 0's validation shard.
 
     Args:
         network: the pretrained network (or its wrapper); ``embed`` gets it with a batch of crops.
-        data_loader: batches with an ``"image"`` key (crops of the model's input size).
+        dataset: the validation dataset: item ``i`` is a dict with an ``"image"`` crop ``(C, *roi_size)``, or a list
+            of such dicts (a multi-crop transform such as ``RandSpatialCropSamplesd``).
+        crops: N, the number of crops embedded; at least 2.
+        batch_size: crops per pass of the encoder.
         interval: epochs between evaluations.
-        seed: seed of the loader's random crops.
+        seed: seed of the crops' random transforms.
         embed: ``(network, image) -> (B, D)``; default :func:`swin_embeddings`.
         tag: the metric's name.
 
     Raises:
-        ValueError: for an interval below 1.
+        ValueError: one line naming ``crops`` below 2, ``batch_size`` or ``interval`` below 1; at an evaluation, an
+            empty validation list.
+
+    Example (a pretraining bundle's train.json)::
+
+        {"_target_": "components.EmbeddingRankHandler", "network": "@network_def", "dataset": "@validate#dataset",
+         "crops": "@training#rankme_crops", "batch_size": "$@batch_size * @training#num_samples",
+         "interval": "@training#val_interval", "seed": "@training#seed"}
     """
 
     def __init__(
         self,
         network: torch.nn.Module,
-        data_loader: Iterable,
+        dataset: Sequence,
+        crops: int = 256,
+        batch_size: int = 4,
         interval: int = 1,
         seed: int = 0,
         embed: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = swin_embeddings,
         tag: str = RANKME_TAG,
     ) -> None:
+        if int(crops) < 2:
+            raise ValueError(f"RankMe needs at least 2 crops (training#rankme_crops), got {crops!r}: a rank of one "
+                             "embedding says nothing.")  # fmt: skip
+        if int(batch_size) < 1:
+            raise ValueError(f"the RankMe batch size must be at least one crop, got {batch_size!r}.")
         if int(interval) < 1:
             raise ValueError(f"the RankMe interval must be at least one epoch, got {interval!r}.")
-        self.network, self.data_loader, self.interval = network, data_loader, int(interval)
+        self.network, self.dataset, self.crops = network, dataset, int(crops)
+        self.batch_size, self.interval = int(batch_size), int(interval)
         self.seed, self.embed, self.tag = int(seed), embed, tag
 
     def attach(self, engine: Engine) -> None:
@@ -118,33 +160,48 @@ class EmbeddingRankHandler:
         """An epoch without an evaluation must not log the last one's value again."""
         engine.state.metrics.pop(self.tag, None)
 
+    def _drawn_crops(self) -> Iterator[torch.Tensor]:
+        """The ``crops`` crops, one ``(C, *roi_size)`` tensor at a time, cycling over the volumes (see the class)."""
+        volumes = len(self.dataset)
+        if volumes == 0:
+            raise ValueError("the RankMe dataset is empty: the validation list has no volume.")
+        transform = getattr(self.dataset, "transform", self.dataset)
+        drawn, visit = 0, 0
+        while True:
+            seed = _visit_seed(self.seed, visit)
+            set_rnd(transform, seed)
+            torch.manual_seed(seed)
+            item = self.dataset[visit % volumes]
+            for sample in item if isinstance(item, list) else [item]:
+                image = sample[Keys.IMAGE]
+                yield image.as_tensor() if hasattr(image, "as_tensor") else torch.as_tensor(image)
+                drawn += 1
+                if drawn == self.crops:
+                    return
+            visit += 1
+
     def embeddings(self, device: torch.device) -> torch.Tensor:
-        """The ``(N, D)`` embeddings of every crop of the (reseeded) loader, on the CPU in float32. The reseeding
-        happens inside a forked CPU random state, so the training's random streams are the same with or without it."""
+        """The ``(crops, D)`` embeddings, on the CPU in float32."""
         network = unwrap(self.network)
         was_training = network.training
         network.eval()
-        chunks = []
+        chunks, batch = [], []
         try:
             with torch.random.fork_rng(devices=[]), torch.no_grad():
-                reseed_data(self.data_loader, self.seed)
-                for batch in self.data_loader:
-                    image = batch[Keys.IMAGE]
-                    image = image.as_tensor() if hasattr(image, "as_tensor") else image
-                    chunks.append(self.embed(network, image.to(device)).float().cpu())
+                for crop in self._drawn_crops():
+                    batch.append(crop)
+                    if len(batch) == self.batch_size:
+                        chunks.append(self.embed(network, torch.stack(batch).to(device)).float().cpu())
+                        batch = []
+                if batch:
+                    chunks.append(self.embed(network, torch.stack(batch).to(device)).float().cpu())
         finally:
             network.train(was_training)
-        if not chunks:
-            raise ValueError("the RankMe data loader yielded no batch: the validation list is empty.")
         return torch.cat(chunks)
 
     def __call__(self, engine: Engine) -> None:
         device = next(unwrap(self.network).parameters()).device
         embeddings = self.embeddings(device)
-        if embeddings.shape[0] < 2:
-            logger.warning("%s skipped: the validation loader gave %d crop (a rank needs at least 2); list more "
-                           "validation volumes or raise num_samples", self.tag, embeddings.shape[0])
-            return
         value = effective_rank(embeddings)
         engine.state.metrics[self.tag] = value
         logger.info("%s: %.2f (%d crops x %d dims; at most %d)", self.tag, value, *embeddings.shape, min(embeddings.shape))

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 from ignite.engine import Engine, Events
+from monai.data import Dataset
+from monai.transforms import RandSpatialCropSamplesd
 
 import components
 from components.rankme import EmbeddingRankHandler, effective_rank
@@ -53,9 +55,17 @@ class _Stages(torch.nn.Module):
         return [features[:, :, None, None, None]]
 
 
-def _loader(n: int = 48):
-    torch.manual_seed(0)
-    return [{"image": torch.randn(4, 1, 4, 4, 4)} for _ in range(n // 4)]
+def _volumes(count: int, identical: bool = False, marked: bool = False, num_samples: int = 2) -> Dataset:
+    """A validation dataset as the bundles build it: volumes of 8^3 voxels, each item ``num_samples`` random 4^3 crops
+    (64 values: what the stand-in encoder reads). ``identical``: the same volume ``count`` times; ``marked``: volume
+    ``i`` shifted by ``10 * i``, so a crop tells its volume."""
+
+    def volume(i: int) -> torch.Tensor:
+        noise = torch.randn(1, 8, 8, 8, generator=torch.Generator().manual_seed(0 if identical else i))
+        return noise + 10 * i if marked else noise
+
+    crops = RandSpatialCropSamplesd("image", roi_size=(4, 4, 4), num_samples=num_samples, random_size=False)
+    return Dataset([{"image": volume(i)} for i in range(count)], crops)
 
 
 def _trainer(max_epochs: int) -> Engine:
@@ -64,8 +74,18 @@ def _trainer(max_epochs: int) -> Engine:
     return engine
 
 
+def _recording(images: list[torch.Tensor]):
+    """``swin_embeddings`` that also keeps every batch of crops it is given."""
+
+    def embed(network: torch.nn.Module, image: torch.Tensor) -> torch.Tensor:
+        images.append(image)
+        return components.swin_embeddings(network, image)
+
+    return embed
+
+
 def test_the_handler_logs_the_rank_at_its_interval_and_the_last_epoch(caplog):
-    handler = EmbeddingRankHandler(_Encoder(), _loader(), interval=2)
+    handler = EmbeddingRankHandler(_Encoder(), _volumes(3), crops=48, interval=2)
     trainer = _trainer(3)
     handler.attach(trainer)
     seen = {}
@@ -78,11 +98,11 @@ def test_the_handler_logs_the_rank_at_its_interval_and_the_last_epoch(caplog):
         trainer.run([0], max_epochs=3)
     assert seen[1] is None and seen[2] is not None and seen[3] == seen[2]  # same crops, same weights: same value
     assert 20 < seen[2] <= 32
-    assert "val_rankme" in caplog.text and "(12 crops x 32 dims" not in caplog.text and "48 crops x 32 dims" in caplog.text
+    assert "val_rankme" in caplog.text and "(48 crops x 32 dims; at most 32)" in caplog.text
 
 
 def test_a_collapsed_encoder_reads_near_one_and_the_training_random_stream_is_untouched():
-    handler = EmbeddingRankHandler(_Encoder(collapsed=True), _loader(), interval=1)
+    handler = EmbeddingRankHandler(_Encoder(collapsed=True), _volumes(3), crops=16, interval=1)
     trainer = _trainer(1)
     handler.attach(trainer)
     torch.manual_seed(5)
@@ -93,13 +113,49 @@ def test_a_collapsed_encoder_reads_near_one_and_the_training_random_stream_is_un
     assert trainer.state.metrics["val_rankme"] == pytest.approx(1.0, abs=1e-3)
 
 
-def test_one_crop_is_skipped_with_a_warning(caplog):
-    handler = EmbeddingRankHandler(_Encoder(), [{"image": torch.randn(1, 1, 4, 4, 4)}])
-    trainer = _trainer(1)
-    handler.attach(trainer)
-    with caplog.at_level("WARNING", logger="components.rankme"):
+@pytest.mark.parametrize("crops", [2, 25])
+def test_exactly_n_crops_are_embedded_and_the_value_does_not_depend_on_the_list_length(crops):
+    """The committed runs embedded 7, 14 or 29 crops: as many as their validation lists gave, so their values did not
+    compare. With N fixed, the same volume listed 1, 3 or 7 times gives N crops and the same value."""
+    encoder, values, counts = _Encoder(), set(), set()
+    for count in (1, 3, 7):
+        images: list[torch.Tensor] = []
+        handler = EmbeddingRankHandler(encoder, _volumes(count, identical=True), crops=crops, batch_size=4,
+                                       embed=_recording(images))  # fmt: skip
+        trainer = _trainer(1)
+        handler.attach(trainer)
         trainer.run([0], max_epochs=1)
-    assert "val_rankme" not in trainer.state.metrics and "at least 2" in caplog.text
+        counts.add(sum(len(batch) for batch in images))
+        values.add(trainer.state.metrics["val_rankme"])
+        assert max(len(batch) for batch in images) <= 4
+    assert counts == {crops} and len(values) == 1
+
+
+def test_the_crops_cycle_over_the_volumes_and_are_the_same_at_every_evaluation():
+    images: list[torch.Tensor] = []
+    handler = EmbeddingRankHandler(_Encoder(), _volumes(3, marked=True), crops=14, batch_size=5,
+                                   embed=_recording(images))
+    first = handler.embeddings(torch.device("cpu"))
+    crops = torch.cat(images)
+    assert crops.shape == (14, 1, 4, 4, 4)
+    # two crops per visit, the volumes in list order and again: 0 0 1 1 2 2 0 0 1 1 2 2 0 0
+    assert [round(float(crop.mean()) / 10) for crop in crops] == [(j // 2) % 3 for j in range(14)]
+    assert len({crop.sum().item() for crop in crops}) == 14  # each visit draws new random crops
+    images.clear()
+    assert torch.equal(handler.embeddings(torch.device("cpu")), first) and torch.equal(torch.cat(images), crops)
+
+
+@pytest.mark.parametrize("bad, match", [({"crops": 1}, r"at least 2 crops \(training#rankme_crops\), got 1"),
+                                        ({"batch_size": 0}, "batch size"), ({"interval": 0}, "interval")])  # fmt: skip
+def test_bad_settings_fail_in_one_line_when_the_handler_is_built(bad, match):
+    with pytest.raises(ValueError, match=match):
+        EmbeddingRankHandler(_Encoder(), _volumes(1), **bad)
+
+
+def test_an_empty_validation_list_is_named():
+    handler = EmbeddingRankHandler(_Encoder(), _volumes(0))
+    with pytest.raises(ValueError, match="the validation list has no volume"):
+        handler.embeddings(torch.device("cpu"))
 
 
 def test_swin_embeddings_pool_the_last_stage_of_a_real_encoder():
@@ -110,10 +166,13 @@ def test_swin_embeddings_pool_the_last_stage_of_a_real_encoder():
         components.swin_embeddings(torch.nn.Linear(2, 2), x)
 
 
-@pytest.mark.parametrize("bundle, network", [("swin_unetr_ssl_pretrain", "@network_def"), ("swin_unetr_dino_pretrain", "@train#teacher_encoder")])
-def test_both_pretraining_bundles_rank_the_released_encoder_before_their_stats_handlers(bundle, network):
-    handlers = json.loads((BUNDLES / bundle / "configs" / "train.json").read_text())["train"]["handlers"]
+@pytest.mark.parametrize("bundle, network", [("swin_unetr_ssl_pretrain", "@network_def"), ("swin_unetr_dino_pretrain", "@train#teacher_encoder"),
+                                             ("swin_unetr_mim_pretrain", "@network_def")])  # fmt: skip
+def test_the_pretraining_bundles_rank_the_released_encoder_on_rankme_crops_before_their_stats_handlers(bundle, network):
+    config = json.loads((BUNDLES / bundle / "configs" / "train.json").read_text())
+    handlers = config["train"]["handlers"]
     targets = [h["_target_"] for h in handlers]
     rank = targets.index("components.EmbeddingRankHandler")
     assert rank < targets.index("components.StatsWithEta") and rank < targets.index("TensorBoardStatsHandler")
-    assert handlers[rank]["network"] == network and handlers[rank]["data_loader"] == "@validate#dataloader"
+    assert handlers[rank]["network"] == network and handlers[rank]["dataset"] == "@validate#dataset"
+    assert handlers[rank]["crops"] == "@training#rankme_crops" and config["training"]["rankme_crops"] == 256
