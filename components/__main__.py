@@ -142,8 +142,8 @@ def fetch(url: str, dest: str = ".", sha256: str | None = None, extract: bool = 
     hash-checked (MONAI reads the list with PyYAML) (--extract false keeps only the zip; --overwrite replaces an
     existing DEST/<name>/). DEST: the folder for a bundle zip (created when missing); with --extract false an
     existing folder or the target file's name."""
-    from .package import fetch as fetch_file
-    from .package import fetch_bundle
+    from .download import fetch as fetch_file
+    from .download import fetch_bundle
     from .config_values import as_bool
 
     if as_bool(extract, "extract") and str(url).lower().endswith(".zip"):

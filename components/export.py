@@ -26,6 +26,7 @@ back with the input shape): ``python -m components package`` writes both into th
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import math
@@ -41,7 +42,6 @@ from torch import nn
 from .atomic import atomic_write
 from .checkpoint import CheckpointLoadError, extract_state_dict, read_checkpoint
 from .networks import SPATIAL_REDUCTION
-from .package import sha256_file
 
 __all__ = ["EXPORTED_FILENAME", "ExportedModule", "export_network", "exported_program_record", "load_exported"]
 
@@ -230,7 +230,8 @@ def export_network(
         raise FileNotFoundError(f"checkpoint '{checkpoint}' does not exist (train the bundle or pass --checkpoint).")
 
     network = parser.get_parsed_content("network")
-    source_sha256 = sha256_file(checkpoint)
+    with open(checkpoint, "rb") as f:
+        source_sha256 = hashlib.file_digest(f, "sha256").hexdigest()
     _load_weights(network, checkpoint)
     network = network.float().eval()
     example = torch.randn(_EXAMPLE_BATCH, in_channels, *roi, device=device)

@@ -1,9 +1,5 @@
-"""Release and reuse of the bundles: deterministic packaging, hash-checked fetching and safe extraction.
-
-Why this module exists next to ``monai.bundle download``: in MONAI 1.6.1 every bundle source of ``download``
-(``--url``, ``github``, ``monaihosting``, ``ngc``) calls ``download_url(..., hash_val=None)``, so a bundle zip is
-never checked against a hash, and ``monai.bundle.load`` downloads through the same path. A bundle is code (its
-configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here:
+"""Releases of the bundles: deterministic packaging, the configs and metadata a release holds, and the metadata
+schema. Downloading a release with a hash check and extracting it safely is :mod:`components.fetch`'s.
 
 - :func:`package_bundle` writes ``<out>/<name>_v<version>.zip`` byte-for-byte reproducibly (sorted entries, fixed
   timestamps and permissions, no extra attributes) with one top folder ``<name>/``, the layout
@@ -11,18 +7,6 @@ configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here
   ``sha256sum`` format. Trained weights (``models/*.pt``) are included when present (with a release URL beside the
   zip, listed in ``large_files.yml``); logs, caches, evaluation outputs, data and temporary files are not
   (:func:`bundle_files`).
-- :func:`fetch` downloads (``http(s)://``, ``file://`` or a plain path) with MONAI's ``download_url``, which checks
-  the SHA-256, into a temporary folder next to the target and only then renames it into place. A hash is required:
-  the ``sha256`` argument (from a trusted place, e.g. the release notes) or, when it is not given, the
-  ``<url>.sha256`` file published next to the zip. The sidecar only guards against corrupt or truncated downloads
-  (whoever can replace the zip can replace the sidecar); pass ``sha256`` to guard against tampering.
-- :func:`extract_zip_safely` checks every member with MONAI's ``safe_extract_member`` (absolute names, paths out of
-  the target folder) and refuses what MONAI extracts (``..`` anywhere, symbolic links and special files,
-  backslashes, drive letters, duplicates) before MONAI's ``extractall`` writes anything.
-- :func:`fetch_bundle` = fetch + verify + safe extraction into ``<bundle_dir>/<name>/``, with the weights listed in
-  ``large_files.yml`` downloaded by MONAI's ``download_large_files`` once each is checked to have a hash; the zip
-  is kept in ``bundle_dir`` so that ``monai.bundle download --source github ... --bundle_dir <bundle_dir>`` and
-  ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` find it afterwards without downloading again.
 - :func:`packaged_configs`: ``monai.bundle.load`` builds ``network_def`` from the packaged config and then copies
   the weights with ``copy_model_state``, which skips every tensor whose name or shape does not match and only
   logs "N of M variables" at INFO: a tiny model (``--feature_size 12``) loaded into the config's default
@@ -46,7 +30,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import urllib.parse
 import urllib.request
 import zipfile
@@ -54,20 +37,13 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from monai.apps.utils import HashCheckError, download_url, extractall, safe_extract_member
-
 from .atomic import atomic_write
 from .origin import PACKAGE_DIR, package_source
 
 __all__ = [
     "SEMVER_RE",
-    "HashMismatchError",
-    "UnsafeArchiveError",
     "bundle_files",
     "exported_program_metadata",
-    "extract_zip_safely",
-    "fetch",
-    "fetch_bundle",
     "large_files",
     "metadata_schema",
     "package_bundle",
@@ -110,14 +86,6 @@ OWN_SCHEMA = Path(__file__).resolve().parent / "schema" / "bundle_metadata.schem
 LARGE_FILES = "large_files.yml"  # the Model Zoo's list of weights to download by URL (monai.bundle download_large_files)
 
 
-class HashMismatchError(HashCheckError):
-    """A downloaded file's SHA-256 differs from the expected one (the file was removed); MONAI's ``HashCheckError``."""
-
-
-class UnsafeArchiveError(ValueError):
-    """An archive member would be written outside the target folder, or is a link or special file."""
-
-
 # ------------------------------------------------------------------------------------------------------------
 # hashing and metadata
 
@@ -133,6 +101,13 @@ def _file_digest(path: str | os.PathLike, algorithm: str) -> str:
 def sha256_file(path: str | os.PathLike) -> str:
     """The hex SHA-256 of a file, read in chunks."""
     return _file_digest(path, "sha256")
+
+
+def _normalize_sha256(value: object, where: str) -> str:
+    text = str(value).strip().lower()
+    if not _SHA256_RE.match(text):
+        raise ValueError(f"{where}: {value!r} is not a SHA-256 (64 hexadecimal characters).")
+    return text
 
 
 def read_metadata(bundle_dir: str | os.PathLike) -> dict:
@@ -517,289 +492,6 @@ def package_bundle(
     logger.info("package_bundle: wrote %s (weights %s: %s; components from %s), sha256 %s", zip_path,
                 "beside the zip" if digests else "in the zip", ", ".join(weights) or "none", PACKAGE_DIR, digest)  # fmt: skip
     return zip_path
-
-
-# ------------------------------------------------------------------------------------------------------------
-# fetching
-
-
-def _is_url(src: str) -> bool:
-    scheme = urllib.parse.urlparse(src).scheme
-    if len(scheme) <= 1:  # no scheme, or a Windows drive letter
-        return False
-    if scheme not in ("http", "https", "file", "ftp"):
-        raise ValueError(f"unsupported URL scheme {scheme!r} in {src!r} (expected http(s)://, file:// or a path).")
-    return True
-
-
-def _source_name(src: str) -> str:
-    if _is_url(src):
-        name = PurePosixPath(urllib.parse.unquote(urllib.parse.urlparse(src).path)).name
-    else:
-        name = Path(src).name
-    if not name:
-        raise ValueError(f"cannot tell a file name from {src!r}.")
-    return name
-
-
-def _open_source(src: str, timeout: float = 60.0):
-    if _is_url(src):
-        return urllib.request.urlopen(src, timeout=timeout)  # noqa: S310 (schemes checked in _is_url)
-    return open(src, "rb")
-
-
-def _sidecar_of(src: str) -> str:
-    if _is_url(src):
-        parts = urllib.parse.urlparse(src)
-        return urllib.parse.urlunparse(parts._replace(path=parts.path + ".sha256"))
-    return src + ".sha256"
-
-
-def _normalize_sha256(value: object, where: str) -> str:
-    text = str(value).strip().lower()
-    if not _SHA256_RE.match(text):
-        raise ValueError(f"{where}: {value!r} is not a SHA-256 (64 hexadecimal characters).")
-    return text
-
-
-def _read_sidecar(src: str, expected_name: str) -> str:
-    sidecar = _sidecar_of(src)
-    try:
-        with _open_source(sidecar) as f:
-            text = f.read(4096).decode("utf-8", "replace")
-    except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
-        raise ValueError(
-            f"no sha256 given for {src} and no hash file at {sidecar} ({e}). Pass sha256=<hex> "
-            "(e.g. from the release notes): downloads are never used unchecked."
-        ) from e
-    fields = text.split("\n", 1)[0].split()
-    if not fields:
-        raise ValueError(f"{sidecar} is empty; expected '<sha256>  <file name>'.")
-    digest = _normalize_sha256(fields[0], sidecar)
-    if len(fields) > 1 and fields[1].lstrip("*") != expected_name:
-        raise ValueError(f"{sidecar} is the hash of {fields[1].lstrip('*')!r}, not of {expected_name!r}.")
-    return digest
-
-
-def _make_dirs(path: Path) -> list[Path]:
-    """Creates ``path`` and missing parents; returns the folders it created, deepest first."""
-    created = []
-    p = path
-    while not p.exists():
-        created.append(p)
-        p = p.parent
-    path.mkdir(parents=True, exist_ok=True)
-    return created
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            break
-
-
-def _as_url(src: str) -> str:
-    """``src`` as a URL for MONAI's ``download_url`` (a plain path becomes ``file://``)."""
-    return src if _is_url(src) else Path(src).resolve().as_uri()
-
-
-def _download_checked(src: str, path: Path, expected: str) -> None:
-    """MONAI's ``download_url`` of ``src`` to ``path`` with the expected SHA-256; a mismatch raises
-    :class:`HashMismatchError` naming the source (MONAI's message names only its temporary file)."""
-    try:
-        download_url(_as_url(src), path, hash_val=expected, hash_type="sha256", progress=False)
-    except HashCheckError as err:
-        raise HashMismatchError(
-            f"sha256 of {src} differs from the expected {expected}; the download was discarded (corrupt, truncated "
-            "or not the published file)."
-        ) from err
-    if not path.is_file():  # download_url returns without a file after a PermissionError or NotADirectoryError
-        raise OSError(f"could not download {src} to {path}.")
-
-
-def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str | None = None) -> Path:
-    """Downloads ``url_or_path`` (``http(s)://``, ``file://`` or a local path) to ``dest`` with MONAI's
-    ``download_url``, which checks its SHA-256; returns the file's path.
-
-    ``dest`` is the target file, or a folder (existing, or written with a trailing ``/``) to put the file in
-    under its own name. What this adds to ``download_url``, which downloads unchecked (a warning) without a hash:
-
-    - a hash is required: ``sha256`` or, when that is ``None``, the one in ``<url_or_path>.sha256``
-      (``sha256sum`` format, as :func:`package_bundle` writes it); without either the download is refused
-      (``ValueError``), as MONAI's own bundle download passes no hash at all (``hash_val=None``);
-    - the file is downloaded into a temporary folder beside the target and renamed into place, so the target is
-      never a partial file (``download_url`` moves it from the system's temporary folder, a copy across file
-      systems); a target with another hash is replaced (``download_url`` refuses it), one with the expected hash
-      is kept as it is (no download);
-    - on a mismatch (:class:`HashMismatchError`, a ``HashCheckError``) or any other failure nothing is left: no
-      temporary file, no folder this call created."""
-    src = os.fspath(url_or_path)
-    name = _source_name(src)
-    expected = _normalize_sha256(sha256, "sha256") if sha256 is not None else _read_sidecar(src, name)
-    as_folder = os.fspath(dest).endswith(("/", os.sep)) or Path(dest).is_dir()
-    target = Path(dest) / name if as_folder else Path(dest)
-    if target.is_file() and sha256_file(target) == expected:
-        logger.info("fetch: %s already present with sha256 %s; not downloading", target, expected)
-        return target
-
-    created = _make_dirs(target.parent)
-    try:
-        with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=target.parent) as staging:
-            _download_checked(src, Path(staging) / name, expected)
-            os.replace(Path(staging) / name, target)
-    except BaseException:
-        _remove_empty(created)
-        raise
-    logger.info("fetch: %s -> %s (sha256 %s verified)", src, target, expected)
-    return target
-
-
-# ------------------------------------------------------------------------------------------------------------
-# safe extraction
-
-
-def _member_problem(info: zipfile.ZipInfo, seen: set[str]) -> str | None:
-    """Why a member must not be extracted, of what MONAI's ``extractall`` would extract: it normalises a name before
-    its check (``b/../x`` passes as ``x``, outside the member's own folder), takes ``C:/x`` and ``a\\..\\b`` as plain
-    names on POSIX (they escape on Windows), writes a symbolic link or a device as a regular file (holding the
-    link's target), and a second member of a name over the first."""
-    name = info.filename
-    mode = info.external_attr >> 16
-    if not name or "\x00" in name:
-        return "has an empty or invalid name"
-    if "\\" in name:
-        return "contains a backslash (an ambiguous path separator)"
-    if re.match(r"^[A-Za-z]:", name):
-        return "is an absolute Windows path"
-    if ".." in PurePosixPath(name).parts:
-        return "has a '..' component"
-    if stat.S_ISLNK(mode):
-        return "is a symbolic link"
-    if stat.S_IFMT(mode) and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        return "is not a regular file or folder"
-    if name.rstrip("/") in seen:
-        return "appears twice"
-    return None
-
-
-def extract_zip_safely(zip_path: str | os.PathLike, dest: str | os.PathLike) -> list[Path]:
-    """Extracts a zip into ``dest`` (new or empty) with MONAI's ``extractall`` after checking every member;
-    returns the extracted files' paths.
-
-    MONAI (``safe_extract_member``) refuses absolute names, names that still start with ``..`` once normalised and
-    members whose resolved path (following links already under ``dest``) leaves ``dest``, and writes no file mode
-    from the archive (no setuid or exec bits); but it checks each member only when it reaches it, after writing the
-    ones before. Here every member is checked with MONAI's check before anything is written, and refused as well is
-    what MONAI extracts: ``..`` anywhere in a name, symbolic links and other special entries, backslashes and drive
-    letters, duplicate names (:func:`_member_problem`).
-
-    Raises:
-        UnsafeArchiveError: naming the zip and the member; nothing was written.
-        FileExistsError: ``dest`` is not empty (``extractall`` skips a non-empty folder without a word).
-    """
-    dest = Path(dest)
-    with zipfile.ZipFile(zip_path) as zf:
-        members = zf.infolist()
-    seen: set[str] = set()
-    written = []
-    for info in members:
-        reason = _member_problem(info, seen)
-        if reason is None:
-            try:
-                target = Path(safe_extract_member(info, os.fspath(dest)))
-            except ValueError as err:
-                reason = f"would be written outside {dest.resolve()} ({err})"
-        if reason is not None:
-            raise UnsafeArchiveError(
-                f"refusing to extract {zip_path}: member {info.filename!r} {reason}; nothing was extracted."
-            )
-        seen.add(info.filename.rstrip("/"))
-        if not info.is_dir():
-            written.append(target)
-    if dest.is_dir() and any(dest.iterdir()):
-        raise FileExistsError(f"{dest} is not empty; extract_zip_safely extracts into a new or empty folder.")
-    extractall(zip_path, dest, has_base=False)
-    return written
-
-
-def _bundle_top_folder(zip_path: Path) -> str:
-    with zipfile.ZipFile(zip_path) as zf:
-        names = [n for n in zf.namelist() if n]
-    tops = {n.split("/", 1)[0] for n in names}
-    if len(tops) != 1 or any("/" not in n for n in names if not n.endswith("/")):
-        raise ValueError(
-            f"{zip_path} is not a bundle release: expected every entry under one top folder <name>/, "
-            f"found {sorted(tops)}."
-        )
-    top = tops.pop()
-    if f"{top}/configs/metadata.json" not in names:
-        raise ValueError(f"{zip_path} is not a bundle release: {top}/configs/metadata.json is missing.")
-    return top
-
-
-def _download_large_files(bundle: Path) -> None:
-    """The files a bundle's ``large_files.yml`` lists, downloaded by MONAI's ``download_large_files`` (its
-    ``download_url`` checks each listed hash), once every entry is checked to have a hash: MONAI downloads an entry
-    without one unchecked."""
-    from monai.bundle import ConfigParser, download_large_files
-    from monai.utils import OptionalImportError
-
-    listed = bundle / LARGE_FILES
-    try:
-        entries = ConfigParser.load_config_file(listed).get("large_files") or []
-    except OptionalImportError:
-        raise ModuleNotFoundError(f"{bundle.name}/{LARGE_FILES} lists the bundle's weights and MONAI reads it with "
-                                  "PyYAML, which is not installed: pip install pyyaml") from None  # fmt: skip
-    unhashed = [entry.get("path") for entry in entries if not entry.get("hash_val")]
-    if unhashed:
-        raise ValueError(f"{bundle.name}/{LARGE_FILES} lists {unhashed} without hash_val; downloads are never used "
-                         "unchecked.")  # fmt: skip
-    download_large_files(bundle_path=str(bundle))
-
-
-def fetch_bundle(
-    url: str | os.PathLike, bundle_dir: str | os.PathLike, sha256: str | None = None, overwrite: bool = False
-) -> Path:
-    """Downloads a bundle zip into ``bundle_dir`` with :func:`fetch` (hash required: ``sha256`` or
-    ``<url>.sha256``), checks that it is a bundle release (one top folder ``<name>/`` with
-    ``configs/metadata.json``) and extracts it with :func:`extract_zip_safely` to ``bundle_dir/<name>/``, with the
-    weights its ``large_files.yml`` lists (a release packaged with a release URL) downloaded and hash-checked into
-    it (:func:`_download_large_files`; MONAI reads the list with PyYAML); returns that folder.
-
-    This is the hash-checked replacement for ``python -m monai.bundle download``, which in MONAI 1.6.1 passes
-    ``hash_val=None`` for every bundle source. The zip stays in ``bundle_dir``, so ``monai.bundle download
-    --source github --repo owner/repo/tag --version X --bundle_dir <bundle_dir>`` finds it and skips the download,
-    and ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` uses the extracted folder. An existing non-empty
-    ``bundle_dir/<name>/`` is replaced only with ``overwrite=True`` (``FileExistsError`` otherwise). Extraction
-    goes through a temporary folder, so a refused archive or weight file leaves no partial bundle."""
-    bundle_dir = Path(bundle_dir)
-    src = os.fspath(url)
-    zip_target = bundle_dir / _source_name(src)
-    had_zip = zip_target.exists()
-    zip_path = fetch(src, zip_target, sha256=sha256)
-    try:
-        top = _bundle_top_folder(zip_path)
-        target = bundle_dir / top
-        if target.exists() and any(target.iterdir()) and not overwrite:
-            raise FileExistsError(f"{target} exists and is not empty; remove it or pass overwrite=True to replace it.")
-        staging = Path(tempfile.mkdtemp(prefix=f".{top}.", dir=bundle_dir))
-        try:
-            extract_zip_safely(zip_path, staging)
-            if (staging / top / LARGE_FILES).is_file():
-                _download_large_files(staging / top)
-            if target.exists():
-                shutil.rmtree(target)
-            os.replace(staging / top, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    except (UnsafeArchiveError, ValueError, zipfile.BadZipFile):
-        if not had_zip:  # a verified download that is not a usable bundle release: do not leave it for MONAI
-            zip_path.unlink(missing_ok=True)
-        raise
-    logger.info("fetch_bundle: %s extracted to %s", zip_path, target)
-    return target
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -23,6 +24,7 @@ import torch
 from monai.networks.nets import SwinUNETR
 
 import components
+from components import download as fetching
 from components import package as pkg
 from components.__main__ import COMMANDS
 from components.origin import package_source
@@ -302,7 +304,7 @@ def test_fetch_bundle_downloads_the_large_files(ssl_copy, released, tmp_path):
     from monai.apps.utils import HashCheckError
 
     zip_path, _ = released
-    folder = pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
+    folder = fetching.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
     assert pkg.sha256_file(folder / "models" / "model.pt") == pkg.sha256_file(ssl_copy / "models" / "model.pt")
 
     asset = zip_path.with_name(f"{zip_path.stem}_model.pt")
@@ -310,7 +312,7 @@ def test_fetch_bundle_downloads_the_large_files(ssl_copy, released, tmp_path):
     asset.write_bytes(original + b"x")
     try:
         with pytest.raises(HashCheckError, match="sha256"):
-            pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "E")
+            fetching.fetch_bundle(zip_path.as_uri(), tmp_path / "E")
     finally:
         asset.write_bytes(original)
     assert not (tmp_path / "E" / SSL).exists() and not [p for p in (tmp_path / "E").iterdir() if p.name.startswith(".")]
@@ -414,7 +416,7 @@ def test_monai_bundle_load_returns_every_packaged_tensor(name, tmp_path, monkeyp
     with zipfile.ZipFile(zip_path) as zf:
         inference = json.loads(zf.read(f"{name}/configs/inference.json"))
     assert inference["feature_size"] == FS and inference["speed"]["tune_allocator"] is False
-    pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "downloads")
+    fetching.fetch_bundle(zip_path.as_uri(), tmp_path / "downloads")
 
     tuned = []
     monkeypatch.setattr(components, "tune_allocator", lambda enabled=True, **kw: tuned.append(enabled) or False)
@@ -443,7 +445,7 @@ def test_a_v2_model_packages_and_loads_whole(name, tmp_path):
     zip_path = pkg.package_bundle(root, tmp_path / "dist")
     with zipfile.ZipFile(zip_path) as zf:
         assert json.loads(zf.read(f"{name}/configs/inference.json"))["network_def"]["use_v2"] is True
-    pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "downloads")
+    fetching.fetch_bundle(zip_path.as_uri(), tmp_path / "downloads")
     net = monai.bundle.load(name=name, bundle_dir=tmp_path / "downloads", workflow_type="inference", source="github",
                             repo="owner/repo/v0", version=_version(root), device="cpu", progress=False)  # fmt: skip
     _assert_same(net, state)
@@ -634,7 +636,7 @@ def test_github_source_is_offline_when_zip_present(packaged, fake_state, tmp_pat
 
 def test_fetch_bundle_verifies_with_sidecar_and_extracts(packaged, fake_state, tmp_path):
     d = tmp_path / "D"
-    folder = pkg.fetch_bundle(packaged.as_uri(), d)  # hash from <url>.sha256
+    folder = fetching.fetch_bundle(packaged.as_uri(), d)  # hash from <url>.sha256
     assert folder == d / SSL
     assert (d / packaged.name).read_bytes() == packaged.read_bytes()  # kept for monai.bundle download/load
     state = torch.load(folder / "models" / "model.pt", map_location="cpu", weights_only=True)
@@ -642,42 +644,42 @@ def test_fetch_bundle_verifies_with_sidecar_and_extracts(packaged, fake_state, t
     assert not [p for p in d.iterdir() if p.name.startswith(".")]  # no staging or partial files left
 
     with pytest.raises(FileExistsError, match="overwrite"):
-        pkg.fetch_bundle(packaged.as_uri(), d)
+        fetching.fetch_bundle(packaged.as_uri(), d)
     (folder / "configs" / "stale.json").write_text("{}")
     digest = packaged.with_name(packaged.name + ".sha256").read_text().split()[0]
-    assert pkg.fetch_bundle(str(packaged), d, sha256=digest.upper(), overwrite=True) == folder  # plain path
+    assert fetching.fetch_bundle(str(packaged), d, sha256=digest.upper(), overwrite=True) == folder  # plain path
     assert not (folder / "configs" / "stale.json").exists()
 
 
 def test_fetch_and_extraction_go_through_monai(packaged, tmp_path, monkeypatch):
     """The download, its SHA-256 check and the writing of the archive's members are MONAI's (``download_url`` with
-    the expected hash, ``extractall``); package.py adds only what MONAI lacks (see extract_zip_safely / fetch)."""
+    the expected hash, ``extractall``); download.py adds only what MONAI lacks (see extract_zip_safely / fetch)."""
     calls = []
-    download_url, extractall = pkg.download_url, pkg.extractall
+    download_url, extractall = fetching.download_url, fetching.extractall
     def recorded_download(*args, **kwargs):
         calls.append(("download_url", kwargs["hash_val"], kwargs["hash_type"]))
         return download_url(*args, **kwargs)
 
-    monkeypatch.setattr(pkg, "download_url", recorded_download)
-    monkeypatch.setattr(pkg, "extractall", lambda *a, **k: calls.append(("extractall",)) or extractall(*a, **k))
-    folder = pkg.fetch_bundle(packaged.as_uri(), tmp_path / "D")
+    monkeypatch.setattr(fetching, "download_url", recorded_download)
+    monkeypatch.setattr(fetching, "extractall", lambda *a, **k: calls.append(("extractall",)) or extractall(*a, **k))
+    folder = fetching.fetch_bundle(packaged.as_uri(), tmp_path / "D")
     assert calls == [("download_url", pkg.sha256_file(packaged), "sha256"), ("extractall",)]
     assert (folder / "models" / "model.pt").is_file()
 
 
 def test_fetch_hash_mismatch_leaves_nothing(packaged, tmp_path):
     target = tmp_path / "new" / "sub" / packaged.name
-    with pytest.raises(pkg.HashMismatchError, match="expected 0000"):
-        pkg.fetch(packaged.as_uri(), target, sha256="0" * 64)
+    with pytest.raises(fetching.HashMismatchError, match="expected 0000"):
+        fetching.fetch(packaged.as_uri(), target, sha256="0" * 64)
     assert not (tmp_path / "new").exists()
 
     existing = tmp_path / "existing"
     existing.mkdir()
-    with pytest.raises(pkg.HashMismatchError):
-        pkg.fetch(str(packaged), existing, sha256="f" * 64)
+    with pytest.raises(fetching.HashMismatchError):
+        fetching.fetch(str(packaged), existing, sha256="f" * 64)
     assert list(existing.iterdir()) == []
-    with pytest.raises(pkg.HashMismatchError):
-        pkg.fetch_bundle(packaged.as_uri(), tmp_path / "D", sha256="1" * 64)
+    with pytest.raises(fetching.HashMismatchError):
+        fetching.fetch_bundle(packaged.as_uri(), tmp_path / "D", sha256="1" * 64)
     assert not (tmp_path / "D").exists()
 
 
@@ -686,20 +688,20 @@ def test_fetch_requires_a_valid_hash(packaged, tmp_path):
     lone.parent.mkdir()
     shutil.copyfile(packaged, lone)
     with pytest.raises(ValueError, match="no sha256 given"):
-        pkg.fetch(lone.as_uri(), tmp_path / "out.zip")
+        fetching.fetch(lone.as_uri(), tmp_path / "out.zip")
     with pytest.raises(ValueError, match="not a SHA-256"):
-        pkg.fetch(lone, tmp_path / "out.zip", sha256="abc")
+        fetching.fetch(lone, tmp_path / "out.zip", sha256="abc")
     lone.with_name(lone.name + ".sha256").write_text(f"{pkg.sha256_file(lone)}  other.zip\n")
     with pytest.raises(ValueError, match="not of"):
-        pkg.fetch(lone, tmp_path / "out.zip")
+        fetching.fetch(lone, tmp_path / "out.zip")
     with pytest.raises(ValueError, match="unsupported URL scheme"):
-        pkg.fetch("s3://bucket/x.zip", tmp_path, sha256="0" * 64)
+        fetching.fetch("s3://bucket/x.zip", tmp_path, sha256="0" * 64)
     assert not (tmp_path / "out.zip").exists()
 
     # a target that already has the expected content is kept without reading the source again
-    out = pkg.fetch(lone, tmp_path / "copy.zip", sha256=pkg.sha256_file(lone))
+    out = fetching.fetch(lone, tmp_path / "copy.zip", sha256=pkg.sha256_file(lone))
     lone.unlink()
-    assert pkg.fetch(lone, out, sha256=pkg.sha256_file(out)) == out
+    assert fetching.fetch(lone, out, sha256=pkg.sha256_file(out)) == out
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -737,8 +739,8 @@ OK_MEMBER = ("b/configs/metadata.json", b"{}", 0o100644)
 def test_extract_refuses_unsafe_members(tmp_path, member, reason):
     archive = _zip_with(tmp_path / "b.zip", [OK_MEMBER, member])
     dest = tmp_path / "out"
-    with pytest.raises(pkg.UnsafeArchiveError, match=reason) as err:
-        pkg.extract_zip_safely(archive, dest)
+    with pytest.raises(fetching.UnsafeArchiveError, match=reason) as err:
+        fetching.extract_zip_safely(archive, dest)
     assert repr(member[0]) in str(err.value)
     assert not dest.exists()  # checked before anything is written
     assert not (tmp_path / "evil").exists()
@@ -751,14 +753,14 @@ def test_extract_refuses_escape_through_existing_link(tmp_path):
     dest.mkdir()
     (dest / "b").symlink_to(outside, target_is_directory=True)
     archive = _zip_with(tmp_path / "b.zip", [("b/evil", b"x", 0o100644)])
-    with pytest.raises(pkg.UnsafeArchiveError, match="outside"):
-        pkg.extract_zip_safely(archive, dest)
+    with pytest.raises(fetching.UnsafeArchiveError, match="outside"):
+        fetching.extract_zip_safely(archive, dest)
     assert list(outside.iterdir()) == []
 
 
 def test_extract_writes_plain_files(tmp_path):
     archive = _zip_with(tmp_path / "b.zip", [("b/", b"", 0o040755), OK_MEMBER, ("b/run.sh", b"echo", 0o104777)])
-    written = pkg.extract_zip_safely(archive, tmp_path / "out")
+    written = fetching.extract_zip_safely(archive, tmp_path / "out")
     names = sorted(p.relative_to(tmp_path / "out").as_posix() for p in written)
     assert names == ["b/configs/metadata.json", "b/run.sh"]
     umask = os.umask(0)
@@ -773,21 +775,21 @@ def test_extract_refuses_a_folder_that_is_not_empty(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "old.txt").write_text("x")
     with pytest.raises(FileExistsError, match="out is not empty"):
-        pkg.extract_zip_safely(archive, tmp_path / "out")
+        fetching.extract_zip_safely(archive, tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["old.txt"]
 
 
 def test_fetch_bundle_refuses_unsafe_or_foreign_zip(tmp_path):
     (tmp_path / "src").mkdir()
     slip = _zip_with(tmp_path / "src" / "b_v0.1.0.zip", [OK_MEMBER, ("b/../evil", b"x", 0o100644)])
-    with pytest.raises(pkg.UnsafeArchiveError, match="evil"):
-        pkg.fetch_bundle(slip, tmp_path / "D", sha256=pkg.sha256_file(slip))
+    with pytest.raises(fetching.UnsafeArchiveError, match="evil"):
+        fetching.fetch_bundle(slip, tmp_path / "D", sha256=pkg.sha256_file(slip))
     assert sorted(p.name for p in (tmp_path / "D").iterdir()) == []  # neither the zip nor a partial bundle
     assert not (tmp_path / "evil").exists() and not (tmp_path / "D" / "evil").exists()
 
     foreign = _zip_with(tmp_path / "src" / "c.zip", [("c/readme.txt", b"x", 0o100644)])
     with pytest.raises(ValueError, match="not a bundle release"):
-        pkg.fetch_bundle(foreign, tmp_path / "D", sha256=pkg.sha256_file(foreign))
+        fetching.fetch_bundle(foreign, tmp_path / "D", sha256=pkg.sha256_file(foreign))
 
 
 def test_fetch_bundle_says_that_large_files_yml_needs_pyyaml(released, tmp_path, monkeypatch):
@@ -799,7 +801,7 @@ def test_fetch_bundle_says_that_large_files_yml_needs_pyyaml(released, tmp_path,
     monkeypatch.setattr(monai.bundle.config_parser, "yaml", optional_import("a_module_that_is_not_installed")[0])
     zip_path, _ = released
     with pytest.raises(ModuleNotFoundError) as error:
-        pkg.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
+        fetching.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
     assert str(error.value).endswith("large_files.yml lists the bundle's weights and MONAI reads it with PyYAML, which "
                                      "is not installed: pip install pyyaml") and "\n" not in str(error.value)  # fmt: skip
     assert not (tmp_path / "D" / SSL).exists()
@@ -812,7 +814,7 @@ def test_fetch_bundle_refuses_large_files_without_a_hash(tmp_path):
     listed = f'large_files:\n  - path: "models/w.pt"\n    url: "{(tmp_path / "src" / "w.pt").as_uri()}"\n'
     archive = _zip_with(tmp_path / "src" / "b_v0.1.0.zip", [OK_MEMBER, (f"b/{pkg.LARGE_FILES}", listed.encode(), 0o100644)])
     with pytest.raises(ValueError, match=r"b/large_files.yml lists \['models/w.pt'\] without hash_val"):
-        pkg.fetch_bundle(archive, tmp_path / "D", sha256=pkg.sha256_file(archive))
+        fetching.fetch_bundle(archive, tmp_path / "D", sha256=pkg.sha256_file(archive))
     assert list((tmp_path / "D").iterdir()) == []
 
 
@@ -877,7 +879,7 @@ def test_cli_package_and_fetch(ssl_copy, fake_state, tmp_path, capsys):
     raw = str(tmp_path / "raw.zip")
     fire.Fire(COMMANDS, command=["fetch", str(zips[0]), raw, "--sha256", digest, "--extract", "false"])
     assert (tmp_path / "raw.zip").read_bytes() == zips[0].read_bytes()
-    with pytest.raises(pkg.HashMismatchError):
+    with pytest.raises(fetching.HashMismatchError):
         fire.Fire(COMMANDS, command=["fetch", str(zips[0]), str(tmp_path / "E"), "--sha256", "a" * 64])
     assert not (tmp_path / "E").exists()
 
@@ -900,7 +902,7 @@ def test_finetune_from_downloaded_pretraining_weights(packaged, fake_state, ct_d
     if not (BUNDLES_DIR / BTCV / "configs" / "train.json").is_file():
         pytest.skip(f"bundles/{BTCV} does not exist yet (written by another engineer); required before release")
     d = tmp_path / "D"
-    pretrained = pkg.fetch_bundle(packaged.as_uri(), d) / "models" / "model.pt"
+    pretrained = fetching.fetch_bundle(packaged.as_uri(), d) / "models" / "model.pt"
     run = tmp_path / "run"
     overrides = {
         "bundle_root": str(run),
