@@ -48,6 +48,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -538,6 +539,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     settings = replace(settings, distinct=min(settings.distinct, max(settings.sizes)))
     if settings.cache_num > min(settings.sizes) // settings.world_size:
         parser.error(f"--cache_num {settings.cache_num} exceeds a rank's shard at {min(settings.sizes)} volumes")
+    # a SIGTERM unwinds like Ctrl-C, so a bundle run under way is stopped with its whole process tree (its own session)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.perf_counter()
     result = run(settings, args.work, dict(args.gpu_step_ms))
     write_result(result, sys.stdout, started)
