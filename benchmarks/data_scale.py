@@ -207,7 +207,7 @@ def write_corpus(settings: Settings, root: Path) -> dict:
     tasks = corpus_tasks(settings, root)
     missing = [t for t in tasks if not all(Path(p).is_file() for p in t[2:] if p)]
     load, start = _load(), time.perf_counter()
-    if missing:  # spawned, not forked: this process has imported torch, whose threads a fork would not carry
+    if missing:  # spawned, not forked: a fork of a process that runs torch's threads can deadlock
         with ProcessPoolExecutor(min(settings.workers, len(missing)), mp_context=get_context("spawn")) as pool:
             list(pool.map(_write_case, missing))
     seconds = time.perf_counter() - start
@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.work is None:
         parser.error("--work FOLDER is required: the corpus and stores go there (~50 GB at full size)")
     settings = SMALL if args.small else Settings()
-    chosen = {"sizes": tuple(args.sizes) if args.sizes else None, "workers": args.workers,
+    chosen = {"sizes": tuple(sorted(set(args.sizes))) if args.sizes else None, "workers": args.workers,
               "memory_budget_gb": args.memory_budget_gb, "cache_num": args.cache_num}  # fmt: skip
     settings = replace(settings, **{k: v for k, v in chosen.items() if v is not None})
     settings = replace(settings, distinct=min(settings.distinct, max(settings.sizes)))
