@@ -7,8 +7,14 @@ Runs CMD (e.g. the SSL bundle's tiny CPU command, or its torchrun variant) and s
   workers share with their parent are counted in each: an upper bound), and ``peak_tree_pss_gb``, the same with
   shared pages split between their processes (what has to fit in the machine);
 - ``peak_process_rss_gb``: the largest single process (what ``/usr/bin/time -v`` reports as "Maximum resident");
+- ``peak_process_pss_gb``: the largest single process's PSS (one rank of a torchrun run with no loader workers),
+  and both per-process peaks up to the trainer's start line (``..._at_start_line``: before any step);
 - ``start_line_s`` / ``first_iteration_s``: seconds from the launch to the trainer's start line (ignite's "Engine
   run ...") and to the first iteration line ("Iter: "), and ``wall_s``, the exit code and the machine facts.
+
+``measure(..., stop_at="first_iteration")`` (or a ``timeout``) ends the run there: the whole process group gets
+SIGTERM, then SIGKILL after a grace period; ``stopped`` says why it ended early and ``left_running`` counts the
+processes of its tree still alive afterwards (0).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -27,28 +34,63 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_info  # noqa: E402
 
 
-def _tree_memory(root: psutil.Process) -> tuple[int, int, int]:
-    """(sum of RSS, sum of PSS, largest RSS) over ``root`` and all its descendants; vanished processes count 0."""
-    total = proportional = largest = 0
+def _tree_memory(root: psutil.Process) -> tuple[int, int, int, int]:
+    """(sum of RSS, sum of PSS, largest RSS, largest PSS) over ``root`` and all its descendants; vanished processes
+    count 0."""
+    total = proportional = largest = largest_pss = 0
     try:
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     for proc in procs:
         try:
             info = proc.memory_full_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+        pss = getattr(info, "pss", info.rss)
         total += info.rss
-        proportional += getattr(info, "pss", info.rss)
-        largest = max(largest, info.rss)
-    return total, proportional, largest
+        proportional += pss
+        largest, largest_pss = max(largest, info.rss), max(largest_pss, pss)
+    return total, proportional, largest, largest_pss
 
 
-def measure(cmd: list[str], interval: float = 0.1, cwd: str | None = None) -> dict:
-    """Runs ``cmd`` and returns its peak memory, timings and exit code (see the module docstring)."""
+def stop_process_group(proc: subprocess.Popen, grace_s: float = 20.0) -> int:
+    """Ends ``proc`` (started with ``start_new_session=True``) and every process of its tree: SIGTERM to its process
+    group (torchrun forwards it to the ranks too), then SIGKILL to whatever is left after ``grace_s``; a descendant
+    that left the group gets the same signals by its pid. Returns how many processes of the tree are still alive
+    afterwards (0 unless one could not be killed)."""
+    try:
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        for child in descendants:
+            try:
+                child.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        try:
+            proc.wait(timeout=wait_s)  # Popen reaps its own child, so its exit code stays the signal's
+        except subprocess.TimeoutExpired:
+            pass
+        _, descendants = psutil.wait_procs(descendants, timeout=wait_s)
+        if proc.poll() is not None and not descendants:
+            return 0
+    return len(descendants) + (proc.poll() is None)
+
+
+def measure(cmd: list[str], interval: float = 0.1, cwd: str | None = None, stop_at: str | None = None,
+            timeout: float | None = None, env: dict | None = None) -> dict:  # fmt: skip
+    """Runs ``cmd`` and returns its peak memory, timings and exit code (see the module docstring); with ``stop_at``
+    ("engine_start" or "first_iteration") the run is ended as soon as that line is logged, with ``timeout`` after
+    that many seconds (``stopped`` names which)."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
     root = psutil.Process(proc.pid)
     marks: dict[str, float] = {}
     lines: list[str] = []
@@ -64,21 +106,37 @@ def measure(cmd: list[str], interval: float = 0.1, cwd: str | None = None) -> di
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    peak_total = peak_pss = peak_process = 0
-    while proc.poll() is None:
-        total, proportional, largest = _tree_memory(root)
-        peak_total, peak_pss = max(peak_total, total), max(peak_pss, proportional)
-        peak_process = max(peak_process, largest)
-        time.sleep(interval)
+    peak_total = peak_pss = peak_process = peak_process_pss = 0
+    at_start_line: tuple[int, int] | None = None
+    stopped, left_running = None, 0
+    try:
+        while proc.poll() is None:
+            total, proportional, largest, largest_pss = _tree_memory(root)
+            peak_total, peak_pss = max(peak_total, total), max(peak_pss, proportional)
+            peak_process, peak_process_pss = max(peak_process, largest), max(peak_process_pss, largest_pss)
+            if at_start_line is None and "engine_start" in marks:
+                at_start_line = (peak_process, peak_process_pss)
+            if stop_at in marks or timeout is not None and time.monotonic() - start > timeout:
+                stopped = stop_at if stop_at in marks else "timeout"
+                break
+            time.sleep(interval)
+    finally:
+        if proc.poll() is None:
+            left_running = stop_process_group(proc)
     reader.join(timeout=10)
     first = marks.get("first_iteration")
     return {
         "command": cmd,
         "exit_code": proc.returncode,
+        "stopped": stopped,
+        "left_running": left_running,
         "wall_s": round(time.monotonic() - start, 1),
         "peak_tree_rss_gb": round(peak_total / 2**30, 2),
         "peak_tree_pss_gb": round(peak_pss / 2**30, 2),
         "peak_process_rss_gb": round(peak_process / 2**30, 2),
+        "peak_process_pss_gb": round(peak_process_pss / 2**30, 3),
+        "peak_process_rss_gb_at_start_line": at_start_line and round(at_start_line[0] / 2**30, 3),
+        "peak_process_pss_gb_at_start_line": at_start_line and round(at_start_line[1] / 2**30, 3),
         "start_line_s": marks.get("engine_start") and round(marks["engine_start"], 1),
         "first_iteration_s": first and round(first, 1),
         "output_tail": "".join(lines[-15:]),

@@ -1,0 +1,554 @@
+"""What the four data modes (``loader#cache`` full, smart, none, disk) cost as the corpus grows to 5,000 CT volumes.
+
+Five phases, each kept under ``--work`` as it finishes (a volume, a store, a run, a recipe), so a rerun of the same
+command skips what is done and a killed run continues:
+
+1. ``corpus``: synthetic CT of ``--shape`` (default 256 x 256 x 160) int16 voxels, ``store_format.ct_volume``: a
+   body-shaped ellipse of soft tissue in a fat rim, lungs, organs and a spine in Hounsfield units with scanner noise,
+   air inside and -1024 outside the reconstruction circle, written as .nii.gz by ``--workers`` processes. The
+   largest sizes repeat the first ``--distinct`` volumes under new names (symbolic links ``case_XXXX``). One
+   datalist per size (its ``training`` list; the same ``validation`` volumes for every size) and a few labeled
+   volumes for the finetuning crops (labels: the smoothed HU thresholded into spine, contrast vessel and liver).
+2. ``preprocess``: ``python -m components preprocess --bundle swin_unetr_ssl_pretrain --workers W`` per size: wall
+   time (process start and data check included), seconds per volume, core-seconds per volume (wall x W / volumes),
+   bytes per stored volume against its .nii.gz.
+3. ``memory``: the SSL bundle on 2 ranks (torchrun, gloo, CPU) per size and mode (smart keeps ``--cache_num``
+   volumes per rank), with a tiny network (feature 12, window 4, one 96^3 crop per step) and no loader workers, so
+   each rank is one process; ``bundle_memory.measure`` samples the process tree and ends it once the first iteration
+   is logged. Per rank: peak PSS of the largest process up to the trainer's start line and through the first
+   iteration; seconds from the launch to both lines. An in-memory mode runs at a size only when the estimate from
+   the sizes measured before (the mode-none run at that size plus, per volume a rank caches, what the measured sizes
+   showed) fits ``--memory_budget_gb`` for both ranks; otherwise that estimate is reported, marked "extrapolated".
+4. ``crops``: crops per second of one loader worker (one process, one torch thread) for each recipe's training views,
+   from the bundle's in-memory cache and from its disk store, alternating, with the same random state (the same
+   crops): SSL and masked-image (``RandCompactSpatialCropSamplesd``, 2 crops of 96^3 per volume), self-distillation
+   (its ``training#context_size`` crop), BTCV finetuning (its random transforms on labeled volumes; its disk path
+   reads whole volumes through ``ReadStoredd``).
+5. ``workers``: loader workers one GPU needs = batch x crops per volume / GPU step time / crops per second of one
+   worker; the step times come from ``--gpu_step_ms`` (``benchmarks/gpu_check.py`` measures them) or, without them,
+   a table for 100, 200 and 400 ms steps, and whether 16 cores per GPU (15 workers and the training process) suffice.
+
+Goals, reported against: memory per rank with the disk store flat within 10 % from the smallest to the largest
+size; the first iteration within 10 s of the launch at every size (disk); disk at least 0.8x the in-memory crops per
+second of one worker.
+
+    nice python benchmarks/data_scale.py --work /work/bench-data/data_scale      # sizes 100, 1,000, 5,000
+    python benchmarks/data_scale.py --small --work /tmp/data_scale_small         # CI: 64x64x48, sizes 4 and 8
+    python benchmarks/data_scale.py --markdown benchmarks/results/data_scale.json [--write_docs benchmarks/README.md]
+
+Prints one JSON object (the machine, the commit, the settings, the load average before each timed step) and writes
+it to ``--out`` (default ``benchmarks/results/data_scale.json``; with ``--small`` only when given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from bundle_memory import measure
+from data_scale_tables import markdown_tables, write_doc_tables
+from machine import bundle_parser, machine_info, write_result
+from store_format import _nii_gz_bytes, ct_volume
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from components import atomic_write  # noqa: E402
+
+RESULT = REPO / "benchmarks" / "results" / "data_scale.json"
+SSL = "swin_unetr_ssl_pretrain"
+MODES = ("none", "disk", "smart", "full")  # the cache-less runs of a size first: the in-memory estimates start there
+IN_MEMORY = ("smart", "full")
+RECIPES = {"ssl": SSL, "dino": "swin_unetr_dino_pretrain", "finetune": "swin_unetr_btcv_finetune"}
+GOALS = {"disk_memory_flat_within": 0.10, "disk_first_iteration_s": 10.0, "disk_over_memory_crops_per_s": 0.8}
+STEP_MS = (100, 200, 400)
+CORES_PER_GPU = 16
+# the network is not what phase 3 measures: small, one crop per step, no mixed precision on the CPU
+TINY_NETWORK = {"feature_size": 12, "network_def#window_size": 4, "batch_size": 1, "training#num_samples": 1,
+                "speed#amp": False, "device": "cpu"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a run measures; a work folder holds the phases of one set of settings."""
+
+    sizes: tuple[int, ...] = (100, 1000, 5000)
+    distinct: int = 1000
+    shape: tuple[int, int, int] = (256, 256, 160)
+    validation: int = 2
+    labeled: int = 4
+    crop_volumes: int = 8
+    crop_rounds: int = 5
+    roi_size: tuple[int, int, int] = (96, 96, 96)
+    cache_num: int = 32
+    world_size: int = 2
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    memory_budget_gb: float = field(default_factory=lambda: round(0.75 * psutil.virtual_memory().total / 2**30, 1))
+    run_timeout_s: float = 3600.0
+    recipe_overrides: dict = field(default_factory=lambda: {recipe: {} for recipe in RECIPES})
+
+
+SMALL = Settings(
+    sizes=(4, 8), distinct=4, shape=(64, 64, 48), labeled=2, crop_volumes=2, crop_rounds=1, roi_size=(64, 32, 32),
+    cache_num=2, workers=2, memory_budget_gb=0.0, run_timeout_s=300.0,
+    recipe_overrides={"ssl": {"roi_size": [64, 32, 32]}, "finetune": {"roi_size": [64, 32, 32]},
+                      "dino": {"roi_size": [32, 32, 32], "training#context_size": [48, 48, 48]}},
+)  # fmt: skip
+"""CI: seconds per phase; a memory budget of 0 measures the in-memory modes at the first size only and extrapolates."""
+
+
+def _load() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def _commit() -> str:
+    from low_data import _git_commit
+
+    return _git_commit()
+
+
+def _write_json(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path, "w") as f:
+        f.write(json.dumps(record, indent=1) + "\n")
+
+
+def kept(path: Path, compute: Callable[[], dict]) -> dict:
+    """The record a previous run left at ``path``, else ``compute()``'s, kept there (with the commit) for the next;
+    one line on stderr either way."""
+    name = path.relative_to(path.parents[1]).with_suffix("").as_posix()
+    if path.is_file():
+        print(f"data_scale: {name}: kept from an earlier run", file=sys.stderr, flush=True)
+        return json.loads(path.read_text())
+    start = time.perf_counter()
+    record = {**compute(), "commit": _commit()}
+    _write_json(path, record)
+    print(f"data_scale: {name}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return record
+
+
+def _env() -> dict:
+    """The environment of the measured commands: this checkout's ``components`` first on the path."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+
+
+# ----------------------------------------------------------------------------------------------------------- corpus
+
+
+def labeled_ct(shape: tuple[int, int, int], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A CT volume (``ct_volume``) and its uint8 labels: 1 spine, 2 contrast vessel, 3 liver, by thresholds of the HU
+    averaged over 5^3 voxels (the noise averaged out; the organs are 20 HU and more apart)."""
+    from scipy.ndimage import uniform_filter
+
+    image = ct_volume(shape, seed)
+    smooth = uniform_filter(image.astype(np.float32), size=5)
+    label = np.zeros(shape, np.uint8)
+    label[(smooth > 50) & (smooth <= 100)] = 3
+    label[(smooth > 100) & (smooth <= 400)] = 2
+    label[smooth > 400] = 1
+    return image, label
+
+
+def _write_case(task: tuple[tuple[int, int, int], int, str, str | None]) -> None:
+    """Writes one volume (and its labels when a label path is given), each file atomically, in a worker process."""
+    shape, seed, image_path, label_path = task
+    arrays = labeled_ct(shape, seed) if label_path else (ct_volume(shape, seed),)
+    for array, path in zip(arrays, (image_path, label_path)):
+        temporary = Path(path).with_name(f".{Path(path).name.removesuffix('.nii.gz')}.tmp.nii.gz")
+        _nii_gz_bytes(array, temporary)
+        os.replace(temporary, path)
+
+
+def corpus_tasks(settings: Settings, root: Path) -> list[tuple]:
+    """Every file the corpus holds, as ``_write_case`` tasks: training, validation and labeled volumes (own seeds)."""
+    shape = tuple(settings.shape)
+    tasks = [(shape, i, str(root / "images" / f"case_{i:04d}.nii.gz"), None) for i in range(settings.distinct)]
+    tasks += [(shape, 10**6 + i, str(root / "validation" / f"val_{i:02d}.nii.gz"), None)
+              for i in range(settings.validation)]  # fmt: skip
+    tasks += [(shape, 2 * 10**6 + i, str(root / "labeled" / f"image_{i:02d}.nii.gz"),
+               str(root / "labeled" / f"label_{i:02d}.nii.gz")) for i in range(settings.labeled)]  # fmt: skip
+    return tasks
+
+
+def _datalists(settings: Settings, root: Path) -> None:
+    """Links ``case_XXXX`` beyond the distinct volumes and writes ``datalist_<size>.json`` and ``labeled.json``."""
+    for i in range(settings.distinct, max(settings.sizes)):
+        link = root / "images" / f"case_{i:04d}.nii.gz"
+        if not link.is_symlink():
+            link.symlink_to(f"case_{i % settings.distinct:04d}.nii.gz")
+    validation = [{"image": f"validation/val_{i:02d}.nii.gz"} for i in range(settings.validation)]
+    for size in settings.sizes:
+        training = [{"image": f"images/case_{i:04d}.nii.gz"} for i in range(size)]
+        _write_json(root / f"datalist_{size}.json", {"training": training, "validation": validation})
+    labeled = [{"image": f"labeled/image_{i:02d}.nii.gz", "label": f"labeled/label_{i:02d}.nii.gz"}
+               for i in range(settings.labeled)]  # fmt: skip
+    _write_json(root / "labeled.json", {"training": labeled, "validation": []})
+
+
+def write_corpus(settings: Settings, root: Path) -> dict:
+    """Phase 1: writes the files not there yet in parallel processes, links and datalists."""
+    for folder in ("images", "validation", "labeled"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    tasks = corpus_tasks(settings, root)
+    missing = [t for t in tasks if not all(Path(p).is_file() for p in t[2:] if p)]
+    load, start = _load(), time.perf_counter()
+    if missing:  # spawned, not forked: a fork of a process that runs torch's threads can deadlock
+        with ProcessPoolExecutor(min(settings.workers, len(missing)), mp_context=get_context("spawn")) as pool:
+            list(pool.map(_write_case, missing))
+    seconds = time.perf_counter() - start
+    _datalists(settings, root)
+    sizes = [os.path.getsize(t[2]) for t in tasks[: settings.distinct]]
+    return {"distinct_volumes": settings.distinct, "linked_volumes": max(0, max(settings.sizes) - settings.distinct),
+            "validation_volumes": settings.validation, "labeled_volumes": settings.labeled,
+            "shape": list(settings.shape), "dtype": "int16", "nii_gz_bytes_per_volume": round(float(np.mean(sizes))),
+            "written_now": len(missing), "seconds": round(seconds, 1), "workers": settings.workers,
+            "load_avg_before": load}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------------- preprocess
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def preprocess_size(settings: Settings, corpus: Path, store: Path, size: int) -> dict:
+    """Phase 2 at one size: the preprocess command's wall time and the store's bytes against the .nii.gz files."""
+    cmd = [sys.executable, "-m", "components", "preprocess", "--datalist", str(corpus / f"datalist_{size}.json"),
+           "--out", str(store), "--bundle", SSL, "--workers", str(settings.workers),
+           "--overrides", json.dumps({"roi_size": list(settings.roi_size)})]  # fmt: skip
+    load, start = _load(), time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        raise RuntimeError(f"preprocess of {size} volumes failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    written, reused = map(int, re.search(r"(\d+) written, (\d+) already there", proc.stdout).groups())
+    entries = json.loads((store / "index.json").read_text())["entries"]
+    stored = [_folder_bytes(store / "volumes" / e["id"]) for e in entries]
+    training = json.loads((corpus / f"datalist_{size}.json").read_text())["training"]
+    nii = [os.path.getsize(corpus / item["image"]) for item in training]  # a link: its target's bytes
+    return {"volumes": len(entries), "written": written, "reused": reused, "workers": settings.workers,
+            "wall_s": round(wall, 1), "s_per_volume": round(wall / max(written, 1), 3),
+            "core_s_per_volume": round(wall * settings.workers / max(written, 1), 3),
+            "store_bytes_per_volume": round(float(np.mean(stored))),
+            "nii_gz_bytes_per_volume": round(float(np.mean(nii))),
+            "store_over_nii_gz": round(sum(stored) / sum(nii), 3), "store_total_bytes": _folder_bytes(store),
+            "load_avg_before": load}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------- memory
+
+
+def cached_per_rank(settings: Settings, mode: str, size: int) -> int:
+    """Volumes one rank holds in memory in ``mode``: its shard (full), ``cache_num`` of it (smart), none otherwise."""
+    shard = math.ceil(size / settings.world_size)
+    return {"full": shard, "smart": min(settings.cache_num, shard)}.get(mode, 0)
+
+
+MEASURES = ("peak_rank_pss_gb", "peak_rank_pss_gb_at_start_line", "start_line_s", "first_iteration_s")
+
+
+def estimate(settings: Settings, mode: str, size: int, runs: dict[int, dict]) -> dict | None:
+    """The linear estimate of an in-memory ``mode`` at ``size`` from the sizes measured before: the mode-none run at
+    ``size`` plus, per volume a rank caches, the excess over mode none that the measured sizes showed (least squares
+    through the origin); None when no size was measured yet."""
+    done = [s for s in runs if s < size and runs[s][mode]["status"] == "measured"]
+    if not done:
+        return None
+    cached = [cached_per_rank(settings, mode, s) for s in done]
+    out = {"from_sizes": done}
+    for key in MEASURES:
+        excess = [runs[s][mode][key] - runs[s]["none"][key] for s in done]
+        slope = sum(c * e for c, e in zip(cached, excess)) / max(sum(c * c for c in cached), 1)
+        out[key] = round(runs[size]["none"][key] + slope * cached_per_rank(settings, mode, size), 3)
+    return out
+
+
+def bundle_run_command(settings: Settings, corpus: Path, store: Path, size: int, mode: str, run_dir: Path) -> list[str]:
+    """The torchrun command of the SSL bundle (``train.json`` + ``multi_gpu_train.json``) for one size and mode."""
+    from components.runner import bundle_command
+
+    overrides = {**TINY_NETWORK, "datalist": str(corpus / f"datalist_{size}.json"), "roi_size": list(settings.roi_size),
+                 "loader#num_workers": 0, "loader#cache": mode, "max_epochs": 1, "ckpt_dir": str(run_dir / "models"),
+                 "output_dir": str(run_dir / "eval"),
+                 **({"loader#cache_num": settings.cache_num} if mode == "smart" else {}),
+                 **({"loader#store": str(store)} if mode == "disk" else {})}  # fmt: skip
+    bundle = bundle_command(SSL, ("train.json", "multi_gpu_train.json"), overrides)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc_per_node={settings.world_size}", *bundle[1:]]  # fmt: skip
+
+
+def memory_run(settings: Settings, cmd: list[str], run_dir: Path, cached: int) -> dict:
+    """Phase 3, one measured run: launched, sampled and ended at its first iteration (its process tree stopped)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    load = _load()
+    result = measure(cmd, interval=0.2, cwd=str(run_dir), stop_at="first_iteration", timeout=settings.run_timeout_s,
+                     env=_env())  # fmt: skip
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if result["stopped"] != "first_iteration" or result["left_running"]:
+        raise RuntimeError(f"no first iteration (exit {result['exit_code']}, stopped: {result['stopped']}, "
+                           f"{result['left_running']} process(es) left): {' '.join(cmd)}\n"
+                           f"{result['output_tail']}")  # fmt: skip
+    return {"status": "measured", "peak_rank_pss_gb": result["peak_process_pss_gb"],
+            "peak_rank_pss_gb_at_start_line": result["peak_process_pss_gb_at_start_line"],
+            "peak_rank_rss_gb": result["peak_process_rss_gb"], "peak_tree_pss_gb": result["peak_tree_pss_gb"],
+            "start_line_s": result["start_line_s"], "first_iteration_s": result["first_iteration_s"],
+            "cached_volumes_per_rank": cached, "left_running": result["left_running"],
+            "load_avg_before": load}  # fmt: skip
+
+
+def memory_phase(settings: Settings, work: Path) -> dict:
+    """Phase 3: every size and mode, measured, or extrapolated where the estimate does not fit the budget."""
+    runs: dict[int, dict] = {}
+    for size in settings.sizes:
+        runs[size] = {}
+        for mode in MODES:
+            path = work / "phases" / "memory" / f"{size}_{mode}.json"
+            guess = estimate(settings, mode, size, runs) if mode in IN_MEMORY else None
+            cached = cached_per_rank(settings, mode, size)
+            fits = guess is None or settings.world_size * guess["peak_rank_pss_gb"] <= settings.memory_budget_gb
+            if fits:
+                cmd = bundle_run_command(settings, work / "corpus", work / "stores" / f"ssl_{size}", size, mode,
+                                         work / "runs" / f"{size}_{mode}")  # fmt: skip
+                record = kept(path, lambda: memory_run(settings, cmd, work / "runs" / f"{size}_{mode}", cached))
+                runs[size][mode] = {**record, **({"estimate_before": guess} if guess else {})}
+            else:
+                runs[size][mode] = {"status": "extrapolated", **guess, "cached_volumes_per_rank": cached,
+                                    "both_ranks_gb": round(settings.world_size * guess["peak_rank_pss_gb"], 2),
+                                    "budget_gb": settings.memory_budget_gb}  # fmt: skip
+    return {str(size): modes for size, modes in runs.items()}
+
+
+# ------------------------------------------------------------------------------------------------------------ crops
+
+
+def recipe_parser(settings: Settings, recipe: str, datalist: Path, cache: str, store: Path):
+    """The recipe's bundle config (``machine.bundle_parser``) reading ``datalist``, with ``cache`` and ``store``."""
+    from components.runner import bundle_dir
+
+    overrides = {"datalist": str(datalist), "device": "cpu", "loader#cache": cache, "loader#store": str(store),
+                 **settings.recipe_overrides[recipe]}  # fmt: skip
+    return bundle_parser(bundle_dir(RECIPES[recipe]), overrides, num_workers=0)
+
+
+def _crop_datalist(settings: Settings, corpus: Path, recipe: str) -> Path:
+    """The labeled list for finetuning, else the first ``crop_volumes`` distinct volumes."""
+    if recipe == "finetune":
+        return corpus / "labeled.json"
+    path = corpus / "crops.json"
+    items = [{"image": f"images/case_{i:04d}.nii.gz"} for i in range(min(settings.crop_volumes, settings.distinct))]
+    _write_json(path, {"training": items, "validation": []})
+    return path
+
+
+def _timed_pass(dataset, seed: int) -> tuple[int, float]:
+    """(crops, seconds) of fetching every item of ``dataset`` once from the random state ``seed``."""
+    dataset.transform.set_random_state(seed)
+    start, crops = time.perf_counter(), 0
+    for index in range(len(dataset)):
+        item = dataset[index]
+        crops += len(item) if isinstance(item, list) else 1
+    return crops, time.perf_counter() - start
+
+
+def crop_rates(settings: Settings, corpus: Path, store: Path, recipe: str) -> dict:
+    """Phase 4 for one recipe: crops per second of one process from the in-memory cache and from the disk store."""
+    import torch
+
+    from components.data.store import bundle_transforms, preprocess
+
+    datalist = _crop_datalist(settings, corpus, recipe)
+    parser = recipe_parser(settings, recipe, datalist, "disk", store)
+    if not (store / "index.json").is_file():
+        preprocess(datalist, store, bundle_transforms(parser), workers=settings.workers, channels=parser["in_channels"])
+    sources = {"memory": recipe_parser(settings, recipe, datalist, "full", store).get_parsed_content("train#dataset"),
+               "disk": parser.get_parsed_content("train#dataset")}  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a DataLoader worker runs
+    try:
+        for dataset in sources.values():
+            _timed_pass(dataset, seed=0)  # first reads: file handles opened, pages cached
+        totals = {name: [0, 0.0] for name in sources}
+        loads = []
+        for round_ in range(settings.crop_rounds):
+            loads.append(_load())
+            for name, dataset in sources.items():
+                crops, seconds = _timed_pass(dataset, seed=1 + round_)
+                totals[name][0] += crops
+                totals[name][1] += seconds
+    finally:
+        torch.set_num_threads(threads)
+    if totals["memory"][0] != totals["disk"][0]:
+        raise RuntimeError(f"{recipe}: {totals['memory'][0]} crops from memory, {totals['disk'][0]} from disk")
+    rates = {name: round(crops / seconds, 2) for name, (crops, seconds) in totals.items()}
+    disk_path = "whole volumes read by ReadStoredd" if recipe == "finetune" else "only the chunks each crop covers"
+    return {"bundle": RECIPES[recipe], "volumes": len(sources["disk"]), "crops": totals["disk"][0],
+            "crops_per_s_memory": rates["memory"], "crops_per_s_disk": rates["disk"],
+            "disk_over_memory": round(rates["disk"] / rates["memory"], 3), "disk_reads": disk_path,
+            "overrides": settings.recipe_overrides[recipe], "load_avg_before_rounds": loads}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------- workers
+
+
+def crops_per_step(recipe: str) -> tuple[int, int]:
+    """(batch size, crops per volume) of the recipe's bundle as shipped (``train.json``)."""
+    from components.runner import bundle_dir
+
+    config = json.loads((bundle_dir(RECIPES[recipe]) / "configs" / "train.json").read_text())
+    return int(config["batch_size"]), int(config["training"]["num_samples"])
+
+
+def workers_needed(crops_per_step_: int, step_ms: float, crops_per_s_per_worker: float) -> int:
+    """Loader workers that keep up with a GPU consuming ``crops_per_step_`` every ``step_ms``."""
+    return math.ceil(crops_per_step_ * 1000.0 / step_ms / crops_per_s_per_worker)
+
+
+def _need(crops: int, step_ms: float, rates: dict) -> dict:
+    disk, memory = (workers_needed(crops, step_ms, rates[f"crops_per_s_{s}"]) for s in ("disk", "memory"))
+    return {"gpu_crops_per_s": round(crops * 1000.0 / step_ms, 2), "workers_disk": disk, "workers_memory": memory,
+            "16_cores_suffice_disk": disk <= CORES_PER_GPU - 1}  # fmt: skip
+
+
+def workers_phase(crops: dict, gpu_step_ms: dict[str, float]) -> dict:
+    """Phase 5: workers per GPU for each recipe, at its measured step time if given, and for :data:`STEP_MS`."""
+    out = {}
+    for recipe, rates in crops.items():
+        batch, per_volume = crops_per_step(recipe)
+        step = gpu_step_ms.get(recipe)
+        out[recipe] = {"batch_size": batch, "crops_per_volume": per_volume, "crops_per_step": batch * per_volume,
+                       "gpu_step_ms": step if step is not None else "not measured",
+                       "at_gpu_step": _need(batch * per_volume, step, rates) if step is not None else None,
+                       "by_step_ms": {str(ms): _need(batch * per_volume, ms, rates) for ms in STEP_MS}}  # fmt: skip
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------ goals
+
+
+def goals(memory: dict, crops: dict) -> dict:
+    """The three goals against the figures: memory change of a rank (disk) against the smallest size, through the
+    first iteration (the goal) and up to the trainer's start line (the data alone, without the network's step)."""
+    disk = [memory[size]["disk"] for size in memory]
+    spread, at_start = (max(abs(run[key] / disk[0][key] - 1) for run in disk)
+                        for key in ("peak_rank_pss_gb", "peak_rank_pss_gb_at_start_line"))  # fmt: skip
+    slowest = max(run["first_iteration_s"] for run in disk)
+    worst = min(crops[recipe]["disk_over_memory"] for recipe in crops)
+    return {
+        "disk_memory_change": round(spread, 3),
+        "disk_memory_change_at_start_line": round(at_start, 3),
+        "disk_memory_flat_met": spread <= GOALS["disk_memory_flat_within"],
+        "disk_first_iteration_s_max": slowest,
+        "disk_first_iteration_met": slowest <= GOALS["disk_first_iteration_s"],
+        "disk_over_memory_crops_per_s_min": worst,
+        "disk_crops_per_s_met": worst >= GOALS["disk_over_memory_crops_per_s"],
+        "targets": GOALS,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------- driver
+
+
+def _check_work(settings: Settings, work: Path) -> None:
+    """Records the settings in ``work``; a folder of other settings is refused (its phases measured something else)."""
+    path, wanted = work / "settings.json", json.loads(json.dumps(asdict(settings)))
+    if path.is_file():
+        held = json.loads(path.read_text())
+        if held != wanted:
+            changed = sorted(k for k in set(held) | set(wanted) if held.get(k) != wanted.get(k))
+            raise SystemExit(f"{work} holds the phases of other settings ({', '.join(changed)} differ): use another "
+                             "--work, or remove it to start again.")  # fmt: skip
+    _write_json(path, wanted)
+
+
+def run(settings: Settings, work: Path, gpu_step_ms: dict[str, float]) -> dict:
+    """All phases, each skipped where ``work`` holds its record; the result as one dict."""
+    work = work.resolve()
+    _check_work(settings, work)
+    corpus, phases = work / "corpus", work / "phases"
+    result: dict = {"benchmark": "data_scale", "commit": _commit(), "machine": machine_info(),
+                    "settings": asdict(settings)}  # fmt: skip
+    result["corpus"] = kept(phases / "corpus.json", lambda: write_corpus(settings, corpus))
+    result["preprocess"] = {
+        str(size): kept(phases / "preprocess" / f"{size}.json",
+                        lambda: preprocess_size(settings, corpus, work / "stores" / f"ssl_{size}", size))
+        for size in settings.sizes
+    }  # fmt: skip
+    result["memory"] = memory_phase(settings, work)
+    result["crops"] = {recipe: kept(phases / "crops" / f"{recipe}.json",
+                                    lambda: crop_rates(settings, corpus, work / "stores" / f"crops_{recipe}", recipe))
+                       for recipe in RECIPES}  # fmt: skip
+    result["workers"] = workers_phase(result["crops"], gpu_step_ms)
+    result["goals"] = goals(result["memory"], result["crops"])
+    return result
+
+
+def step_time(pair: str) -> tuple[str, float]:
+    """One ``RECIPE=MS`` of ``--gpu_step_ms`` (e.g. ``ssl=420``) as (recipe, milliseconds)."""
+    recipe, _, value = pair.partition("=")
+    try:
+        if recipe in RECIPES and float(value) > 0:
+            return recipe, float(value)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"RECIPE=MS with RECIPE one of {list(RECIPES)} and MS > 0, got {pair!r}")
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, help="the corpus, stores and phase records (~50 GB at full size)")
+    parser.add_argument("--small", action="store_true", help="CI: 64x64x48 volumes, sizes 4 and 8, seconds per phase")
+    parser.add_argument("--sizes", type=int, nargs="+", help="corpus sizes (default 100 1000 5000)")
+    parser.add_argument("--workers", type=int, help="processes writing the corpus and the stores (default: all CPUs)")
+    parser.add_argument("--memory_budget_gb", type=float, help="what both ranks may use (default: 75 %% of the RAM)")
+    parser.add_argument("--cache_num", type=int, help="volumes a rank keeps with loader#cache smart (default 32)")
+    parser.add_argument("--gpu_step_ms", type=step_time, nargs="+", default=[], metavar="RECIPE=MS",
+                        help=f"GPU step times measured at the recipes' sizes, recipes {list(RECIPES)}")  # fmt: skip
+    parser.add_argument("--out", type=Path, help="where the JSON goes (default: benchmarks/results/data_scale.json)")
+    parser.add_argument("--markdown", type=Path, help="print the tables of this result JSON and exit")
+    parser.add_argument("--write_docs", type=Path, nargs="+", help="with --markdown: rewrite these files' table blocks")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        for doc in args.write_docs or []:
+            print(f"{doc}: {'updated' if write_doc_tables(doc, args.markdown) else 'unchanged'}")
+        if not args.write_docs:
+            print(markdown_tables(json.loads(args.markdown.read_text())), end="")
+        return None
+    if args.work is None:
+        parser.error("--work FOLDER is required: the corpus and stores go there (~50 GB at full size)")
+    settings = SMALL if args.small else Settings()
+    chosen = {"sizes": tuple(sorted(set(args.sizes))) if args.sizes else None, "workers": args.workers,
+              "memory_budget_gb": args.memory_budget_gb, "cache_num": args.cache_num}  # fmt: skip
+    settings = replace(settings, **{k: v for k, v in chosen.items() if v is not None})
+    settings = replace(settings, distinct=min(settings.distinct, max(settings.sizes)))
+    if settings.cache_num > min(settings.sizes) // settings.world_size:
+        parser.error(f"--cache_num {settings.cache_num} exceeds a rank's shard at {min(settings.sizes)} volumes")
+    # a SIGTERM unwinds like Ctrl-C, so a bundle run under way is stopped with its whole process tree (its own session)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    started = time.perf_counter()
+    result = run(settings, args.work, dict(args.gpu_step_ms))
+    write_result(result, sys.stdout, started)
+    out = args.out or (None if args.small else RESULT)
+    if out:
+        _write_json(out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
