@@ -52,9 +52,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 PUBLISHED_SCHEMA = REPO.parent / "shared" / "bundle-schema" / pkg.SCHEMA_NAME
 FS = 12
-SSL, DINO = "swin_unetr_ssl_pretrain", "swin_unetr_dino_pretrain"
+SSL, DINO, MIM = "swin_unetr_ssl_pretrain", "swin_unetr_dino_pretrain", "swin_unetr_mim_pretrain"
 BTCV, BRATS = "swin_unetr_btcv_finetune", "swin_unetr_brats_finetune"
-BUNDLES = [SSL, DINO, BTCV, BRATS]
+BUNDLES = [SSL, DINO, MIM, BTCV, BRATS]
 FINETUNING = [BTCV, BRATS]
 TIMEOUT_S = 900
 
@@ -62,15 +62,17 @@ TIMEOUT_S = 900
 NETWORKS: dict[str, Callable[[], torch.nn.Module]] = {
     SSL: lambda: components.SSLHead(feature_size=FS),
     DINO: lambda: components.SwinViTEmbedding(feature_size=FS),
+    MIM: lambda: components.MaskedImageModel(feature_size=FS),
     BTCV: lambda: SwinUNETR(in_channels=1, out_channels=14, feature_size=FS),
     BRATS: lambda: SwinUNETR(in_channels=4, out_channels=3, feature_size=FS),
 }
-KIND = {SSL: "ct", DINO: "ct", BTCV: "ct", BRATS: "mri"}
+KIND = {SSL: "ct", DINO: "ct", MIM: "ct", BTCV: "ct", BRATS: "mri"}
 CPU = {"loader#num_workers": 0, "device": "cpu", "speed#amp": False}
 TRAIN_COMMON = {**CPU, "max_epochs": 1, "batch_size": 1, "speed#use_checkpoint": False, "training#log_interval": 1}
 # one iteration: 1 training volume (synth --num 3), batch 1
 TRAIN = {
     SSL: {"roi_size": [64, 32, 32], "training#num_samples": 1, "training#warmup_iterations": 1},
+    MIM: {"roi_size": [64, 32, 32], "training#num_samples": 1, "training#warmup_iterations": 1, "training#rankme_crops": 4},
     DINO: {"roi_size": [32, 32, 32], "training#context_size": [48, 48, 48], "training#local_size": [32, 32, 32],
            "training#num_local_crops": 1, "training#prototypes": 32, "training#head_hidden_dim": 24,
            "training#head_bottleneck_dim": 8, "training#warmup_epochs": 1,

@@ -1,4 +1,4 @@
-"""Documented commands are tested commands: every shell command in README.md and bundles/*/docs/README.md.
+"""Documented commands are tested commands: every shell command in README.md, docs/*.md and bundles/*/docs/README.md.
 
 What counts as a command: a line of a code block (fenced ```bash, or indented by 4 spaces) that starts with
 ``python``, ``torchrun``, ``srun`` or ``pip``, with its ``\\`` continuation lines joined. Where it runs: the
@@ -42,7 +42,7 @@ import pytest
 from components.__main__ import COMMANDS, _unknown_flags
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", *sorted(REPO.glob("bundles/*/docs/README.md"))]
+DOCS = [REPO / "README.md", *sorted(REPO.glob("docs/*.md")), *sorted(REPO.glob("bundles/*/docs/README.md"))]
 BUNDLES = sorted(p.name for p in (REPO / "bundles").iterdir() if (p / "configs" / "metadata.json").is_file())
 STARTS = ("python", "torchrun", "srun", "pip")
 # monai.bundle run's own options (everything else is a config id)
@@ -53,6 +53,7 @@ TINY = {
     "swin_unetr_btcv_finetune": ["--roi_size", "[64,32,32]", "--spacing", "[3.0,3.0,4.0]", "--feature_size", "12"],
     "swin_unetr_brats_finetune": ["--roi_size", "[64,32,32]", "--spacing", "[2.0,2.0,2.0]", "--feature_size", "12"],
     "swin_unetr_dino_pretrain": ["--roi_size", "[32,32,32]", "--feature_size", "12"],
+    "swin_unetr_mim_pretrain": ["--roi_size", "[64,32,32]", "--feature_size", "12"],
 }
 TINY_COMMON = ["--max_epochs", "2", "--loader#num_workers", "0", "--device", "cpu", "--speed#amp", "false",
                "--speed#use_checkpoint", "false", "--network_def#window_size", "4"]  # the window of the docs' tiny runs, which later commands load

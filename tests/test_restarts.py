@@ -89,6 +89,13 @@ class Bundle:
         return float(json.loads((BUNDLES_DIR / self.name / "configs" / "train.json").read_text())["learning_rate"])
 
 
+MIM_TINY = {**SSL_TINY, "network_def#window_size": 4, "training#rankme_crops": 4}
+# the masked-token self-distillation with schedules constant over max_epochs (as the self-distillation bundle's
+# here), so that a longer run's first epoch trains as a shorter one's
+MIM_DISTILL = {"masking#distill_weight": 1.0, "masking#distill_prototypes": 32, "masking#head_hidden_dim": 24,
+               "masking#head_bottleneck_dim": 8, "masking#momentum": [0.996, 0.996],
+               "masking#teacher_temperature_warmup_epochs": 0}  # fmt: skip
+
 BUNDLES = [
     Bundle("swin_unetr_ssl_pretrain", "ct", SSL_TINY, SSL_TINY["training#warmup_iterations"], "val_recon_l1"),
     Bundle(
@@ -119,12 +126,15 @@ BUNDLES = [
         },
         PER_EPOCH,
     ),
+    Bundle("swin_unetr_mim_pretrain", "ct", MIM_TINY, MIM_TINY["training#warmup_iterations"], "val_masked_l1"),
+    Bundle("swin_unetr_mim_pretrain", "ct", {**MIM_TINY, **MIM_DISTILL}, MIM_TINY["training#warmup_iterations"],
+           "val_masked_l1"),
     Bundle("swin_unetr_btcv_finetune", "ct", {**FINETUNE_TINY, "spacing": [3.0, 3.0, 4.0]}, PER_EPOCH,
            "val_mean_dice", higher_is_better=True),
     Bundle("swin_unetr_brats_finetune", "mri", {**FINETUNE_TINY, "spacing": [2.0, 2.0, 2.0]}, PER_EPOCH,
            "val_mean_dice", higher_is_better=True),
 ]
-IDS = ["ssl", "dino", "btcv", "brats"]
+IDS = ["ssl", "dino", "mim", "mim_distill", "btcv", "brats"]
 
 
 def _epoch_crops(first_epoch: int, build_seed: int, reseed: bool) -> dict[int, list[torch.Tensor]]:
@@ -232,13 +242,14 @@ def uninterrupted(tmp_path_factory, small_data):
     done: dict[str, tuple[Path, Path]] = {}
 
     def of_bundle(bundle: Bundle) -> tuple[Path, Path]:
-        if bundle.name not in done:
-            tmp = tmp_path_factory.mktemp(f"uninterrupted_{bundle.name}")
+        key = IDS[BUNDLES.index(bundle)]
+        if key not in done:
+            tmp = tmp_path_factory.mktemp(f"uninterrupted_{key}")
             root, log = _bundle_copy(tmp, bundle), tmp / "straight.lr"
             _run(root, {**bundle.overrides, "dataset_dir": str(small_data(bundle.kind)), "max_epochs": 2},
                  extra=_probe(log))  # fmt: skip
-            done[bundle.name] = root, log
-        return done[bundle.name]
+            done[key] = root, log
+        return done[key]
 
     return of_bundle
 
