@@ -133,8 +133,25 @@ BUNDLES = [
            "val_mean_dice", higher_is_better=True),
     Bundle("swin_unetr_brats_finetune", "mri", {**FINETUNE_TINY, "spacing": [2.0, 2.0, 2.0]}, PER_EPOCH,
            "val_mean_dice", higher_is_better=True),
+    Bundle("swin_unetr_ssl_pretrain", "ct", {**SSL_TINY, "loader#cache": "disk"}, SSL_TINY["training#warmup_iterations"],
+           "val_recon_l1"),
 ]
-IDS = ["ssl", "dino", "mim", "mim_distill", "btcv", "brats"]
+IDS = ["ssl", "dino", "mim", "mim_distill", "btcv", "brats", "ssl_disk"]
+
+
+def _overrides(bundle: Bundle, data: Path) -> dict:
+    """The bundle's tiny settings on ``data``; with ``loader#cache`` "disk", the store of ``data`` for those
+    settings' deterministic transforms, written once beside the data."""
+    overrides = {**bundle.overrides, "dataset_dir": str(data)}
+    if overrides.get("loader#cache") != "disk":
+        return overrides
+    from components.data.store import bundle_transforms, preprocess
+
+    store = data / f"store_{bundle.name}"
+    if not (store / "index.json").is_file():
+        transforms = bundle_transforms(BUNDLES_DIR / bundle.name, {k: v for k, v in bundle.overrides.items() if k == "roi_size"})
+        preprocess(data / "dataset.json", store, transforms)
+    return {**overrides, "loader#store": str(store)}
 
 
 def _epoch_crops(first_epoch: int, build_seed: int, reseed: bool) -> dict[int, list[torch.Tensor]]:
@@ -246,7 +263,7 @@ def uninterrupted(tmp_path_factory, small_data):
         if key not in done:
             tmp = tmp_path_factory.mktemp(f"uninterrupted_{key}")
             root, log = _bundle_copy(tmp, bundle), tmp / "straight.lr"
-            _run(root, {**bundle.overrides, "dataset_dir": str(small_data(bundle.kind)), "max_epochs": 2},
+            _run(root, {**_overrides(bundle, small_data(bundle.kind)), "max_epochs": 2},
                  extra=_probe(log))  # fmt: skip
             done[key] = root, log
         return done[key]
@@ -360,7 +377,7 @@ def test_resume_follows_max_epochs_and_reproduces_the_uninterrupted_run(tmp_path
     scrambled after the bundle built them: the crops depend on the seed alone). Longer: those 2 epochs resumed with
     max_epochs 4 follow the 4-epoch schedule at every iteration, and the first validation better than the stored
     best replaces model.pt."""
-    common = {**bundle.overrides, "dataset_dir": str(small_data(bundle.kind)), "max_epochs": 2}
+    common = {**_overrides(bundle, small_data(bundle.kind)), "max_epochs": 2}
     straight, straight_log = uninterrupted(bundle)
 
     resumed = _bundle_copy(tmp_path / "resumed", bundle)
@@ -409,7 +426,7 @@ def test_restart_mid_epoch_continues_the_epoch_and_keeps_the_better_stored_model
     """Stopped after iteration 3 (the first of epoch 2) and restarted: the iteration count, the schedule and the
     volumes seen continue those of the uninterrupted run; the validation after the restart is worse than the stored
     best, so model.pt stays byte-identical and the logged best is the stored one."""
-    common = {**bundle.overrides, "dataset_dir": str(small_data(bundle.kind)), "max_epochs": 2,
+    common = {**_overrides(bundle, small_data(bundle.kind)), "max_epochs": 2,
               "checkpointing#iteration_interval": 1}  # fmt: skip
     _, reference = uninterrupted(bundle)
     root = _bundle_copy(tmp_path / "mid", bundle)
