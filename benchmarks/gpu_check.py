@@ -552,9 +552,11 @@ class _CudaTests:
 
 def cuda_tests_part(settings: dict, record: Record, deadline: float) -> None:
     """pytest on the tests that need CUDA, in the test files that name the reason (others are not even imported:
-    their dependencies need not be installed)."""
+    their dependencies need not be installed), without the machine's own pytest plugins (none is needed, and one
+    written for another pytest than the carried one could stop the collection)."""
     import pytest
 
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     files = [str(p.relative_to(REPO)) for p in sorted((REPO / "tests").glob("test_*.py"))
              if CUDA_REASON in p.read_text()]  # fmt: skip
     record["files"] = files
