@@ -661,15 +661,15 @@ def _skip_reason(name: str, share: float, left: float, small: bool) -> str | Non
     return f"needs at least {least} s; its share of the {max(left, 0):.0f} s left is {max(share, 0):.0f} s"
 
 
-def run_all(parts: list[str], budget_s: float, small: bool, path: Path, log: Path, header: dict) -> dict:
-    """Runs ``parts`` in order within ``budget_s`` seconds from now, rewriting the JSON at ``path`` after each (and
-    once before the first: a run killed from outside still leaves its header)."""
-    started = time.perf_counter()
+def run_all(parts: list[str], started: float, small: bool, path: Path, log: Path, header: dict) -> dict:
+    """Runs ``parts`` in order within ``header["budget_s"]`` seconds from ``started`` (``time.perf_counter``),
+    rewriting the JSON at ``path`` after each (and once before the first: a run killed from outside still leaves
+    its header)."""
     result = {**header, "log": str(log), "parts": {}}
     _write(result, path)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         for index, name in enumerate(parts):
-            left = budget_s - (time.perf_counter() - started) - 2.0  # 2 s to write the JSON at the end
+            left = header["budget_s"] - (time.perf_counter() - started) - 2.0  # 2 s to write the JSON at the end
             share = _share(name, parts[index:], left)
             reason = _skip_reason(name, share, left, small)
             entry = {"status": "skipped", "reason": reason} if reason else run_part(name, share, small, log, Path(tmp))
@@ -717,8 +717,7 @@ def main(argv: list[str] | None = None) -> dict | None:
               "commit": args.commit or git_commit(), "commit_source": "--commit" if args.commit else "git here",
               "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": device,
               "machine": machine_info()}  # fmt: skip
-    budget_s = args.budget_s - (time.perf_counter() - started)
-    result = run_all(parts, budget_s, args.small, result_path(args.out_dir, device["name"], args.small), log, header)
+    result = run_all(parts, started, args.small, result_path(args.out_dir, device["name"], args.small), log, header)
     print(json.dumps(result, indent=2))
     return result
 
