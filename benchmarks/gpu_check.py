@@ -597,7 +597,8 @@ def run_part(name: str, share: float, small: bool, log: Path, workdir: Path) -> 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_part", name, "--_partial", str(partial),
            "--_deadline", str(time.time() + share - tail), *(["--small"] if small else [])]  # fmt: skip
     path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}  # unbuffered: a killed part's log is whole
+    # unbuffered: a killed part's log is whole; its temporary files go where this run removes them at its end
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "TMPDIR": str(workdir)}
     with log.open("a") as out:
         out.write(f"\n===== {name}: share {share:.0f} s =====\n")
         out.flush()
