@@ -55,7 +55,6 @@ import math
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -66,7 +65,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from machine import machine_info
+from machine import git_commit, machine_info
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -153,16 +152,6 @@ def file_sha256(path: Path) -> str:
 def _bundle_hash(bundle: str, configs: tuple[str, ...]) -> str:
     """The bundle's shipped defaults: a change of a config changes every result key that uses it."""
     return digest({name: (BUNDLES_DIR / bundle / "configs" / name).read_text() for name in configs})
-
-
-def _git_commit() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                               text=True, check=True).stdout.strip()  # fmt: skip
-        return commit + ("+changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 # ----------------------------------------------------------------------------------------------------------- data
@@ -422,7 +411,7 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     fresh_run_dir(run_dir)  # a killed run's events or checkpoints must not mix into the new one
     seconds = run_bundle(PRETRAINING[recipe][0], overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
     scalars = read_scalars(run_dir / "eval")
-    record = {"recipe": recipe, "key": key, "sha256": file_sha256(model), "seconds": round(seconds, 1), "commit": _git_commit(),
+    record = {"recipe": recipe, "key": key, "sha256": file_sha256(model), "seconds": round(seconds, 1), "commit": git_commit(),
               "final_losses": {t: v[-1][1] for t, v in scalars.items() if t.startswith("loss")},
               "logged_rankme": scalars["val_rankme"][-1][1] if scalars.get("val_rankme") else None}  # fmt: skip
     if record_path.is_file() and json.loads(record_path.read_text())["sha256"] != record["sha256"]:
@@ -481,7 +470,7 @@ def run_finetuning(
     loaded = _loaded_count(log) if ARMS[arm].recipe else None
     datalist = json.loads(Path(overrides["datalist"]).read_text())
     record = {
-        "arm": arm, "k": k, "seed": seed, "key": key, "commit": _git_commit(), "seconds": round(seconds, 1),
+        "arm": arm, "k": k, "seed": seed, "key": key, "commit": git_commit(), "seconds": round(seconds, 1),
         "training_files": [_rel(str((Path(overrides["datalist"]).parent / i["image"]).resolve()), data.root) for i in datalist["training"]],
         "validation_files": [_rel(item["image"], data.root) for item in data.validation],
         "held_out_files": {h: [_rel(item["image"], data.root) for item in getattr(data, h)] for h in HELD_OUT_SETS},

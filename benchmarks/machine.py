@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import monai
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
@@ -36,9 +39,30 @@ def machine_info() -> dict:
         "torch_threads": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "monai": monai.__version__,
+        "monai": _installed("monai"),
         "cuda": torch.cuda.is_available(),
     }
+
+
+def _installed(package: str) -> str | None:
+    """The installed version of ``package`` without importing it (None where it is missing), so that the machine
+    facts are written even where MONAI failed to install."""
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str:
+    """HEAD of this checkout, with "+changes" when tracked files differ from it; "unknown" without git. A copied
+    checkout may carry stale git metadata: a result from another machine should name its commit explicitly."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                               text=True, check=True).stdout.strip()  # fmt: skip
+        return commit + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def write_result(result: dict, out, started: float) -> dict:
@@ -54,15 +78,13 @@ def write_result(result: dict, out, started: float) -> dict:
     return result
 
 
-def bundle_parser(bundle, overrides: dict, num_workers: int | None = None):
-    """A bundle's ``configs/train.json`` (with its metadata) and ``overrides`` (plus ``loader#num_workers`` when given), as
-    a MONAI ``ConfigParser`` ready to parse: the benchmarks time the bundles' own objects."""
-    from pathlib import Path
-
+def bundle_parser(bundle, overrides: dict, num_workers: int | None = None, config: str = "train.json"):
+    """A bundle's ``configs/<config>`` (with its metadata) and ``overrides`` (plus ``loader#num_workers`` when given),
+    as a MONAI ``ConfigParser`` ready to parse: the benchmarks time the bundles' own objects."""
     from monai.bundle import ConfigParser
 
     parser = ConfigParser()
-    parser.read_config(str(Path(bundle) / "configs" / "train.json"))
+    parser.read_config(str(Path(bundle) / "configs" / config))
     parser.read_meta(str(Path(bundle) / "configs" / "metadata.json"))
     parser.update({**overrides, **({} if num_workers is None else {"loader#num_workers": num_workers})})
     return parser

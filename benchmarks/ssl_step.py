@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -315,14 +316,20 @@ def _autocast_factory(trainer):
     return lambda: torch.autocast(device_type=trainer.device.type, dtype=trainer.amp_dtype)
 
 
-def step_flops(trainer, loss_function, views, autocast) -> int:
-    """FLOPs of one bare step (forward + backward; the optimizer's elementwise work is not counted), by
-    ``torch.utils.flop_counter`` (matrix products, convolutions and attention kernels)."""
+def count_flops(step: Callable[[], object]) -> int:
+    """FLOPs of one call of ``step`` by ``torch.utils.flop_counter``: matrix products, convolutions and attention
+    kernels as they run (a checkpointed forward counts twice); elementwise work such as the optimizer's is not
+    counted."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with FlopCounterMode(display=False) as counter:
-        bare_step(trainer.network, trainer.optimizer, loss_function, views, autocast)
+        step()
     return int(counter.get_total_flops())
+
+
+def step_flops(trainer, loss_function, views, autocast) -> int:
+    """FLOPs of one bare step (forward + backward; see :func:`count_flops`)."""
+    return count_flops(lambda: bare_step(trainer.network, trainer.optimizer, loss_function, views, autocast))
 
 
 def bf16_peak_tflops(device: torch.device) -> tuple[float | None, str | None]:
@@ -342,6 +349,7 @@ def measure_size(
     amp: bool,
     config: dict,
     peak_tflops: float | None = None,
+    tune: bool = True,
 ) -> dict:
     """``warmup + iters`` bundle iterations (whole epochs), each with one bare twin run right after it (odd
     iterations: an ITERATION_COMPLETED handler after the timer's) or right before it (even ones: the first
@@ -349,14 +357,15 @@ def measure_size(
     of a shared machine hit both alike, and alternating the order cancels a drift. ``overhead_ratio`` is the median
     of the per-pair ratios. With loader workers the first iteration of each epoch (worker start-up, amortised over
     thousands of iterations in a real epoch) is left out and its data wait reported on its own. Then ``iters``
-    more iterations run free (no timer, no twins) for ``ms_per_step`` and the throughput."""
+    more iterations run free (no timer, no twins) for ``ms_per_step`` and the throughput. ``tune``: the bundle's
+    ``speed#tune_allocator`` (this script's runs keep it on; the bundle ships it off)."""
     import math
 
     from ignite.engine import Events
 
     with tempfile.TemporaryDirectory(prefix=f"ssl_step_{name}_") as tmp:
         workdir = Path(tmp)
-        trainer, overrides = build_trainer(size, workdir, num_workers, amp, tune=True, config=config)
+        trainer, overrides = build_trainer(size, workdir, num_workers, amp, tune=tune, config=config)
         epoch_length = len(trainer.data_loader)
         workers = trainer.data_loader.num_workers
         loss_function = trainer.recipe.loss_function  # the SSLLoss itself (the engine calls the recipe)

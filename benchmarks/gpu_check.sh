@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The command a lent GPU machine runs (benchmarks/README.md, "gpu_check.py"): installs the wheels carried in .whl/
+# (benchmarks/gpu_check_wheels.txt) beside the machine's PyTorch, then runs benchmarks/gpu_check.py in what is left
+# of GPU_CHECK_BUDGET_S (default 510 s, for a call of 9 minutes). The JSON and the log go to $OUT where the device
+# tool sets it, else to benchmarks/results and a temporary log. Arguments go on to gpu_check.py (--commit SHA).
+set -u
+cd "$(dirname "$0")/.."
+budget=${GPU_CHECK_BUDGET_S:-510}
+wheels=${GPU_CHECK_WHEELS:-.whl}
+site=${GPU_CHECK_SITE:-/tmp/gpu_check_site}
+python=${PYTHON:-python3}
+out=${OUT:-benchmarks/results}
+if ! "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+    "$wheels"/*.whl; then
+    echo "gpu_check.sh: installing $wheels/*.whl failed; gpu_check.py runs anyway and records what fails" >&2
+fi
+export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+exec "$python" benchmarks/gpu_check.py --budget_s $((budget - SECONDS)) --out_dir "$out" \
+    ${OUT:+--log "$OUT/gpu_check.log"} "$@"
