@@ -49,7 +49,7 @@ def _overrides(root: Path, data: Path, **more) -> dict:
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("mim_data")
-    write_dataset(folder, kind="ct", num=6, seed=0)  # 4 training volumes, 1 validation, 1 test
+    write_dataset(folder, kind="ct", num=10, seed=0)  # 6 training volumes, 2 validation (one per rank), 2 test
     return folder
 
 
@@ -63,13 +63,14 @@ def trained(tmp_path_factory, data):
     return root, output
 
 
-def test_one_process_trains_validates_and_saves_the_model_and_its_teacher(trained):
+def test_one_process_trains_validates_and_saves_the_release_and_the_teacher(trained):
     root, output = trained
     assert "loss_recon:" in output and "loss_distill:" in output and "teacher_temperature:" in output
     assert "val_masked_l1" in output and "val_rankme:" in output
     state = torch.load(root / "models" / "model.pt", map_location="cpu", weights_only=True)
-    assert {k.split(".")[0] for k in state} == {"swinViT", "mask_token", "decoder", "token_head"}
+    assert {k.split(".")[0] for k in state} == {"swinViT", "mask_token", "decoder"}  # the token head: pretraining only
     checkpoint = torch.load(root / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert any(k.startswith("token_head.") for k in checkpoint["model"])  # a resume continues with it
     assert "distillation.center" in checkpoint["recipe"]
     assert any(k.startswith("distillation.teacher.swinViT.") for k in checkpoint["recipe"])
 
@@ -77,7 +78,7 @@ def test_one_process_trains_validates_and_saves_the_model_and_its_teacher(traine
 @pytest.mark.parametrize("bundle, channels", [("swin_unetr_btcv_finetune", 1), ("swin_unetr_brats_finetune", 4)])
 def test_both_finetuning_bundles_load_every_encoder_tensor(trained, bundle, channels):
     """The exported encoder, in the swinViT layout the finetuning bundles read: every encoder tensor loads (BraTS
-    through its repeat channel policy), the mask token, decoder and token head dropped by design."""
+    through its repeat channel policy), the mask token and decoder dropped by design."""
     root, _ = trained
     parser = ConfigParser()
     parser.read_config(str(BUNDLES_DIR / bundle / "configs" / "train.json"))
@@ -93,7 +94,7 @@ def test_both_finetuning_bundles_load_every_encoder_tensor(trained, bundle, chan
     encoder = [k for k in report.encoder_keys if not k.endswith("relative_position_index")]
     assert set(encoder) <= set(report.loaded) and len(encoder) > 100 and not report.shape_mismatched
     assert network.swinViT.patch_embed.proj.weight.shape[1] == channels
-    assert {str(k).split(".")[0] for k in report.unexpected} == {"mask_token", "decoder", "token_head"}
+    assert {str(k).split(".")[0] for k in report.unexpected} == {"mask_token", "decoder"}
 
 
 def test_inference_reconstructs_the_test_volume(trained, data):

@@ -129,6 +129,14 @@ class MaskedImageModel(nn.Module):
             )
         return torch.where(self._token_mask.unsqueeze(1), self.mask_token.to(embeddings.dtype), embeddings)
 
+    def without_token_head(self) -> nn.Module:
+        """The model as a release holds it: ``swinViT``, ``mask_token`` and ``decoder`` (the same parameters, not
+        copies). The distillation's token head is a part of pretraining only: the bundle's ``models/model.pt`` leaves
+        it out, so that inference, packaging and the finetuning bundles see the model they build."""
+        release = nn.Module()
+        release.swinViT, release.decoder, release.mask_token = self.swinViT, self.decoder, self.mask_token
+        return release
+
     def forward(
         self, x: torch.Tensor, token_mask: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
