@@ -11,7 +11,7 @@ Fixed before any of its runs (the commit that added this file), after the CPU pl
   datalists, overrides and bundle configs, none of which involves the corpus.
 - **Contrasts**, paired per (k, seed): the lever's ``ssl - scratch`` and ``frozen_ssl - frozen_random``, and the
   lever against the plan's encoder, ``ssl - ssl (plan)`` and ``frozen_ssl - frozen_ssl (plan)``; both held-out
-  sets, selected and last models, 95 % percentile bootstrap intervals (``low_data.bootstrap_interval``).
+  sets, selected and last models, 95 % percentile bootstrap intervals (``stats.bootstrap_interval``).
 - **Reading.** The lever helps at a k when the interval of ``ssl - ssl (plan)`` (selected models, in-domain) lies
   above zero, hurts when it lies below, and otherwise has no measurable effect at 3 seeds; ``frozen_ssl -
   frozen_ssl (plan)`` says whether the encoder itself learned more. No other lever setting is run after these
@@ -27,26 +27,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-import low_data
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's components, without PYTHONPATH
+import low_data_protocol as protocol  # noqa: E402
+import low_data_runs as runner  # noqa: E402
+import low_data_stats as stats  # noqa: E402
 
 LEVER_UNLABELED = 192
 LEVER_ARMS = ("scratch", "ssl", "frozen_random", "frozen_ssl")
 VERSUS_PLAN = {"ssl - ssl (plan)": "ssl", "frozen_ssl - frozen_ssl (plan)": "frozen_ssl"}
 
 
-def lever_plan(plan: low_data.Plan) -> low_data.Plan:
+def lever_plan(plan: protocol.Plan) -> protocol.Plan:
     """``plan`` with the lever's corpus and arms; every finetuning setting stays the plan's."""
     return replace(plan, budget=replace(plan.budget, num_unlabeled=LEVER_UNLABELED), arms=LEVER_ARMS)
 
 
-def check_same_protocol(plan: low_data.Plan, baseline: dict) -> None:
+def check_same_protocol(plan: protocol.Plan, baseline: dict) -> None:
     """Raises ValueError naming the settings in which ``plan`` (before the lever), run on this machine's numerics,
     differs from the baseline's: the plan's records could not be reused or paired then."""
-    settings = low_data.plan_settings(plan, baseline["settings"]["data_seed"], low_data.run_numerics("cpu"))
+    settings = runner.plan_settings(plan, baseline["settings"]["data_seed"], runner.run_numerics("cpu"))
     differ = sorted(name for name, value in settings.items() if baseline["settings"].get(name) != value)
     if differ:
         raise ValueError(f"the CPU plan differs from the baseline summary's in {differ}: re-run the plan first.")
@@ -54,7 +58,7 @@ def check_same_protocol(plan: low_data.Plan, baseline: dict) -> None:
 
 def versus_plan(lever: dict, baseline: dict, seed: int = 0) -> dict:
     """Per held-out set, model, contrast of :data:`VERSUS_PLAN` and k: the differences lever run minus plan run of
-    the same arm, k and seed, their mean, bootstrap interval and half-width (the layout of ``low_data.paired``).
+    the same arm, k and seed, their mean, bootstrap interval and half-width (the layout of ``stats.paired``).
 
     Raises:
         ValueError: for a pair whose runs were trained or scored on other files: they would not be paired.
@@ -68,10 +72,10 @@ def versus_plan(lever: dict, baseline: dict, seed: int = 0) -> dict:
             for files in ("training_files", "validation_files", "held_out_files"):
                 if run[files] != plan_run[files]:
                     raise ValueError(f"{arm} k={run['k']} seed={run['seed']}: the lever's {files} differ from the plan's; not a pair.")
-        for held_out in low_data.HELD_OUT_SETS:
-            for model in low_data.MODELS:
+        for held_out in protocol.HELD_OUT_SETS:
+            for model in protocol.MODELS:
                 for k in sorted({run["k"] for run, _ in pairs}):
-                    entry = low_data.paired_entry([r["dice"][model][held_out]["mean"] - p["dice"][model][held_out]["mean"]
+                    entry = stats.paired_entry([r["dice"][model][held_out]["mean"] - p["dice"][model][held_out]["mean"]
                                                    for r, p in pairs if r["k"] == k], seed)  # fmt: skip
                     if entry is not None:
                         out.setdefault(held_out, {}).setdefault(model, {}).setdefault(contrast, {})[str(k)] = entry
@@ -104,9 +108,9 @@ def main() -> None:
     if baseline["settings"]["device"] != "cpu" or not baseline["complete"]:
         raise ValueError(f"--baseline {args.baseline!r} is not a complete CPU plan summary.")
     started = time.perf_counter()
-    check_same_protocol(low_data.PLANS["cpu"], baseline)
-    plan = lever_plan(low_data.PLANS["cpu"])
-    summary = low_data.run(plan, Path(args.out), "cpu", baseline["settings"]["data_seed"], args.parallel, Path(args.results))
+    check_same_protocol(protocol.PLANS["cpu"], baseline)
+    plan = lever_plan(protocol.PLANS["cpu"])
+    summary = runner.run(plan, Path(args.out), "cpu", baseline["settings"]["data_seed"], args.parallel, Path(args.results))
     summary = with_versus_plan(summary, baseline, args.baseline, baseline["settings"]["data_seed"])
     summary["total_seconds"] = round(time.perf_counter() - started, 1)
     text = json.dumps(summary, indent=2)

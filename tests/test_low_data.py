@@ -24,13 +24,16 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
-import low_data  # noqa: E402
+import low_data_docs as docs  # noqa: E402
 import low_data_lever  # noqa: E402
+import low_data_protocol as protocol  # noqa: E402
+import low_data_runs as runner  # noqa: E402
+import low_data_stats as stats  # noqa: E402
 
 from components import write_dataset  # noqa: E402
 
 
-def _fake_data(root: Path, plan: low_data.Plan, seed: int) -> low_data.Data:
+def _fake_data(root: Path, plan: protocol.Plan, seed: int) -> protocol.Data:
     """The synthetic splits' shape without writing volumes: pool, validation, in-domain and shifted items."""
     labeled = [{"image": f"labeled/imagesTr/case_{i:03d}.nii.gz", "label": f"labeled/labelsTr/case_{i:03d}.nii.gz"}
                for i in range(plan.pool_size + 1 + plan.num_in_domain)]  # fmt: skip
@@ -39,7 +42,7 @@ def _fake_data(root: Path, plan: low_data.Plan, seed: int) -> low_data.Data:
     unlabeled = root / "unlabeled" / "dataset.json"
     unlabeled.parent.mkdir(parents=True, exist_ok=True)
     unlabeled.write_text(json.dumps({"training": [{"image": "a.nii.gz"}], "validation": [{"image": "b.nii.gz"}]}))
-    return low_data.Data(root, labeled[: plan.pool_size], labeled[plan.pool_size : plan.pool_size + 1],
+    return protocol.Data(root, labeled[: plan.pool_size], labeled[plan.pool_size : plan.pool_size + 1],
                          labeled[plan.pool_size + 1 :], shifted, ["background", "spleen"], unlabeled)  # fmt: skip
 
 
@@ -48,11 +51,11 @@ def fake_protocol(monkeypatch):
     """run() with every bundle run replaced: pretraining returns a record, finetuning a Dice drawn from (arm, k,
     seed); the calls (arm, k, seed, overrides, datalist content) are recorded."""
     calls: list[dict] = []
-    monkeypatch.setattr(low_data, "synthetic_data", _fake_data)
-    monkeypatch.setattr(low_data, "training_class_weights", lambda datalist, names=None: [0.1, 1.0])
-    monkeypatch.setattr(low_data, "_bundle_hash", lambda bundle, configs: "configs")
-    monkeypatch.setattr(low_data, "encoder_rankme", lambda data, weights, plan, seed: {"crops": 0, "encoders": {}})
-    monkeypatch.setattr(low_data, "_plots", lambda *args: None)
+    monkeypatch.setattr(runner, "synthetic_data", _fake_data)
+    monkeypatch.setattr(runner, "training_class_weights", lambda datalist, names=None: [0.1, 1.0])
+    monkeypatch.setattr(runner, "bundle_hash", lambda bundle, configs: "configs")
+    monkeypatch.setattr(runner, "encoder_rankme", lambda data, weights, plan, seed: {"crops": 0, "encoders": {}})
+    monkeypatch.setattr(runner, "plots", lambda *args: None)
 
     def pretrain(recipe, key, overrides, results, threads, report_only=False):
         return {"recipe": recipe, "key": key, "sha256": f"weights-of-{recipe}", "commit": "c", "model": f"/w/{recipe}.pt"}
@@ -62,18 +65,18 @@ def fake_protocol(monkeypatch):
             return None
         datalist = json.loads(Path(overrides["datalist"]).read_text())
         calls.append({"arm": arm, "k": k, "seed": seed, "key": key, "overrides": overrides, "datalist": datalist})
-        rng = np.random.default_rng([k, seed, list(low_data.ARMS).index(arm)])
-        score = {h: {"mean": float(rng.uniform(0.2, 0.8)), "per_image": {}} for h in low_data.HELD_OUT_SETS}
+        rng = np.random.default_rng([k, seed, list(protocol.ARMS).index(arm)])
+        score = {h: {"mean": float(rng.uniform(0.2, 0.8)), "per_image": {}} for h in protocol.HELD_OUT_SETS}
         return {"arm": arm, "k": k, "seed": seed, "key": key, "commit": "c", "dice": {"selected": score, "last": score},
                 "validation_curve": [(k, 0.1), (2 * k, 0.2)], "selected_iteration": 2 * k, "training_files": [i["image"] for i in datalist["training"]],
                 "held_out_files": datalist["heldout"]}  # fmt: skip
 
-    monkeypatch.setattr(low_data, "run_pretraining", pretrain)
-    monkeypatch.setattr(low_data, "run_finetuning", finetune)
+    monkeypatch.setattr(runner, "run_pretraining", pretrain)
+    monkeypatch.setattr(runner, "run_finetuning", finetune)
     return calls
 
 
-PLAN = replace(low_data.PLANS["cpu"], ks=(1, 2, 4, 8), min_seeds=2, max_seeds=2, finetune_iterations=8, val_every=8)
+PLAN = replace(protocol.PLANS["cpu"], ks=(1, 2, 4, 8), min_seeds=2, max_seeds=2, finetune_iterations=8, val_every=8)
 
 
 def _files(calls: list[dict], k: int) -> dict:
@@ -83,20 +86,20 @@ def _files(calls: list[dict], k: int) -> dict:
 
 def test_held_out_sets_and_pools_do_not_depend_on_ks_or_seeds(fake_protocol, tmp_path):
     calls = fake_protocol
-    low_data.run(replace(PLAN, ks=(1,)), tmp_path / "a", "cpu")
+    runner.run(replace(PLAN, ks=(1,)), tmp_path / "a", "cpu")
     only_k1 = _files(calls, 1)
     calls.clear()
-    low_data.run(PLAN, tmp_path / "b", "cpu")
+    runner.run(PLAN, tmp_path / "b", "cpu")
     assert _files(calls, 1) == only_k1  # --ks 1 and --ks 1,2,4,8 train and score on identical files
     calls.clear()
-    low_data.run(replace(PLAN, ks=(1,), min_seeds=1, max_seeds=1), tmp_path / "c", "cpu")
+    runner.run(replace(PLAN, ks=(1,), min_seeds=1, max_seeds=1), tmp_path / "c", "cpu")
     assert _files(calls, 1) == {key: files for key, files in only_k1.items() if key[0] == 0}  # --seeds 1: seed 0 alike
     held_out = {json.dumps(files[1]) for files in only_k1.values()}
     assert len(held_out) == 1 and len(json.loads(held_out.pop())) == PLAN.num_in_domain + PLAN.num_shifted
 
 
 def test_pools_are_nested_and_never_overlap_validation_or_held_out(fake_protocol, tmp_path):
-    low_data.run(PLAN, tmp_path, "cpu")
+    runner.run(PLAN, tmp_path, "cpu")
     for seed in (0, 1):
         pools = [{i["image"] for i in _files(fake_protocol, k)[(seed, "scratch")][0]} for k in (1, 2, 4, 8)]
         assert [len(p) for p in pools] == [1, 2, 4, 8]
@@ -108,10 +111,10 @@ def test_pools_are_nested_and_never_overlap_validation_or_held_out(fake_protocol
 
 
 def test_arms_of_a_pair_differ_only_in_the_starting_weights(fake_protocol, tmp_path):
-    low_data.run(PLAN, tmp_path, "cpu")
+    runner.run(PLAN, tmp_path, "cpu")
     own = {"output_dir", "ckpt_dir"}  # each run's own folders
     commands = {c["arm"]: {k: v for k, v in c["overrides"].items() if k not in own} for c in fake_protocol if (c["k"], c["seed"]) == (2, 1)}
-    assert set(commands) == set(low_data.ARMS)
+    assert set(commands) == set(protocol.ARMS)
 
     def differing(a: str, b: str) -> set[str]:
         return {k for k in commands[a].keys() | commands[b].keys() if commands[a].get(k) != commands[b].get(k)}
@@ -128,8 +131,8 @@ def test_a_datalist_being_written_is_never_read_half_written(tmp_path):
     """The arms of a (k, seed) pair write and read its datalist side by side; a reader that saw a half-written list
     once gave a run of the lever another key than its settings' (and so a needless re-run). A reader polling while
     the list is written again and again sees the whole list or none."""
-    data = _fake_data(tmp_path, low_data.PLANS["cpu"], 0)
-    path = low_data.write_datalist(data, 1, 0, 0)
+    data = _fake_data(tmp_path, protocol.PLANS["cpu"], 0)
+    path = protocol.write_datalist(data, 1, 0, 0)
     whole, seen, done = path.read_text(), [], threading.Event()
 
     def read_while_written() -> None:
@@ -141,27 +144,27 @@ def test_a_datalist_being_written_is_never_read_half_written(tmp_path):
     reader.start()
     for _ in range(200):
         path.unlink()
-        low_data.write_datalist(data, 1, 0, 0)
+        protocol.write_datalist(data, 1, 0, 0)
     done.set()
     reader.join()
     assert seen and all(text == whole for text in seen), f"{sum(text != whole for text in seen)} of {len(seen)} reads were partial"
 
 
 def test_a_result_is_keyed_by_every_setting_of_its_run_and_its_numerics(fake_protocol, tmp_path, monkeypatch):
-    summary = low_data.run(PLAN, tmp_path, "cpu")
+    summary = runner.run(PLAN, tmp_path, "cpu")
     keys = {(c["arm"], c["k"], c["seed"]): c["key"] for c in fake_protocol}
     assert len(set(keys.values())) == len(keys)
     fake_protocol.clear()
-    low_data.run(replace(PLAN, finetune_iterations=16), tmp_path, "cpu")
+    runner.run(replace(PLAN, finetune_iterations=16), tmp_path, "cpu")
     assert not {c["key"] for c in fake_protocol} & set(keys.values())  # another budget: no key in common
     fake_protocol.clear()
-    low_data.run(PLAN, tmp_path / "elsewhere", "cpu")
+    runner.run(PLAN, tmp_path / "elsewhere", "cpu")
     assert {(c["arm"], c["k"], c["seed"]): c["key"] for c in fake_protocol} == keys  # the same settings in another folder
-    numerics = low_data.run_numerics("cpu")
+    numerics = runner.run_numerics("cpu")
     assert summary["settings"]["numerics"] == numerics and numerics["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     fake_protocol.clear()
-    monkeypatch.setattr(low_data, "run_numerics", lambda device: {**numerics, "cpu_capability": "AVX2" if numerics["cpu_capability"] != "AVX2" else "AVX512"})
-    other = low_data.run(PLAN, tmp_path, "cpu")  # the same settings on a CPU of other vector instructions
+    monkeypatch.setattr(runner, "run_numerics", lambda device: {**numerics, "cpu_capability": "AVX2" if numerics["cpu_capability"] != "AVX2" else "AVX512"})
+    other = runner.run(PLAN, tmp_path, "cpu")  # the same settings on a CPU of other vector instructions
     assert not {c["key"] for c in fake_protocol} & set(keys.values()) and other["settings_hash"] != summary["settings_hash"]
 
 
@@ -185,23 +188,23 @@ def _stand_in_bundle(calls: list):
 
 def test_a_finished_run_is_reused_and_a_result_of_other_settings_is_never_read(tmp_path, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(low_data, "run_bundle", _stand_in_bundle(calls))
-    monkeypatch.setattr(low_data, "read_scalars", lambda folder: {"val_mean_dice": [(1, 0.3), (2, 0.4), (3, 0.35)]})
+    monkeypatch.setattr(runner, "run_bundle", _stand_in_bundle(calls))
+    monkeypatch.setattr(runner, "read_scalars", lambda folder: {"val_mean_dice": [(1, 0.3), (2, 0.4), (3, 0.35)]})
     plan = replace(PLAN, ks=(1,))
     data = _fake_data(tmp_path / "data", plan, 0)
-    datalist = low_data.write_datalist(data, 1, 0, 0)
+    datalist = protocol.write_datalist(data, 1, 0, 0)
     results = tmp_path / "results"
     overrides = {"datalist": str(datalist), "output_dir": str(tmp_path / "run" / "eval"), "ckpt_dir": str(tmp_path / "run" / "models")}
-    record = low_data.run_finetuning("scratch", 1, 0, "keyA", overrides, data, results, None)
+    record = runner.run_finetuning("scratch", 1, 0, "keyA", overrides, data, results, None)
     assert len(calls) == 3  # training, then the selected (iteration 2) and the last model on the held-out sets
     assert record["selected_iteration"] == 2 and record["dice"]["selected"]["in_domain"]["mean"] == 0.5
     assert record["held_out_files"]["shifted"] == [i["image"] for i in data.shifted]
     assert json.loads((results / "scratch_k1_seed0_keyA.json").read_text()) == record
-    assert low_data.run_finetuning("scratch", 1, 0, "keyA", overrides, data, results, None) == record and len(calls) == 3
+    assert runner.run_finetuning("scratch", 1, 0, "keyA", overrides, data, results, None) == record and len(calls) == 3
     stale = tmp_path / "run" / "eval" / "events.out.tfevents.stale"
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_text("an older run's events")
-    low_data.run_finetuning("scratch", 1, 0, "keyB", overrides, data, results, None)
+    runner.run_finetuning("scratch", 1, 0, "keyB", overrides, data, results, None)
     assert len(calls) == 6 and not stale.exists()  # other settings: run again, in an emptied folder
 
 
@@ -209,79 +212,79 @@ def test_a_pretraining_is_continued_from_the_results_folder_alone(tmp_path, monk
     """A piece of the plan on a fresh machine has the results folder (committed) but not the run folders: the
     pretraining's weights kept beside its record are reused, not retrained; weights that do not match the record
     are never used."""
-    runs: list = []
+    bundles: list = []
 
     def pretraining_bundle(bundle, configs=("train.json",), overrides=None, log=None, echo=True, threads=None):
-        runs.append(bundle)
+        bundles.append(bundle)
         (Path(overrides["ckpt_dir"])).mkdir(parents=True, exist_ok=True)
-        torch.save({"w": torch.full((2,), float(len(runs)))}, Path(overrides["ckpt_dir"]) / "model.pt")
+        torch.save({"w": torch.full((2,), float(len(bundles)))}, Path(overrides["ckpt_dir"]) / "model.pt")
         return 1.0
 
-    monkeypatch.setattr(low_data, "run_bundle", pretraining_bundle)
-    monkeypatch.setattr(low_data, "read_scalars", lambda folder: {"loss": [(1, 2.0)]})
+    monkeypatch.setattr(runner, "run_bundle", pretraining_bundle)
+    monkeypatch.setattr(runner, "read_scalars", lambda folder: {"loss": [(1, 2.0)]})
     results, run_dir = tmp_path / "results", tmp_path / "machine1" / "pretrain" / "ssl_k"
     overrides = {"output_dir": str(run_dir / "eval"), "ckpt_dir": str(run_dir / "models")}
-    first = low_data.run_pretraining("ssl", "k", overrides, results, None)
+    first = runner.run_pretraining("ssl", "k", overrides, results, None)
     kept = results / "pretrain_ssl_k.pt"
     assert kept.read_bytes() == (run_dir / "models" / "model.pt").read_bytes() and first["model"] == str(run_dir / "models" / "model.pt")
     fresh = tmp_path / "machine2" / "pretrain" / "ssl_k"  # another machine: no run folder
-    again = low_data.run_pretraining("ssl", "k", {"output_dir": str(fresh / "eval"), "ckpt_dir": str(fresh / "models")}, results, None)
-    assert runs == [low_data.SSL_BUNDLE] and again == {**first, "model": str(kept)}
+    again = runner.run_pretraining("ssl", "k", {"output_dir": str(fresh / "eval"), "ckpt_dir": str(fresh / "models")}, results, None)
+    assert bundles == [runner.SSL_BUNDLE] and again == {**first, "model": str(kept)}
     kept.write_bytes(b"other weights")
-    third = low_data.run_pretraining("ssl", "k", {"output_dir": str(fresh / "eval"), "ckpt_dir": str(fresh / "models")}, results, None)
-    assert len(runs) == 2 and third["sha256"] != first["sha256"] and third["model"] == str(fresh / "models" / "model.pt")
-    assert low_data.file_sha256(kept) == third["sha256"]  # the record and the kept weights agree again
+    third = runner.run_pretraining("ssl", "k", {"output_dir": str(fresh / "eval"), "ckpt_dir": str(fresh / "models")}, results, None)
+    assert len(bundles) == 2 and third["sha256"] != first["sha256"] and third["model"] == str(fresh / "models" / "model.pt")
+    assert protocol.file_sha256(kept) == third["sha256"]  # the record and the kept weights agree again
 
 
 def test_bootstrap_interval_and_the_seed_rule():
-    assert low_data.bootstrap_interval([0.1]) is None
-    low, high = low_data.bootstrap_interval([0.05, 0.05, 0.05])
+    assert stats.bootstrap_interval([0.1]) is None
+    low, high = stats.bootstrap_interval([0.05, 0.05, 0.05])
     assert low == pytest.approx(0.05) and high == pytest.approx(0.05)
-    low, high = low_data.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3)
+    low, high = stats.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3)
     assert 0.0 <= low < 0.15 < high <= 0.3
-    assert low_data.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3) == (low, high)  # seeded: reproducible
+    assert stats.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3) == (low, high)  # seeded: reproducible
 
 
 def test_the_tables_say_about_how_many_seeds_the_target_half_width_would_take():
-    assert low_data.seeds_for_half_width([0.0, 0.04, 0.08], 0.03) == 7  # (1.96 * 0.04 / 0.03)^2 = 6.8
-    assert low_data.seeds_for_half_width([0.0, 0.12, 0.24], 0.03) == 62  # three times the sd: nine times the seeds
-    assert low_data.seeds_for_half_width([0.05, 0.05], 0.03) == 2 and low_data.seeds_for_half_width([0.1], 0.03) is None
-    entry = low_data.paired_entry([0.0, 0.04, 0.08], seed=0)
+    assert stats.seeds_for_half_width([0.0, 0.04, 0.08], 0.03) == 7  # (1.96 * 0.04 / 0.03)^2 = 6.8
+    assert stats.seeds_for_half_width([0.0, 0.12, 0.24], 0.03) == 62  # three times the sd: nine times the seeds
+    assert stats.seeds_for_half_width([0.05, 0.05], 0.03) == 2 and stats.seeds_for_half_width([0.1], 0.03) is None
+    entry = stats.paired_entry([0.0, 0.04, 0.08], seed=0)
     result = {"settings": {"ks": [1, 2], "target_half_width": 0.03}, "table": {},
-              "paired": {"in_domain": {"selected": {"ssl - scratch": {"1": entry, "2": low_data.paired_entry([0.1], 0)}}}}}
-    row = next(line for line in low_data.markdown_tables(result).splitlines() if line.startswith("| ssl - scratch"))
+              "paired": {"in_domain": {"selected": {"ssl - scratch": {"1": entry, "2": stats.paired_entry([0.1], 0)}}}}}
+    row = next(line for line in docs.markdown_tables(result).splitlines() if line.startswith("| ssl - scratch"))
     low, high = entry["ci95"]
     assert row == f"| ssl - scratch | +0.040 [{low:+.3f}, {high:+.3f}] (3; ~7) | +0.100 (n = 1: no interval) |"
 
 
 def test_seeds_are_added_at_the_narrow_ks_until_the_interval_is_narrow(fake_protocol, tmp_path):
     plan = replace(PLAN, ks=(1, 2, 4), min_seeds=2, max_seeds=5, target_half_width=0.0001)
-    result = low_data.run(plan, tmp_path, "cpu")
+    result = runner.run(plan, tmp_path, "cpu")
     assert result["seeds_run"] == {"1": 5, "2": 5, "4": 2} and result["half_width_target_met"] is False
     assert max(c["seed"] for c in fake_protocol if c["k"] == 4) == 1
     fake_protocol.clear()
-    result = low_data.run(replace(plan, target_half_width=1.0), tmp_path / "wide", "cpu")
+    result = runner.run(replace(plan, target_half_width=1.0), tmp_path / "wide", "cpu")
     assert result["seeds_run"] == {"1": 2, "2": 2, "4": 2} and result["half_width_target_met"] is True
     entry = result["paired"]["in_domain"]["selected"]["ssl - scratch"]["1"]
     assert entry["n"] == 2 and entry["mean"] == pytest.approx(np.mean(entry["differences"]))
 
 
 def test_a_time_limited_piece_starts_no_run_after_its_limit_and_the_next_piece_continues(fake_protocol, tmp_path):
-    first = low_data.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", stop_after_s=0.0)
-    assert first["complete"] is False and first["runs"] == [] and len(first["missing_runs"]) == 2 * 2 * len(low_data.ARMS)
-    report = low_data.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", report_only=True)
+    first = runner.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", stop_after_s=0.0)
+    assert first["complete"] is False and first["runs"] == [] and len(first["missing_runs"]) == 2 * 2 * len(protocol.ARMS)
+    report = runner.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", report_only=True)
     assert report["missing_runs"] == first["missing_runs"] and not fake_protocol
-    whole = low_data.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu")
-    assert whole["complete"] is True and whole["missing_runs"] == [] and len(whole["runs"]) == 2 * 2 * len(low_data.ARMS)
+    whole = runner.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu")
+    assert whole["complete"] is True and whole["missing_runs"] == [] and len(whole["runs"]) == 2 * 2 * len(protocol.ARMS)
 
 
 def test_bad_plans_fail_before_any_run(fake_protocol, tmp_path):
     with pytest.raises(ValueError, match="outside 1..8"):
-        low_data.run(replace(PLAN, ks=(16,)), tmp_path, "cpu")
+        runner.run(replace(PLAN, ks=(16,)), tmp_path, "cpu")
     with pytest.raises(ValueError, match="multiple of every k"):
-        low_data.run(replace(PLAN, ks=(3,)), tmp_path, "cpu")
+        runner.run(replace(PLAN, ks=(3,)), tmp_path, "cpu")
     with pytest.raises(ValueError, match="go together"):
-        low_data.run(PLAN, tmp_path, "cpu", labeled=tmp_path / "x.json")
+        runner.run(PLAN, tmp_path, "cpu", labeled=tmp_path / "x.json")
     assert not fake_protocol
 
 
@@ -302,8 +305,8 @@ def _user_lists(root: Path) -> tuple[Path, Path, Path]:
 
 def test_a_users_datalists_are_split_by_the_data_seed_alone(tmp_path):
     labeled, unlabeled, shifted = _user_lists(tmp_path)
-    plan = replace(low_data.PLANS["small"], ks=(1, 2), num_in_domain=2, pool_size=8, finetune_iterations=2)
-    data = low_data.user_data(tmp_path / "out", plan, 0, labeled, unlabeled, shifted)
+    plan = replace(protocol.PLANS["small"], ks=(1, 2), num_in_domain=2, pool_size=8, finetune_iterations=2)
+    data = protocol.user_data(tmp_path / "out", plan, 0, labeled, unlabeled, shifted)
     # 7 labeled entries (training + validation; the test list holds plain paths without labels)
     assert len(data.in_domain) == 2 and len(data.validation) == 1 and len(data.pool) == 4
     assert all(Path(i["label"]).is_file() for i in data.pool + data.in_domain + data.validation)
@@ -311,20 +314,20 @@ def test_a_users_datalists_are_split_by_the_data_seed_alone(tmp_path):
     assert len(data.shifted) == 3 and data.label_names == ["background", "spleen", "liver"]
     corpus = json.loads(data.unlabeled.read_text())
     assert len(corpus["training"]) + len(corpus["validation"]) == 3 and corpus["validation"]
-    again = low_data.user_data(tmp_path / "again", plan, 0, labeled, unlabeled, shifted)
+    again = protocol.user_data(tmp_path / "again", plan, 0, labeled, unlabeled, shifted)
     assert (again.pool, again.in_domain, again.validation) == (data.pool, data.in_domain, data.validation)
-    datalist = json.loads(low_data.write_datalist(data, 2, 0, 0).read_text())
+    datalist = json.loads(protocol.write_datalist(data, 2, 0, 0).read_text())
     assert datalist["labels"] == {"0": "background", "1": "spleen", "2": "liver"} and len(datalist["heldout"]) == 5
 
 
 def test_a_users_lists_that_cannot_serve_the_plan_are_named(tmp_path):
     labeled, unlabeled, _ = _user_lists(tmp_path)
     with pytest.raises(ValueError, match="needs at least 11"):
-        low_data.user_data(tmp_path / "o", replace(low_data.PLANS["cpu"], ks=(1, 2, 4, 6)), 0, labeled, unlabeled, None)
+        protocol.user_data(tmp_path / "o", replace(protocol.PLANS["cpu"], ks=(1, 2, 4, 6)), 0, labeled, unlabeled, None)
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"labels": {"0": "background"}, "training": [{"image": "nope.nii.gz", "label": "nope.nii.gz"}]}))
     with pytest.raises(FileNotFoundError, match="nope.nii.gz"):
-        low_data.user_data(tmp_path / "o", low_data.PLANS["small"], 0, broken, unlabeled, None)
+        protocol.user_data(tmp_path / "o", protocol.PLANS["small"], 0, broken, unlabeled, None)
 
 
 def _comparable(result: dict) -> dict:
@@ -357,18 +360,18 @@ def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = list((out / "results").glob("*_k1_seed0_*.json"))
-    assert 1 <= len(finished) < len(low_data.ARMS)  # killed part way: some runs done, some not
+    assert 1 <= len(finished) < len(protocol.ARMS)  # killed part way: some runs done, some not
     resumed = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     result = json.loads(resumed.stdout)
     assert _comparable(result) == _comparable(uninterrupted)
 
-    assert {r["arm"] for r in result["runs"]} == set(low_data.ARMS)
+    assert {r["arm"] for r in result["runs"]} == set(protocol.ARMS)
     for run in result["runs"]:
-        assert run["encoder_tensors_loaded"] == ([126, 126] if low_data.ARMS[run["arm"]].recipe else None)
+        assert run["encoder_tensors_loaded"] == ([126, 126] if protocol.ARMS[run["arm"]].recipe else None)
         assert run["held_out_files"] == {"in_domain": result["data"]["in_domain"], "shifted": result["data"]["shifted"]}
-        for model in low_data.MODELS:
-            assert all(0.0 <= run["dice"][model][h]["mean"] <= 1.0 for h in low_data.HELD_OUT_SETS)
+        for model in protocol.MODELS:
+            assert all(0.0 <= run["dice"][model][h]["mean"] <= 1.0 for h in protocol.HELD_OUT_SETS)
     assert set(result["rankme"]["encoders"]) == {"random", "ssl", "dino"}
     assert Path(result["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -382,9 +385,9 @@ DOCUMENTED_SUMMARIES = {  # summary: (the folder of its runs' records, the docum
     "benchmarks/results/low_data_cpu_8a1a45b.json": ("benchmarks/results/low_data_cpu_8a1a45b", ["benchmarks/README.md"]),
 }
 SUMMARY_PLANS = {  # the summaries of the shipped code: the plan, its 9-seed extension and the lever
-    "benchmarks/results/low_data_cpu.json": low_data.PLANS["cpu"],
-    "benchmarks/results/low_data_cpu_9seeds.json": replace(low_data.PLANS["cpu"], min_seeds=9, max_seeds=9),
-    "benchmarks/results/low_data_cpu_lever.json": low_data_lever.lever_plan(low_data.PLANS["cpu"]),
+    "benchmarks/results/low_data_cpu.json": protocol.PLANS["cpu"],
+    "benchmarks/results/low_data_cpu_9seeds.json": replace(protocol.PLANS["cpu"], min_seeds=9, max_seeds=9),
+    "benchmarks/results/low_data_cpu_lever.json": low_data_lever.lever_plan(protocol.PLANS["cpu"]),
 }
 
 
@@ -395,11 +398,11 @@ def test_the_documented_tables_equal_their_committed_json(summary, tmp_path):
     run behind them is committed raw."""
     result = json.loads((REPO / summary).read_text())
     assert result["settings"]["device"] == "cpu" and result["complete"] and all(r["commit"] for r in result["runs"])
-    records, docs = DOCUMENTED_SUMMARIES[summary]
-    for doc in docs:
+    records, documents = DOCUMENTED_SUMMARIES[summary]
+    for doc in documents:
         copy = tmp_path / doc.replace("/", "_")
         copy.write_text((REPO / doc).read_text())
-        assert not low_data.write_doc_tables(copy, REPO / summary), f"{doc}: its tables differ from {summary} (python benchmarks/low_data.py --markdown {summary} --write_docs {doc})"
+        assert not docs.write_doc_tables(copy, REPO / summary), f"{doc}: its tables differ from {summary} (python benchmarks/low_data.py --markdown {summary} --write_docs {doc})"
     results = REPO / records
     runs = {p.name for p in results.glob("*_k*_seed*.json")}
     assert {f"{r['arm']}_k{r['k']}_seed{r['seed']}_{r['key']}.json" for r in result["runs"]} <= runs  # raw records committed
@@ -419,17 +422,17 @@ def test_every_documented_run_is_the_run_the_shipped_code_makes(summary, tmp_pat
     until the table is re-measured."""
     result = json.loads((REPO / summary).read_text())
     plan, seed, numerics = SUMMARY_PLANS[summary], result["settings"]["data_seed"], result["settings"]["numerics"]
-    assert low_data.digest(low_data.plan_settings(plan, seed, numerics)) == result["settings_hash"], f"{summary}: the plan changed"
-    data = low_data.synthetic_data(tmp_path / "data", plan, seed)
+    assert protocol.digest(runner.plan_settings(plan, seed, numerics)) == result["settings_hash"], f"{summary}: the plan changed"
+    data = protocol.synthetic_data(tmp_path / "data", plan, seed)
     assert data.files() == result["data"], f"{summary}: the synthetic data or its splits changed"
     weights = {}
     for recipe, record in result["pretraining"].items():
-        key, _ = low_data.pretraining_job(recipe, plan, data, tmp_path, numerics, seed)
+        key, _ = runner.pretraining_job(recipe, plan, data, tmp_path, numerics, seed)
         assert key == record["key"], f"{summary}: the settings of the {recipe} pretraining changed since it ran"
         weights[recipe] = {**record, "model": "weights.pt"}
     for run in result["runs"]:
         arm, k, s = run["arm"], run["k"], run["seed"]
-        key, _ = low_data.finetune_job(arm, k, s, plan, data, low_data.write_datalist(data, k, s, seed), tmp_path, numerics, weights)
+        key, _ = runner.finetune_job(arm, k, s, plan, data, protocol.write_datalist(data, k, s, seed), tmp_path, numerics, weights)
         assert key == run["key"], f"{summary}: the settings of {arm} k={k} seed={s} changed since it ran"
 
 
@@ -439,7 +442,7 @@ def test_the_9_seed_extension_reuses_the_plans_runs_and_adds_seeds_3_to_8():
     plan = json.loads((REPO / "benchmarks/results/low_data_cpu.json").read_text())
     extension = json.loads((REPO / "benchmarks/results/low_data_cpu_9seeds.json").read_text())
     by_run = {(r["arm"], r["k"], r["seed"]): r for r in extension["runs"]}
-    assert {s for _, _, s in by_run} == set(range(9)) and len(by_run) == len(extension["runs"]) == 9 * 2 * len(low_data.ARMS)
+    assert {s for _, _, s in by_run} == set(range(9)) and len(by_run) == len(extension["runs"]) == 9 * 2 * len(protocol.ARMS)
     for run in plan["runs"]:
         reused = by_run[run["arm"], run["k"], run["seed"]]
         assert (reused["key"], reused["dice"]) == (run["key"], run["dice"])
@@ -451,10 +454,10 @@ def test_the_committed_gpu_pieces_are_the_cuda_plans_runs(piece, tmp_path):
     """The first pieces of the GPU plan (an H200, benchmarks/results/low_data_cuda/pieces/) ran the cuda plan of the
     shipped code: their settings hash and both pretrainings' keys are those the code gives on the pieces' numerics."""
     summary = json.loads((REPO / f"benchmarks/results/low_data_cuda/pieces/{piece}.json").read_text())
-    plan, numerics = low_data.PLANS["cuda"], summary["settings"]["numerics"]
-    assert summary["settings_hash"] == low_data.digest(low_data.plan_settings(plan, 0, numerics, "synthetic"))
-    data = low_data.synthetic_data(tmp_path / "data", plan, 0)
-    keys = {recipe: low_data.pretraining_job(recipe, plan, data, tmp_path, numerics, 0)[0] for recipe in ("ssl", "dino")}
+    plan, numerics = protocol.PLANS["cuda"], summary["settings"]["numerics"]
+    assert summary["settings_hash"] == protocol.digest(runner.plan_settings(plan, 0, numerics, "synthetic"))
+    data = protocol.synthetic_data(tmp_path / "data", plan, 0)
+    keys = {recipe: runner.pretraining_job(recipe, plan, data, tmp_path, numerics, 0)[0] for recipe in ("ssl", "dino")}
     assert {recipe: record["key"] for recipe, record in summary["pretraining"].items()} == keys
 
 
@@ -492,8 +495,8 @@ def test_the_small_plan_runs_on_a_users_msd_lists(tmp_path):
 # ------------------------------------------------------------------------------------------- the lever (low_data_lever)
 
 def test_the_lever_changes_only_the_corpus_size_and_the_arms():
-    plan, lever = low_data.PLANS["cpu"], low_data_lever.lever_plan(low_data.PLANS["cpu"])
-    assert {f for f in low_data.Plan.__dataclass_fields__ if getattr(plan, f) != getattr(lever, f)} == {"budget", "arms"}
+    plan, lever = protocol.PLANS["cpu"], low_data_lever.lever_plan(protocol.PLANS["cpu"])
+    assert {f for f in protocol.Plan.__dataclass_fields__ if getattr(plan, f) != getattr(lever, f)} == {"budget", "arms"}
     changed = {f: getattr(lever.budget, f) for f in type(plan.budget).__dataclass_fields__ if getattr(plan.budget, f) != getattr(lever.budget, f)}
     assert changed == {"num_unlabeled": 192} and lever.arms == ("scratch", "ssl", "frozen_random", "frozen_ssl")
 
@@ -510,13 +513,13 @@ def test_the_lever_reuses_the_plans_baseline_runs_and_retrains_only_from_its_own
     def pretrain(recipe, key, overrides, results, threads, report_only=False):  # weights that follow the pretraining's key
         return {"recipe": recipe, "key": key, "sha256": f"weights-{key}", "commit": "c", "model": f"/w/{recipe}_{key}.pt"}
 
-    monkeypatch.setattr(low_data, "synthetic_data", data_with_corpus)
-    monkeypatch.setattr(low_data, "run_pretraining", pretrain)
+    monkeypatch.setattr(runner, "synthetic_data", data_with_corpus)
+    monkeypatch.setattr(runner, "run_pretraining", pretrain)
     plan = replace(PLAN, ks=(1, 2), min_seeds=1, max_seeds=1)
-    low_data.run(plan, tmp_path / "plan", "cpu")
+    runner.run(plan, tmp_path / "plan", "cpu")
     before = {(c["arm"], c["k"]): (c["key"], c["datalist"]) for c in fake_protocol}
     fake_protocol.clear()
-    low_data.run(low_data_lever.lever_plan(plan), tmp_path / "lever", "cpu")
+    runner.run(low_data_lever.lever_plan(plan), tmp_path / "lever", "cpu")
     after = {(c["arm"], c["k"]): (c["key"], c["datalist"]) for c in fake_protocol}
     assert set(after) == {(a, k) for a in low_data_lever.LEVER_ARMS for k in (1, 2)}
     for (arm, k), (key, datalist) in after.items():
@@ -528,7 +531,7 @@ def _summary(dice: dict, files: str = "a") -> dict:
     """A summary with one run per (arm, k, seed) of ``dice``: selected and last in-domain / shifted means."""
     runs = [{"arm": arm, "k": k, "seed": s, "training_files": [f"{files}{k}{s}"], "validation_files": ["v"],
              "held_out_files": {"in_domain": ["h"], "shifted": ["x"]},
-             "dice": {m: {"in_domain": {"mean": d}, "shifted": {"mean": d / 2}} for m in low_data.MODELS}}
+             "dice": {m: {"in_domain": {"mean": d}, "shifted": {"mean": d / 2}} for m in protocol.MODELS}}
             for (arm, k, s), d in dice.items()]  # fmt: skip
     return {"runs": runs, "paired": {}, "settings_hash": "h", "settings": {"budget": {"num_unlabeled": 48, "ssl_epochs": 12}}}
 
@@ -549,10 +552,10 @@ def test_the_lever_is_paired_with_the_plans_run_of_the_same_arm_k_and_seed():
 
 
 def test_the_lever_refuses_a_plan_other_than_its_baselines_or_other_numerics(monkeypatch):
-    baseline = {"settings": low_data.plan_settings(low_data.PLANS["cpu"], 0, low_data.run_numerics("cpu"))}
-    low_data_lever.check_same_protocol(low_data.PLANS["cpu"], baseline)
+    baseline = {"settings": runner.plan_settings(protocol.PLANS["cpu"], 0, runner.run_numerics("cpu"))}
+    low_data_lever.check_same_protocol(protocol.PLANS["cpu"], baseline)
     with pytest.raises(ValueError, match=r"differs from the baseline summary's in \['finetune_iterations'\]"):
-        low_data_lever.check_same_protocol(replace(low_data.PLANS["cpu"], finetune_iterations=400), baseline)
-    monkeypatch.setattr(low_data, "run_numerics", lambda device: {"device": device, "torch": "2.13.0+cpu", "cpu_capability": "ZVECTOR"})
+        low_data_lever.check_same_protocol(replace(protocol.PLANS["cpu"], finetune_iterations=400), baseline)
+    monkeypatch.setattr(runner, "run_numerics", lambda device: {"device": device, "torch": "2.13.0+cpu", "cpu_capability": "ZVECTOR"})
     with pytest.raises(ValueError, match=r"differs from the baseline summary's in \['numerics'\]"):
-        low_data_lever.check_same_protocol(low_data.PLANS["cpu"], baseline)
+        low_data_lever.check_same_protocol(protocol.PLANS["cpu"], baseline)

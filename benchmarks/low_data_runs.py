@@ -1,0 +1,396 @@
+"""The low-data protocol's runs: each pretraining and finetuning as a real bundle run keyed by its settings, RankMe of
+the encoders, and :func:`run`, which completes a plan and summarises it (``low_data.py`` is its command line).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+from components import atomic_write
+from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides, training_class_weights
+from components.runner import BUNDLES_DIR, fresh_run_dir, read_scalars, run_bundle
+from low_data_docs import plots
+from low_data_protocol import (
+    ARMS, DINO_BUNDLE, HELD_OUT_SETS, REPO, Data, Plan, bundle_hash, digest, file_sha256, pool_for, synthetic_data,
+    user_data, write_datalist, write_json,
+)
+from low_data_stats import convergence, needs_more_seeds, paired, table
+from machine import machine_info
+
+def _git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                               text=True, check=True).stdout.strip()  # fmt: skip
+        return commit + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def dino_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict:
+    """Command-line overrides of the self-distillation bundle for a run of the SSL arm's size: the SSL arm's data,
+    device, volumes per iteration, epochs, feature size, attention window and folders; 32^3 global and local crops
+    from 64^3 regions and a small head."""
+    ssl = ssl_overrides(budget, data_dir, run_dir, device, seed)
+    shared = ("dataset_dir", "device", "feature_size", "network_def#window_size", "batch_size", "loader#num_workers", "speed#amp",
+              "speed#use_checkpoint", "training#seed", "training#log_interval", "max_epochs", "output_dir", "ckpt_dir",
+              "checkpointing#auto_resume")  # fmt: skip
+    return {
+        **{key: ssl[key] for key in shared}, "roi_size": [32, 32, 32], "training#context_size": [64, 64, 64],
+        "training#local_size": [32, 32, 32], "training#num_local_crops": 2, "training#prototypes": 1024,
+        "training#head_hidden_dim": 256, "training#head_bottleneck_dim": 64, "training#warmup_epochs": 1,
+        "training#teacher_temperature_warmup_epochs": 1,
+        "training#val_interval": ssl["training#val_interval"], "training#num_samples": 2,
+    }  # fmt: skip
+
+
+PRETRAINING = {"ssl": (SSL_BUNDLE, ssl_overrides), "dino": (DINO_BUNDLE, dino_overrides)}
+
+
+def _portable(overrides: dict, out: Path) -> dict:
+    """Overrides without the run's own folders and with paths relative to ``out``: what a result's key covers."""
+    skip = ("output_dir", "ckpt_dir", "pretrained_path")
+    return {k: (v.replace(str(out), "<out>") if isinstance(v, str) else v) for k, v in overrides.items() if k not in skip}
+
+
+def run_numerics(device: str) -> dict:
+    """What a run's floating-point results depend on besides its settings, part of every result's key: the device,
+    torch's version and, on the CPU, the vector instructions its kernels dispatch to
+    (``torch.backends.cpu.get_cpu_capability()``). A CPU run repeats bit for bit on one machine, but one finetuning
+    run of the plan, same settings and seed, selected a model of held-out Dice 0.600 on an AVX2 VM and 0.652 on an
+    AVX-512 one: results of other numerics are neither reused nor paired. On CUDA, whose kernels do not repeat bit
+    for bit anyway, the GPU's model is left out, so that pieces of the GPU plan may run on different GPUs."""
+    numerics = {"device": device, "torch": torch.__version__}
+    if device == "cpu":
+        numerics["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return numerics
+
+
+def pretraining_job(recipe: str, plan: Plan, data: Data, out: Path, numerics: dict, seed: int) -> tuple[str, dict]:
+    """(key, overrides) of a recipe's pretraining run on ``numerics`` (:func:`run_numerics`); its folder is
+    ``out/pretrain/<recipe>_<key>``."""
+    bundle, make = PRETRAINING[recipe]
+    overrides = {**make(plan.budget, data.unlabeled.parent, Path("."), numerics["device"], seed), "datalist": str(data.unlabeled),
+                 **plan.pretrain_overrides}  # fmt: skip
+    key = digest({"recipe": recipe, "overrides": _portable(overrides, out), "corpus": data.unlabeled.read_text(),
+                  "bundle": bundle_hash(bundle, ("train.json",)), "numerics": numerics})  # fmt: skip
+    run_dir = out / "pretrain" / f"{recipe}_{key}"
+    overrides.update(output_dir=str(run_dir / "eval"), ckpt_dir=str(run_dir / "models"))
+    return key, overrides
+
+
+def finetune_job(
+    arm: str, k: int, seed: int, plan: Plan, data: Data, datalist: Path, out: Path, numerics: dict, weights: dict[str, dict],
+) -> tuple[str, dict]:
+    """(key, overrides) of one finetuning run on ``numerics`` (:func:`run_numerics`). The arms of a (k, seed) pair get
+    the same overrides but for ``pretrained_path`` (the arm's encoder) and, for the frozen arms,
+    ``training#freeze_encoder_iterations`` (the whole run). ``weights``: per recipe the finished pretraining's record
+    (``model``, ``sha256``)."""
+    if arm not in ARMS:
+        raise ValueError(f"arm must be one of {list(ARMS)}, got {arm!r}.")
+    recipe, frozen = ARMS[arm]
+    for name in ("finetune_iterations", "val_every"):
+        if getattr(plan, name) % k:
+            raise ValueError(f"{name} ({getattr(plan, name)}) must be a multiple of k = {k} (one volume per iteration).")
+    epochs = plan.finetune_iterations // k
+    budget = replace(plan.budget, finetune_epochs=epochs, val_interval=plan.val_every // k)
+    pretrained = Path(weights[recipe]["model"]) if recipe else None
+    overrides = finetune_overrides(budget, datalist, Path("."), numerics["device"], 1000 + seed, pretrained,
+                                   training_class_weights(datalist, data.label_names))  # fmt: skip
+    overrides.update({"label_names": data.label_names,
+                      "training#freeze_encoder_iterations": plan.finetune_iterations if frozen else 0, **plan.finetune_overrides})  # fmt: skip
+    key = digest({"arm": arm, "k": k, "seed": seed, "overrides": _portable(overrides, out), "datalist": datalist.read_text(),
+                  "weights": weights[recipe]["sha256"] if recipe else None,
+                  "bundle": bundle_hash(CT_BUNDLE, ("train.json", "evaluate.json")), "numerics": numerics})  # fmt: skip
+    run_dir = out / "runs" / f"{arm}_k{k}_seed{seed}_{key}"
+    overrides.update(output_dir=str(run_dir / "eval"), ckpt_dir=str(run_dir / "models"))
+    return key, overrides
+
+
+def _per_image_dice(csv: Path, data_root: Path) -> dict[str, float]:
+    """Mean Dice over the classes present (NaN: a class absent from image and label) per held-out image, from the
+    evaluation's ``val_mean_dice_raw.csv``; keys are paths relative to the data root where possible."""
+    out = {}
+    for line in csv.read_text().splitlines()[1:]:
+        name, *values = line.split(",")
+        scores = [float(v) for v in values[:-1] if v.strip().lower() != "nan"]
+        path = Path(name)
+        key = os.path.relpath(path, data_root) if path.is_relative_to(data_root) else name
+        out[key] = statistics.fmean(scores) if scores else float("nan")
+    return out
+
+
+def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threads: int | None, report_only: bool = False) -> dict:
+    """Runs (or reuses) one pretraining; returns its record (model path and sha256, final losses, last RankMe). With
+    ``report_only`` the recorded run is used as it is (its weights may be absent: no RankMe then).
+
+    The weights are kept beside the record, ``<results>/pretrain_<recipe>_<key>.pt``, and reused from there when the
+    run's folder is gone: a piece of the plan on a fresh machine (a GPU lent for one call) continues from the results
+    folder alone, carried there with its weights (git ignores them). Retraining would not do: a CUDA pretraining need
+    not repeat bit for bit (the SSL recipe's did not on an H200), and the finetuning keys hold the weights' sha256.
+
+    Raises:
+        FileNotFoundError: with ``report_only``, for a pretraining that has no record.
+    """
+    run_dir = Path(overrides["ckpt_dir"]).parent
+    record_path = results / f"pretrain_{recipe}_{key}.json"
+    kept = record_path.with_suffix(".pt")
+    model = run_dir / "models" / "model.pt"
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        for weights in (model, kept):
+            if weights.is_file() and file_sha256(weights) == record["sha256"]:
+                return {**record, "model": str(weights)}
+        if report_only:
+            return {**record, "model": str(model)}
+    if report_only:
+        raise FileNotFoundError(f"no record of the {recipe} pretraining with these settings ({record_path}): nothing to report.")
+    fresh_run_dir(run_dir)  # a killed run's events or checkpoints must not mix into the new one
+    seconds = run_bundle(PRETRAINING[recipe][0], overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
+    scalars = read_scalars(run_dir / "eval")
+    record = {"recipe": recipe, "key": key, "sha256": file_sha256(model), "seconds": round(seconds, 1), "commit": _git_commit(),
+              "final_losses": {t: v[-1][1] for t, v in scalars.items() if t.startswith("loss")},
+              "logged_rankme": scalars["val_rankme"][-1][1] if scalars.get("val_rankme") else None}  # fmt: skip
+    if record_path.is_file() and json.loads(record_path.read_text())["sha256"] != record["sha256"]:
+        print(f"WARNING: pretraining {recipe} {key} gave other weights than its recorded run: the finetuning results "
+              "of the recorded weights are not reused (their keys hold the weights' hash)", file=sys.stderr, flush=True)  # fmt: skip
+    with atomic_write(kept) as f, model.open("rb") as weights:  # first: a record never names weights not there
+        shutil.copyfileobj(weights, f)
+    write_json(record_path, record)
+    return {**record, "model": str(model)}
+
+
+
+def run_finetuning(
+    arm: str, k: int, seed: int, key: str, overrides: dict, data: Data, results: Path, threads: int | None, report_only: bool = False,
+) -> dict | None:
+    """Runs (or reuses) one finetuning run and scores its selected and last models on both held-out sets; with
+    ``report_only`` a run without a result is not run (None)."""
+    record_path = results / f"{arm}_k{k}_seed{seed}_{key}.json"
+    if record_path.is_file():
+        return json.loads(record_path.read_text())
+    if report_only:
+        return None
+    run_dir = Path(overrides["ckpt_dir"]).parent
+    fresh_run_dir(run_dir)  # a killed run's events or checkpoints must not mix into the new one
+    seconds = run_bundle(CT_BUNDLE, overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
+    # one volume per iteration: epoch e ends at iteration e * k
+    curve = [[epoch * k, value] for epoch, value in read_scalars(run_dir / "eval").get("val_mean_dice", [])]
+    if not curve:
+        raise RuntimeError(f"finetuning run {run_dir} logged no validation Dice (see {run_dir / 'train.log'}).")
+    best = max(value for _, value in curve)
+    selected_iteration = next(i for i, value in curve if value == best)
+    models = {"selected": run_dir / "models" / "model.pt", "last": run_dir / "models" / "checkpoint.pt"}
+    dice: dict[str, dict] = {}
+    for name, model in models.items():
+        if name == "last" and selected_iteration == curve[-1][0]:
+            dice[name] = dice["selected"]  # the same weights: the best validation was the last one
+            continue
+        eval_dir = run_dir / f"heldout_{name}"
+        seconds += run_bundle(CT_BUNDLE, ("train.json", "evaluate.json"), {**overrides, "eval_list": "heldout", "checkpoint": str(model),
+                              "output_dir": str(eval_dir)}, log=run_dir / f"heldout_{name}.log", echo=False, threads=threads)  # fmt: skip
+        per_image = _per_image_dice(eval_dir / "val_mean_dice_raw.csv", data.root)
+        dice[name] = {}
+        for held_out in HELD_OUT_SETS:
+            files = [_rel(item["image"], data.root) for item in getattr(data, held_out)]
+            scores = [per_image[f] for f in files]
+            dice[name][held_out] = {"mean": _nanmean(scores), "per_image": dict(zip(files, scores))}
+    log = (run_dir / "train.log").read_text()
+    loaded = _loaded_count(log) if ARMS[arm].recipe else None
+    datalist = json.loads(Path(overrides["datalist"]).read_text())
+    record = {
+        "arm": arm, "k": k, "seed": seed, "key": key, "commit": _git_commit(), "seconds": round(seconds, 1),
+        "training_files": [_rel(str((Path(overrides["datalist"]).parent / i["image"]).resolve()), data.root) for i in datalist["training"]],
+        "validation_files": [_rel(item["image"], data.root) for item in data.validation],
+        "held_out_files": {h: [_rel(item["image"], data.root) for item in getattr(data, h)] for h in HELD_OUT_SETS},
+        "validation_curve": curve, "selected_iteration": selected_iteration, "dice": dice,
+        "encoder_tensors_loaded": loaded,
+    }  # fmt: skip
+    write_json(record_path, record)
+    return record
+
+
+def _rel(path: str, root: Path) -> str:
+    p = Path(path)
+    p = p if p.is_absolute() else (root / p)
+    p = p.resolve()
+    return os.path.relpath(p, root.resolve()) if p.is_relative_to(root.resolve()) else str(p)
+
+
+def _nanmean(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(finite) if finite else float("nan")
+
+
+def _loaded_count(log: str) -> list[int] | None:
+    found = re.search(r"loaded (\d+)/(\d+) encoder tensors", log)
+    return [int(found[1]), int(found[2])] if found else None
+
+
+def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int) -> dict:
+    """RankMe (``components.effective_rank``) of the random, SSL and self-distillation encoders on the same crops:
+    ``rankme_crops_per_volume`` crops of the finetuning size from every held-out volume, preprocessed as the CT
+    bundle validates; next to it, what each pretraining bundle logged at its last validation."""
+    from monai.transforms import RandSpatialCropSamples, SpatialPad
+
+    from components import effective_rank, load_pretrained, swin_embeddings
+    from machine import bundle_parser
+
+    datalist = write_datalist(data, 1, 0, seed)
+    parser = bundle_parser(BUNDLES_DIR / CT_BUNDLE, {**finetune_overrides(plan.budget, datalist, data.root / "rankme", "cpu", seed, None),
+                                                     "label_names": data.label_names,
+                                                     **plan.finetune_overrides})  # fmt: skip
+    preprocessing = parser.get_parsed_content("validate#preprocessing")
+    pad = SpatialPad(parser["roi_size"])
+    cropper = RandSpatialCropSamples(parser["roi_size"], num_samples=plan.rankme_crops_per_volume, random_size=False)
+    cropper.set_random_state(seed)
+    crops = []
+    for item in data.in_domain + data.shifted:
+        image = preprocessing({key: str(data.root / value) for key, value in item.items()})["image"]
+        crops += [c.as_tensor() if hasattr(c, "as_tensor") else c for c in cropper(pad(image))]
+    batch = torch.stack(crops)
+    out = {"crops": len(crops), "encoders": {}}
+    for name, recipe in (("random", None), ("ssl", "ssl"), ("dino", "dino")):
+        if recipe is not None and (recipe not in weights or not Path(weights[recipe]["model"]).is_file()):
+            continue
+        torch.manual_seed(1000)
+        network = parser.get_parsed_content("network_def", instantiate=True, lazy=False)
+        if recipe is not None:
+            load_pretrained(network, weights[recipe]["model"])
+        network.eval()
+        with torch.no_grad():
+            embeddings = torch.cat([swin_embeddings(network, chunk) for chunk in batch.split(16)])
+        out["encoders"][name] = {"rankme": effective_rank(embeddings), "dims": embeddings.shape[1],
+                                 "logged_by_bundle": weights[recipe].get("logged_rankme") if recipe else None}  # fmt: skip
+    return out
+
+
+def rankme_agreement(rankme: dict, intervals: dict, plan: Plan) -> dict:
+    """Whether RankMe orders the encoders (random, SSL, self-distillation) as the frozen arms' in-domain Dice of the
+    selected models does, per k: {k: {"rankme_order", "frozen_dice_order", "agrees"}}."""
+    scores = {name: e["rankme"] for name, e in rankme["encoders"].items()}
+    out = {}
+    contrasts = intervals.get("in_domain", {}).get("selected", {})
+    for k in plan.ks:
+        dice = {"random": 0.0}
+        for name, contrast in (("ssl", "frozen_ssl - frozen_random"), ("dino", "frozen_dino - frozen_random")):
+            entry = contrasts.get(contrast, {}).get(str(k))
+            if entry is not None and name in scores:
+                dice[name] = entry["mean"]
+        if len(dice) < 2:
+            continue
+        names = sorted(dice)
+        by_rank = sorted(names, key=lambda n: -scores[n])
+        by_dice = sorted(names, key=lambda n: -dice[n])
+        out[str(k)] = {"rankme_order": by_rank, "frozen_dice_order": by_dice, "agrees": by_rank == by_dice}
+    return out
+
+
+
+def plan_settings(plan: Plan, seed: int, numerics: dict, data: str = "synthetic") -> dict:
+    """The settings a summary records (and hashes into ``settings_hash``): the plan, its data seed, the device and
+    the numerics of its runs (:func:`run_numerics`), and the kind of data (``"synthetic"`` or ``"user datalists"``),
+    as JSON values."""
+    settings = {**{k: v for k, v in asdict(plan).items() if k != "budget"}, "budget": asdict(plan.budget), "data_seed": seed,
+                "device": numerics["device"], "numerics": numerics, "data": data}  # fmt: skip
+    return json.loads(json.dumps(settings))
+
+
+def run(
+    plan: Plan, out: Path, device: str, seed: int = 0, parallel: int = 1, results: Path | None = None,
+    labeled: Path | None = None, unlabeled: Path | None = None, shifted: Path | None = None, report_only: bool = False,
+    stop_after_s: float | None = None,
+) -> dict:
+    """Runs (or completes) the protocol and returns its summary; see the module's docstring. With ``report_only``
+    nothing runs; with ``stop_after_s`` no run starts after that many seconds (the runs under way finish): the
+    summary then covers the finished runs and lists the missing ones (``missing_runs``, ``complete`` false), and the
+    same command run again continues."""
+    unknown = [a for a in plan.arms if a not in ARMS]
+    if unknown or "scratch" not in plan.arms and "frozen_random" not in plan.arms:
+        raise ValueError(f"arms must be a subset of {list(ARMS)} with a baseline (scratch or frozen_random), got {list(plan.arms)}.")
+    if (labeled is None) != (unlabeled is None):
+        raise ValueError("--labeled and --unlabeled go together (a labeled list and an unlabeled corpus).")
+    if shifted is not None and labeled is None:
+        raise ValueError("--shifted needs --labeled and --unlabeled.")
+    started = time.perf_counter()
+    out = out.resolve()
+    results = (results or out / "results").resolve()
+    data = user_data(out / "data", plan, seed, labeled, unlabeled, shifted) if labeled else synthetic_data(out / "data", plan, seed)
+    for k in plan.ks:  # every k fits the pool and the budget, before any run
+        pool_for(data, k, 0, seed)
+        for name in ("finetune_iterations", "val_every"):
+            if getattr(plan, name) % k:
+                raise ValueError(f"{name} ({getattr(plan, name)}) must be a multiple of every k, got k = {k}.")
+    threads = max(1, (os.cpu_count() or 1) // parallel) if device == "cpu" else None
+    recipes = sorted({ARMS[a].recipe for a in plan.arms if ARMS[a].recipe})
+    numerics = run_numerics(device)
+    jobs = {recipe: pretraining_job(recipe, plan, data, out, numerics, seed) for recipe in recipes}
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(jobs)))) as pool:
+        weights = dict(zip(jobs, pool.map(lambda r: run_pretraining(r, *jobs[r], results, threads, report_only), jobs)))
+    missing: list[str] = []
+
+    def one(job: tuple[str, int, int]) -> dict | None:
+        arm, k, s = job
+        key, overrides = finetune_job(arm, k, s, plan, data, write_datalist(data, k, s, seed), out, numerics, weights)
+        late = stop_after_s is not None and time.perf_counter() - started > stop_after_s
+        record = run_finetuning(arm, k, s, key, overrides, data, results, threads, report_only or late)
+        if record is None:
+            missing.append(f"{arm} k={k} seed={s}")
+            return None
+        sel = record["dice"]["selected"]
+        print(f"k={k} seed={s} {arm}: selected (iteration {record['selected_iteration']}) in-domain {sel['in_domain']['mean']:.4f}"
+              f", shifted {sel['shifted']['mean']:.4f}", file=sys.stderr, flush=True)  # fmt: skip
+        return record
+
+    runs: list[dict] = []
+    seeds_run = {k: 0 for k in plan.ks}
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        for s in range(plan.max_seeds):
+            if s < plan.min_seeds:
+                ks = plan.ks
+            elif needs_more_seeds(paired(runs, replace(plan, ks=tuple(k for k in plan.ks if k in plan.narrow_ks)), seed), plan):
+                ks = tuple(k for k in plan.ks if k in plan.narrow_ks)
+            else:
+                break
+            runs += [r for r in pool.map(one, [(arm, k, s) for k in ks for arm in plan.arms]) if r is not None]
+            for k in ks:
+                seeds_run[k] = s + 1
+    intervals = paired(runs, plan, seed)
+    tables = table(runs, plan)
+    curves = convergence(runs, plan)
+    rankme = encoder_rankme(data, weights, plan, seed)
+    plots(tables, intervals, curves, out)
+    settings = plan_settings(plan, seed, numerics, "user datalists" if labeled else "synthetic")
+    return {
+        "benchmark": "low_data",
+        "settings": settings,
+        "settings_hash": digest(settings),
+        "data": data.files(),
+        "pretraining": {r: {k: v for k, v in w.items() if k != "model"} for r, w in weights.items()},
+        "seeds_run": {str(k): n for k, n in seeds_run.items()},
+        "half_width_target_met": not needs_more_seeds(intervals, plan),
+        "complete": not missing,
+        "missing_runs": sorted(missing),
+        "table": tables,
+        "paired": intervals,
+        "convergence": curves,
+        "rankme": {**rankme, "agreement_with_frozen_arms": rankme_agreement(rankme, intervals, plan)},
+        "runs": sorted(runs, key=lambda r: (r["seed"], r["k"], list(ARMS).index(r["arm"]))),
+        "commits": sorted({r["commit"] for r in runs} | {w["commit"] for w in weights.values()}),
+        "machine": {**machine_info(), "threads_per_run": threads, "parallel_runs": parallel},
+        "total_seconds": round(time.perf_counter() - started, 1),
+        "plots": [str(out / "low_data.png"), str(out / "curves.png")],
+    }
