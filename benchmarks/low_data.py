@@ -46,29 +46,33 @@ split), per run its training and held-out files and Dice, the tables and paired 
 the commits; writes ``low_data.png`` and ``curves.png`` under ``--out``.
 """
 
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's components, without PYTHONPATH
-import torch  # noqa: E402
-
-from low_data_docs import markdown_tables, write_doc_tables  # noqa: E402
-from low_data_protocol import ARMS, PLANS  # noqa: E402
-from low_data_runs import run  # noqa: E402
+from low_data_arms import ARMS  # noqa: E402 (standard library only: --help imports neither torch nor MONAI)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+class _OneLineParser(argparse.ArgumentParser):
+    """Errors in one line (``low_data.py: error: ...``), without the usage block."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser and the parsed arguments; nothing heavy is imported here, so ``--help`` answers at once."""
+    parser = _OneLineParser(prog="low_data.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="the CI size: one k, one seed, a few iterations")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: CUDA where present")
     parser.add_argument("--ks", default=None, help="label counts, comma-separated (a subset of the plan's pool)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds at every k (min and max; default: the plan's)")
-    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=None, help="default: all six")
+    parser.add_argument("--arms", nargs="+", default=None, help=f"default: the plan's; any of {', '.join(ARMS)}")
     parser.add_argument("--seed", type=int, default=0, help="the data seed: fixes the data, pools and held-out sets")
     parser.add_argument("--out", default="runs/low_data", help="folder for the data, the runs and the plots")
     parser.add_argument("--results", default=None, help="folder of the per-run result files (default: <out>/results)")
@@ -84,7 +88,27 @@ def main() -> None:
                         help="start no run after this many seconds (default: the cuda plan's 420, none on CPU); run again to continue")
     parser.add_argument("--markdown", default=None, help="print the Markdown tables of this summary JSON and exit")
     parser.add_argument("--write_docs", nargs="+", default=None, help="with --markdown: rewrite these files' table blocks")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    unknown = [arm for arm in args.arms or () if arm not in ARMS]
+    if unknown:
+        parser.error(f"unknown arms {unknown}: the arms are {', '.join(ARMS)}.")
+    if (args.labeled is None) != (args.unlabeled is None):
+        parser.error("--labeled and --unlabeled go together (a labeled list and an unlabeled corpus).")
+    if args.shifted is not None and args.labeled is None:
+        parser.error("--shifted needs --labeled and --unlabeled.")
+    return parser, args
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser, args = parse_args(argv)
+    from dataclasses import replace
+
+    import torch
+
+    from low_data_docs import markdown_tables, write_doc_tables
+    from low_data_protocol import PLANS, DatalistError
+    from low_data_runs import run
+
     if args.markdown:
         if args.write_docs:
             for doc in args.write_docs:
@@ -105,8 +129,11 @@ def main() -> None:
     parallel = args.parallel or (2 if device == "cpu" else 1)
     paths = {name: Path(getattr(args, name)).resolve() if getattr(args, name) else None for name in ("labeled", "unlabeled", "shifted")}
     stop_after_s = args.stop_after_s if args.stop_after_s is not None else (420.0 if device == "cuda" else None)
-    result = run(plan, Path(args.out), device, args.seed, parallel, Path(args.results) if args.results else None, **paths,
-                 report_only=args.report_only, stop_after_s=stop_after_s)
+    try:
+        result = run(plan, Path(args.out), device, args.seed, parallel, Path(args.results) if args.results else None, **paths,
+                     report_only=args.report_only, stop_after_s=stop_after_s)
+    except DatalistError as err:
+        parser.error(str(err))
     text = json.dumps(result, indent=2)
     if args.json:
         Path(args.json).write_text(text + "\n")

@@ -11,13 +11,14 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from components import atomic_write, synthetic
 from components.demo import DemoBudget
 from components.runner import BUNDLES_DIR
+from low_data_arms import ARMS
 
 REPO = Path(__file__).resolve().parents[1]
 DINO_BUNDLE = "swin_unetr_dino_pretrain"
@@ -26,27 +27,9 @@ MODELS = ("selected", "last")
 SHIFTED_SEED_OFFSET = 7919  # the shifted held-out subjects: another seed than the labeled and unlabeled sets
 
 
-class Arm(NamedTuple):
-    """An arm: the recipe whose encoder it starts from (None: random initialisation) and whether it stays frozen."""
-
-    recipe: str | None
-    frozen: bool
-
-
-ARMS: dict[str, Arm] = {
-    "scratch": Arm(None, False),
-    "ssl": Arm("ssl", False),
-    "dino": Arm("dino", False),
-    "frozen_random": Arm(None, True),
-    "frozen_ssl": Arm("ssl", True),
-    "frozen_dino": Arm("dino", True),
-}
-CONTRASTS: dict[str, tuple[str, str]] = {
-    "ssl - scratch": ("ssl", "scratch"),
-    "dino - scratch": ("dino", "scratch"),
-    "frozen_ssl - frozen_random": ("frozen_ssl", "frozen_random"),
-    "frozen_dino - frozen_random": ("frozen_dino", "frozen_random"),
-}
+class DatalistError(ValueError):
+    """A user's datalist that cannot serve the protocol (unreadable, missing files, too short, overlapping another):
+    raised before any run, its message one line."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +138,7 @@ def _entries(datalist: Path, require_label: bool) -> list[dict]:
     try:
         content = json.loads(datalist.read_text())
     except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"datalist {str(datalist)!r} cannot be read as JSON: {err}") from err
+        raise DatalistError(f"datalist {str(datalist)!r} cannot be read as JSON: {err}") from err
     out = []
     for key in ("training", "validation", "test"):
         for item in content.get(key, []):
@@ -165,7 +148,7 @@ def _entries(datalist: Path, require_label: bool) -> list[dict]:
             out.append({k: str((datalist.parent / v).resolve()) for k, v in item.items() if k in ("image", "label")})
     missing = [p for item in out for p in item.values() if not Path(p).exists()]
     if missing:
-        raise FileNotFoundError(f"datalist {str(datalist)!r} names {len(missing)} missing files, e.g. {missing[0]!r}.")
+        raise DatalistError(f"datalist {str(datalist)!r} names {len(missing)} missing files, e.g. {missing[0]!r}.")
     return out
 
 
@@ -176,20 +159,20 @@ def user_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path,
     corpus (every entry of every list) is split 85/15 into the pretraining bundles' training and validation lists.
 
     Raises:
-        ValueError / FileNotFoundError: a list that cannot be read, names missing files, or is too short for the
+        DatalistError: a list that cannot be read, names missing files, or is too short for the
             plan (before any run starts).
     """
     entries = _entries(labeled, require_label=True)
     needed = plan.num_in_domain + 1 + max(plan.ks)
     if len(entries) < needed:
-        raise ValueError(f"--labeled {str(labeled)!r} has {len(entries)} labeled volumes; the plan needs at least "
+        raise DatalistError(f"--labeled {str(labeled)!r} has {len(entries)} labeled volumes; the plan needs at least "
                          f"{needed} ({plan.num_in_domain} held out, 1 for validation, k up to {max(plan.ks)}).")  # fmt: skip
     order = np.random.default_rng([seed, 1]).permutation(len(entries))
     entries = [entries[i] for i in order]
     held, val, pool = entries[: plan.num_in_domain], entries[plan.num_in_domain : plan.num_in_domain + 1], entries[plan.num_in_domain + 1 :]
     corpus = _entries(unlabeled, require_label=False)
     if len(corpus) < 2:
-        raise ValueError(f"--unlabeled {str(unlabeled)!r} has {len(corpus)} images; pretraining needs at least 2.")
+        raise DatalistError(f"--unlabeled {str(unlabeled)!r} has {len(corpus)} images; pretraining needs at least 2.")
     corpus = [{"image": item["image"]} for item in corpus]
     order = np.random.default_rng([seed, 2]).permutation(len(corpus))
     num_val = max(1, round(0.15 * len(corpus)))
@@ -199,7 +182,7 @@ def user_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path,
                                        "validation": [corpus[i] for i in order[:num_val]]}, indent=2) + "\n")  # fmt: skip
     names = json.loads(labeled.read_text()).get("labels")
     if not isinstance(names, dict) or not names:
-        raise ValueError(f"--labeled {str(labeled)!r} has no 'labels' dict (e.g. {{\"0\": \"background\", \"1\": \"liver\"}}).")
+        raise DatalistError(f"--labeled {str(labeled)!r} has no 'labels' dict (e.g. {{\"0\": \"background\", \"1\": \"liver\"}}).")
     label_names = [names[k] for k in sorted(names, key=int)]
     return Data(root, pool[: plan.pool_size], val, held, _entries(shifted, True) if shifted else [], label_names, pretraining)
 

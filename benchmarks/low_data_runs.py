@@ -22,9 +22,10 @@ import torch
 from components import atomic_write
 from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides, training_class_weights
 from components.runner import BUNDLES_DIR, fresh_run_dir, read_scalars, run_bundle
+from low_data_arms import ARMS
 from low_data_docs import plots
 from low_data_protocol import (
-    ARMS, DINO_BUNDLE, HELD_OUT_SETS, REPO, Data, Plan, bundle_hash, digest, file_sha256, pool_for, synthetic_data,
+    DINO_BUNDLE, HELD_OUT_SETS, REPO, Data, Plan, bundle_hash, digest, file_sha256, pool_for, synthetic_data,
     user_data, write_datalist, write_json,
 )
 from low_data_stats import convergence, needs_more_seeds, paired, table

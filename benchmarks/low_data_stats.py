@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from low_data_protocol import CONTRASTS, HELD_OUT_SETS, MODELS
+from low_data_arms import CONTRASTS
+from low_data_protocol import HELD_OUT_SETS, MODELS
 
 if TYPE_CHECKING:
     from low_data_protocol import Plan

@@ -24,6 +24,7 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
+import low_data_arms  # noqa: E402
 import low_data_docs as docs  # noqa: E402
 import low_data_lever  # noqa: E402
 import low_data_protocol as protocol  # noqa: E402
@@ -65,7 +66,7 @@ def fake_protocol(monkeypatch):
             return None
         datalist = json.loads(Path(overrides["datalist"]).read_text())
         calls.append({"arm": arm, "k": k, "seed": seed, "key": key, "overrides": overrides, "datalist": datalist})
-        rng = np.random.default_rng([k, seed, list(protocol.ARMS).index(arm)])
+        rng = np.random.default_rng([k, seed, list(low_data_arms.ARMS).index(arm)])
         score = {h: {"mean": float(rng.uniform(0.2, 0.8)), "per_image": {}} for h in protocol.HELD_OUT_SETS}
         return {"arm": arm, "k": k, "seed": seed, "key": key, "commit": "c", "dice": {"selected": score, "last": score},
                 "validation_curve": [(k, 0.1), (2 * k, 0.2)], "selected_iteration": 2 * k, "training_files": [i["image"] for i in datalist["training"]],
@@ -114,7 +115,7 @@ def test_arms_of_a_pair_differ_only_in_the_starting_weights(fake_protocol, tmp_p
     runner.run(PLAN, tmp_path, "cpu")
     own = {"output_dir", "ckpt_dir"}  # each run's own folders
     commands = {c["arm"]: {k: v for k, v in c["overrides"].items() if k not in own} for c in fake_protocol if (c["k"], c["seed"]) == (2, 1)}
-    assert set(commands) == set(protocol.ARMS)
+    assert set(commands) == set(low_data_arms.ARMS)
 
     def differing(a: str, b: str) -> set[str]:
         return {k for k in commands[a].keys() | commands[b].keys() if commands[a].get(k) != commands[b].get(k)}
@@ -271,11 +272,11 @@ def test_seeds_are_added_at_the_narrow_ks_until_the_interval_is_narrow(fake_prot
 
 def test_a_time_limited_piece_starts_no_run_after_its_limit_and_the_next_piece_continues(fake_protocol, tmp_path):
     first = runner.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", stop_after_s=0.0)
-    assert first["complete"] is False and first["runs"] == [] and len(first["missing_runs"]) == 2 * 2 * len(protocol.ARMS)
+    assert first["complete"] is False and first["runs"] == [] and len(first["missing_runs"]) == 2 * 2 * len(low_data_arms.ARMS)
     report = runner.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", report_only=True)
     assert report["missing_runs"] == first["missing_runs"] and not fake_protocol
     whole = runner.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu")
-    assert whole["complete"] is True and whole["missing_runs"] == [] and len(whole["runs"]) == 2 * 2 * len(protocol.ARMS)
+    assert whole["complete"] is True and whole["missing_runs"] == [] and len(whole["runs"]) == 2 * 2 * len(low_data_arms.ARMS)
 
 
 def test_bad_plans_fail_before_any_run(fake_protocol, tmp_path):
@@ -322,11 +323,11 @@ def test_a_users_datalists_are_split_by_the_data_seed_alone(tmp_path):
 
 def test_a_users_lists_that_cannot_serve_the_plan_are_named(tmp_path):
     labeled, unlabeled, _ = _user_lists(tmp_path)
-    with pytest.raises(ValueError, match="needs at least 11"):
+    with pytest.raises(protocol.DatalistError, match="needs at least 11"):
         protocol.user_data(tmp_path / "o", replace(protocol.PLANS["cpu"], ks=(1, 2, 4, 6)), 0, labeled, unlabeled, None)
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps({"labels": {"0": "background"}, "training": [{"image": "nope.nii.gz", "label": "nope.nii.gz"}]}))
-    with pytest.raises(FileNotFoundError, match="nope.nii.gz"):
+    with pytest.raises(protocol.DatalistError, match="nope.nii.gz"):
         protocol.user_data(tmp_path / "o", protocol.PLANS["small"], 0, broken, unlabeled, None)
 
 
@@ -360,15 +361,15 @@ def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = list((out / "results").glob("*_k1_seed0_*.json"))
-    assert 1 <= len(finished) < len(protocol.ARMS)  # killed part way: some runs done, some not
+    assert 1 <= len(finished) < len(low_data_arms.ARMS)  # killed part way: some runs done, some not
     resumed = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     result = json.loads(resumed.stdout)
     assert _comparable(result) == _comparable(uninterrupted)
 
-    assert {r["arm"] for r in result["runs"]} == set(protocol.ARMS)
+    assert {r["arm"] for r in result["runs"]} == set(low_data_arms.ARMS)
     for run in result["runs"]:
-        assert run["encoder_tensors_loaded"] == ([126, 126] if protocol.ARMS[run["arm"]].recipe else None)
+        assert run["encoder_tensors_loaded"] == ([126, 126] if low_data_arms.ARMS[run["arm"]].recipe else None)
         assert run["held_out_files"] == {"in_domain": result["data"]["in_domain"], "shifted": result["data"]["shifted"]}
         for model in protocol.MODELS:
             assert all(0.0 <= run["dice"][model][h]["mean"] <= 1.0 for h in protocol.HELD_OUT_SETS)
@@ -442,7 +443,7 @@ def test_the_9_seed_extension_reuses_the_plans_runs_and_adds_seeds_3_to_8():
     plan = json.loads((REPO / "benchmarks/results/low_data_cpu.json").read_text())
     extension = json.loads((REPO / "benchmarks/results/low_data_cpu_9seeds.json").read_text())
     by_run = {(r["arm"], r["k"], r["seed"]): r for r in extension["runs"]}
-    assert {s for _, _, s in by_run} == set(range(9)) and len(by_run) == len(extension["runs"]) == 9 * 2 * len(protocol.ARMS)
+    assert {s for _, _, s in by_run} == set(range(9)) and len(by_run) == len(extension["runs"]) == 9 * 2 * len(low_data_arms.ARMS)
     for run in plan["runs"]:
         reused = by_run[run["arm"], run["k"], run["seed"]]
         assert (reused["key"], reused["dice"]) == (run["key"], run["dice"])
