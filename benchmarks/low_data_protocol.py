@@ -27,6 +27,12 @@ MODELS = ("selected", "last")
 SHIFTED_SEED_OFFSET = 7919  # the shifted held-out subjects: another seed than the labeled and unlabeled sets
 
 
+# the groups of a user's volumes that must not share one (by path or content): what validates or is held out is
+# neither pretrained on nor in another held-out set, and no training volume is held out
+DISJOINT = (("val", "corpus"), ("held", "corpus"), ("shifted", "corpus"), ("pool", "shifted"), ("val", "shifted"),
+            ("held", "shifted"), ("pool", "val"), ("pool", "held"), ("val", "held"))  # fmt: skip
+
+
 class DatalistError(ValueError):
     """A user's datalist that cannot serve the protocol (unreadable, missing files, too short, overlapping another):
     raised before any run, its message one line."""
@@ -159,8 +165,9 @@ def user_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path,
     corpus (every entry of every list) is split 85/15 into the pretraining bundles' training and validation lists.
 
     Raises:
-        DatalistError: a list that cannot be read, names missing files, or is too short for the
-            plan (before any run starts).
+        DatalistError: a list that cannot be read, names missing files, or is too short for the plan; a validation or
+            held-out volume that the unlabeled corpus or the shifted list also holds, or a pool volume in the shifted
+            list, by path or content (:func:`check_disjoint`). Before any run starts.
     """
     entries = _entries(labeled, require_label=True)
     needed = plan.num_in_domain + 1 + max(plan.ks)
@@ -174,6 +181,15 @@ def user_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path,
     if len(corpus) < 2:
         raise DatalistError(f"--unlabeled {str(unlabeled)!r} has {len(corpus)} images; pretraining needs at least 2.")
     corpus = [{"image": item["image"]} for item in corpus]
+    other_site = _entries(shifted, True) if shifted else []
+    pool = pool[: plan.pool_size]
+    lists = {"pool": f"--labeled {str(labeled)!r} (training pool)", "val": f"--labeled {str(labeled)!r} (validation)",
+             "held": f"--labeled {str(labeled)!r} (in-domain held-out)", "shifted": f"--shifted {str(shifted)!r}",
+             "corpus": f"--unlabeled {str(unlabeled)!r}"}  # fmt: skip
+    images = {name: [item["image"] for item in items] for name, items in
+              (("pool", pool), ("val", val), ("held", held), ("shifted", other_site), ("corpus", corpus))}  # fmt: skip
+    check_disjoint({lists[name]: paths for name, paths in images.items()},
+                   [(lists[a], lists[b]) for a, b in DISJOINT if images[a] and images[b]])  # fmt: skip
     order = np.random.default_rng([seed, 2]).permutation(len(corpus))
     num_val = max(1, round(0.15 * len(corpus)))
     root.mkdir(parents=True, exist_ok=True)
@@ -184,7 +200,35 @@ def user_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path,
     if not isinstance(names, dict) or not names:
         raise DatalistError(f"--labeled {str(labeled)!r} has no 'labels' dict (e.g. {{\"0\": \"background\", \"1\": \"liver\"}}).")
     label_names = [names[k] for k in sorted(names, key=int)]
-    return Data(root, pool[: plan.pool_size], val, held, _entries(shifted, True) if shifted else [], label_names, pretraining)
+    return Data(root, pool, val, held, other_site, label_names, pretraining)
+
+
+def check_disjoint(groups: dict[str, list[str]], pairs: list[tuple[str, str]]) -> None:
+    """Raises :class:`DatalistError`, one line naming both groups and the file, for the first volume two groups of
+    ``pairs`` share: the same path, or two files of the same content (sha256; only files of equal size are read).
+
+    Example: ``check_disjoint({"a": ["x.nii.gz"], "b": ["y.nii.gz"]}, [("a", "b")])`` passes unless the two files hold
+    the same bytes.
+    """
+    digests: dict[str, str] = {}
+
+    def sha(path: str) -> str:
+        if path not in digests:
+            digests[path] = file_sha256(Path(path))
+        return digests[path]
+
+    for first, second in pairs:
+        same_path = sorted(set(groups[first]) & set(groups[second]))
+        if same_path:
+            raise DatalistError(f"{first} and {second} share a volume: {same_path[0]}.")
+        by_size: dict[int, list[str]] = {}
+        for path in groups[second]:
+            by_size.setdefault(os.path.getsize(path), []).append(path)
+        for path in groups[first]:
+            for other in by_size.get(os.path.getsize(path), []):
+                if sha(path) == sha(other):
+                    raise DatalistError(f"{first} and {second} share a volume: {path} and {other} have the same content "
+                                        f"(sha256 {sha(path)[:16]}...).")  # fmt: skip
 
 
 def pool_for(data: Data, k: int, seed: int, data_seed: int) -> list[dict]:

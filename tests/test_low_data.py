@@ -331,6 +331,50 @@ def test_a_users_lists_that_cannot_serve_the_plan_are_named(tmp_path):
         protocol.user_data(tmp_path / "o", protocol.PLANS["small"], 0, broken, unlabeled, None)
 
 
+def _with_images(datalist: Path, images: list[str], out: Path) -> Path:
+    """A copy of ``datalist`` (written to ``out``) whose training list also names ``images``."""
+    content = json.loads(datalist.read_text())
+    content["training"] = content["training"] + [{"image": str(image)} for image in images]
+    out.write_text(json.dumps(content))
+    return out
+
+
+def test_held_out_and_validation_volumes_never_in_the_corpus_or_the_shifted_list(tmp_path):
+    """By path or by content (a copy under another name): a validation or held-out volume that the pretraining also
+    reads, or that the shifted list holds, is refused in one line naming both lists and the file; the pool may be in
+    the corpus (pretraining on the labeled images' pixels is allowed)."""
+    labeled, unlabeled, shifted = _user_lists(tmp_path)
+    plan = replace(protocol.PLANS["small"], ks=(1, 2), num_in_domain=2, pool_size=8)
+    data = protocol.user_data(tmp_path / "ok", plan, 0, labeled, unlabeled, shifted)
+    pool_in_corpus = _with_images(unlabeled, [i["image"] for i in data.pool], tmp_path / "corpus" / "with_pool.json")
+    protocol.user_data(tmp_path / "ok", plan, 0, labeled, pool_in_corpus, shifted)
+
+    held = data.validation[0]["image"]
+    corpus = _with_images(unlabeled, [held], tmp_path / "corpus" / "with_validation.json")
+    with pytest.raises(protocol.DatalistError) as path_overlap:
+        protocol.user_data(tmp_path / "o", plan, 0, labeled, corpus, shifted)
+    message = str(path_overlap.value)
+    assert "\n" not in message and held in message
+    assert f"--labeled {str(labeled)!r} (validation)" in message and f"--unlabeled {str(corpus)!r}" in message
+
+    copy = tmp_path / "corpus" / "renamed_copy.nii.gz"
+    copy.write_bytes(Path(data.in_domain[1]["image"]).read_bytes())
+    corpus = _with_images(unlabeled, [str(copy)], tmp_path / "corpus" / "with_copy.json")
+    with pytest.raises(protocol.DatalistError, match=r"\(in-domain held-out\) and --unlabeled .*same content") as copied:
+        protocol.user_data(tmp_path / "o", plan, 0, labeled, corpus, shifted)
+    assert data.in_domain[1]["image"] in str(copied.value) and str(copy) in str(copied.value)
+
+    site_b = json.loads(shifted.read_text())
+    site_b["training"].append({"image": data.pool[0]["image"], "label": data.pool[0]["label"]})
+    (tmp_path / "site_b" / "with_pool.json").write_text(json.dumps(site_b))
+    with pytest.raises(protocol.DatalistError, match=r"\(training pool\) and --shifted .* share a volume"):
+        protocol.user_data(tmp_path / "o", plan, 0, labeled, unlabeled, tmp_path / "site_b" / "with_pool.json")
+    other_site = protocol._entries(shifted, require_label=True)[0]["image"]
+    corpus = _with_images(unlabeled, [other_site], tmp_path / "corpus" / "with_shifted.json")
+    with pytest.raises(protocol.DatalistError, match=r"--shifted .* and --unlabeled .* share a volume"):
+        protocol.user_data(tmp_path / "o", plan, 0, labeled, corpus, shifted)
+
+
 def _comparable(result: dict) -> dict:
     """The summary without what depends on the invocation: timings, the machine, the output folder and the checkout's
     state (a file edited while the test runs turns the commit into ``<sha>+changes``)."""

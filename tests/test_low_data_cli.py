@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from components import write_dataset
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "low_data.py"
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -66,3 +68,15 @@ def test_an_unknown_arm_or_a_lone_labeled_list_is_one_line(tmp_path):
     assert "no_such_arm" in line and "scratch" in line  # the unknown name, and the names there are
     line = _one_line_error(["--labeled", str(tmp_path / "x.json")], tmp_path)
     assert "--labeled and --unlabeled go together" in line
+
+
+def test_lists_that_share_a_held_out_volume_are_one_line(tmp_path):
+    """The unlabeled corpus holds every labeled volume: some of them validate or are held out."""
+    write_dataset(tmp_path / "site_a", num=8, seed=3, organs=("spleen",))
+    labeled = tmp_path / "site_a" / "dataset.json"
+    corpus = json.loads(labeled.read_text())
+    everything = tmp_path / "site_a" / "corpus.json"
+    everything.write_text(json.dumps({"training": [{"image": i["image"]} for key in ("training", "validation", "test") for i in corpus[key]]}))
+    line = _one_line_error(["--small", "--labeled", str(labeled), "--unlabeled", str(everything)], tmp_path)
+    assert f"--labeled {str(labeled)!r} (" in line and f"and --unlabeled {str(everything)!r} share a volume: " in line
+    assert str(tmp_path / "site_a") in line.split("share a volume: ")[1]
