@@ -7,7 +7,7 @@ from pathlib import Path
 
 from components.demo import pyplot, save_plot
 from low_data_protocol import HELD_OUT_SETS, MODELS, REPO
-from low_data_stats import seeds_for_half_width
+from low_data_stats import T_MIN_PAIRS, seeds_for_half_width
 
 def _signed(value: float) -> str:
     return f"{value:+.3f}"
@@ -15,9 +15,9 @@ def _signed(value: float) -> str:
 
 def markdown_tables(result: dict, model: str = "selected") -> str:
     """The result's tables in Markdown, as README.md and benchmarks/README.md show them (a test compares them):
-    held-out mean Dice per arm and k (mean +- sd, seeds), then the paired differences with their 95 % bootstrap
-    interval and the seeds the target half-width would take (:func:`seeds_for_half_width`), for both held-out sets,
-    for ``model`` ("selected" or "last")."""
+    held-out mean Dice per arm and k (mean +- sd, seeds), then the paired differences with their 95 % t-interval (the
+    range [min, max] below :data:`~low_data_stats.T_MIN_PAIRS` pairs) and the seeds the target half-width would take
+    (:func:`seeds_for_half_width`), for both held-out sets, for ``model`` ("selected" or "last")."""
     ks = [str(k) for k in result["settings"]["ks"]]
     target = result["settings"]["target_half_width"]
     header = "| " + " | ".join(["", *(f"k = {k}" for k in ks)]) + " |\n| " + " | ".join(["---"] * (len(ks) + 1)) + " |"
@@ -28,8 +28,9 @@ def markdown_tables(result: dict, model: str = "selected") -> str:
         for arm, per_k in result["table"].get(held_out, {}).get(model, {}).items():
             cells = [f"{per_k[k]['mean']:.3f} +- {per_k[k]['sd']:.3f} ({per_k[k]['n']})" if k in per_k else "not run" for k in ks]
             lines.append("| " + " | ".join([arm, *cells]) + " |")
-        lines += ["", f"Paired differences, {held_out.replace('_', '-')} set, {model} models: mean [95 % bootstrap interval] "
-                      f"(n pairs; ~ the seeds a half-width of {target} would take):", "",
+        lines += ["", f"Paired differences, {held_out.replace('_', '-')} set, {model} models: mean [95 % t-interval from "
+                      f"{T_MIN_PAIRS} pairs, the range [min, max] below] (n pairs; ~ the seeds a half-width of {target} would "
+                      "take):", "",
                   header.replace("|  |", "| contrast |", 1)]  # fmt: skip
         for contrast, per_k in result["paired"].get(held_out, {}).get(model, {}).items():
             cells = []
@@ -37,12 +38,13 @@ def markdown_tables(result: dict, model: str = "selected") -> str:
                 entry = per_k.get(k)
                 if entry is None:
                     cells.append("not run")
-                elif entry["ci95"] is None:
+                elif entry["interval"] is None:
                     cells.append(f"{_signed(entry['mean'])} (n = {entry['n']}: no interval)")
                 else:
-                    low, high = entry["ci95"]
+                    low, high = entry["interval"]
+                    kind = "range " if entry["interval_kind"] == "range" else ""
                     need = seeds_for_half_width(entry["differences"], target)
-                    cells.append(f"{_signed(entry['mean'])} [{_signed(low)}, {_signed(high)}] ({entry['n']}; ~{need})")
+                    cells.append(f"{_signed(entry['mean'])} {kind}[{_signed(low)}, {_signed(high)}] ({entry['n']}; ~{need})")
             lines.append("| " + " | ".join([contrast, *cells]) + " |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

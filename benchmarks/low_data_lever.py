@@ -56,9 +56,9 @@ def check_same_protocol(plan: protocol.Plan, baseline: dict) -> None:
         raise ValueError(f"the CPU plan differs from the baseline summary's in {differ}: re-run the plan first.")
 
 
-def versus_plan(lever: dict, baseline: dict, seed: int = 0) -> dict:
+def versus_plan(lever: dict, baseline: dict) -> dict:
     """Per held-out set, model, contrast of :data:`VERSUS_PLAN` and k: the differences lever run minus plan run of
-    the same arm, k and seed, their mean, bootstrap interval and half-width (the layout of ``stats.paired``).
+    the same arm, k and seed, as ``low_data_stats.paired`` lays them out (:func:`low_data_stats.paired_entry`).
 
     Raises:
         ValueError: for a pair whose runs were trained or scored on other files: they would not be paired.
@@ -76,15 +76,15 @@ def versus_plan(lever: dict, baseline: dict, seed: int = 0) -> dict:
             for model in protocol.MODELS:
                 for k in sorted({run["k"] for run, _ in pairs}):
                     entry = stats.paired_entry([r["dice"][model][held_out]["mean"] - p["dice"][model][held_out]["mean"]
-                                                   for r, p in pairs if r["k"] == k], seed)  # fmt: skip
+                                                for r, p in pairs if r["k"] == k])  # fmt: skip
                     if entry is not None:
                         out.setdefault(held_out, {}).setdefault(model, {}).setdefault(contrast, {})[str(k)] = entry
     return out
 
 
-def with_versus_plan(lever: dict, baseline: dict, baseline_path: str, seed: int = 0) -> dict:
+def with_versus_plan(lever: dict, baseline: dict, baseline_path: str) -> dict:
     """The lever's summary with :func:`versus_plan`'s contrasts added to ``paired`` and a ``lever`` entry."""
-    for held_out, per_model in versus_plan(lever, baseline, seed).items():
+    for held_out, per_model in versus_plan(lever, baseline).items():
         for model, contrasts in per_model.items():
             lever["paired"].setdefault(held_out, {}).setdefault(model, {}).update(contrasts)
     lever["lever"] = {
@@ -111,7 +111,7 @@ def main() -> None:
     check_same_protocol(protocol.PLANS["cpu"], baseline)
     plan = lever_plan(protocol.PLANS["cpu"])
     summary = runner.run(plan, Path(args.out), "cpu", baseline["settings"]["data_seed"], args.parallel, Path(args.results))
-    summary = with_versus_plan(summary, baseline, args.baseline, baseline["settings"]["data_seed"])
+    summary = with_versus_plan(summary, baseline, args.baseline)
     summary["total_seconds"] = round(time.perf_counter() - started, 1)
     text = json.dumps(summary, indent=2)
     Path(args.json).write_text(text + "\n")

@@ -358,18 +358,19 @@ def run(
 
     runs: list[dict] = []
     seeds_run = {k: 0 for k in plan.ks}
+    narrow = tuple(k for k in plan.ks if k in plan.narrow_ks)
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         for s in range(plan.max_seeds):
             if s < plan.min_seeds:
                 ks = plan.ks
-            elif needs_more_seeds(paired(runs, replace(plan, ks=tuple(k for k in plan.ks if k in plan.narrow_ks)), seed), plan):
-                ks = tuple(k for k in plan.ks if k in plan.narrow_ks)
+            elif needs_more_seeds(paired(runs, replace(plan, ks=narrow)), plan.narrow_ks, plan.target_half_width):
+                ks = narrow
             else:
                 break
             runs += [r for r in pool.map(one, [(arm, k, s) for k in ks for arm in plan.arms]) if r is not None]
             for k in ks:
                 seeds_run[k] = s + 1
-    intervals = paired(runs, plan, seed)
+    intervals = paired(runs, plan)
     tables = table(runs, plan)
     curves = convergence(runs, plan)
     rankme = encoder_rankme(data, weights, plan, seed)
@@ -382,7 +383,7 @@ def run(
         "data": data.files(),
         "pretraining": {r: {k: v for k, v in w.items() if k != "model"} for r, w in weights.items()},
         "seeds_run": {str(k): n for k, n in seeds_run.items()},
-        "half_width_target_met": not needs_more_seeds(intervals, plan),
+        "half_width_target_met": not needs_more_seeds(intervals, plan.narrow_ks, plan.target_half_width),
         "complete": not missing,
         "missing_runs": sorted(missing),
         "table": tables,

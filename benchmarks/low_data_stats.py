@@ -15,6 +15,7 @@ from low_data_protocol import HELD_OUT_SETS, MODELS
 if TYPE_CHECKING:
     from low_data_protocol import Plan
 
+
 def bootstrap_interval(differences: list[float], seed: int = 0, resamples: int = 10_000) -> tuple[float, float] | None:
     """95 % percentile bootstrap interval of the mean of ``differences`` (resampled with replacement); None for
     fewer than 2 values."""
@@ -27,46 +28,100 @@ def bootstrap_interval(differences: list[float], seed: int = 0, resamples: int =
     return float(low), float(high)
 
 
-def paired(runs: list[dict], plan: Plan, seed: int) -> dict:
-    """Per held-out set, model, contrast and k: the paired differences over the seeds that both arms finished, their
-    mean, the bootstrap interval and its half-width."""
+T_MIN_PAIRS = 5  # from this many pairs on, a 95 % Student t-interval; below, the range [min, max] (no stated coverage)
+
+
+def _t_two_sided(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with ``df`` (integer) degrees of freedom: the finite series of Abramowitz and
+    Stegun 26.7.3 in theta = atan(t / sqrt(df))."""
+    theta = math.atan(t / math.sqrt(df))
+    sin, cos2 = math.sin(theta), math.cos(theta) ** 2
+    series = 0.0
+    if df % 2:  # odd: 2/pi (theta + sin (cos + 2/3 cos^3 + ... + 2.4...(df-3) / 1.3...(df-2) cos^(df-2)))
+        term = math.cos(theta)
+        for k in range((df - 1) // 2):
+            series += term
+            term *= cos2 * (2 * k + 2) / (2 * k + 3)
+        return 2 / math.pi * (theta + sin * series)
+    term = 1.0  # even: sin (1 + 1/2 cos^2 + 1.3/2.4 cos^4 + ... + 1.3...(df-3) / 2.4...(df-2) cos^(df-2))
+    for k in range(df // 2):
+        series += term
+        term *= cos2 * (2 * k + 1) / (2 * k + 2)
+    return sin * series
+
+
+def t_quantile(level: float, df: int) -> float:
+    """The t with P(|T| <= t) = ``level`` for ``df`` degrees of freedom, by bisection of :func:`_t_two_sided`
+    (scipy is no runtime dependency). Example: ``t_quantile(0.95, 8)`` is 2.306."""
+    if not 0.0 < level < 1.0 or df < 1:
+        raise ValueError(f"level must be in (0, 1) and df at least 1, got {level} and {df}.")
+    low, high = 0.0, 1.0
+    while _t_two_sided(high, df) < level:
+        low, high = high, 2 * high
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if _t_two_sided(mid, df) < level else (low, mid)
+        if high - low <= 1e-13 * high:
+            break
+    return (low + high) / 2
+
+
+def t_half_width(differences: list[float], level: float = 0.95) -> float:
+    """Half the width of the Student t-interval of the mean: ``t(level, n - 1) * sd / sqrt(n)``."""
+    n = len(differences)
+    return t_quantile(level, n - 1) * statistics.stdev(differences) / math.sqrt(n)
+
+
+def paired_entry(differences: list[float]) -> dict | None:
+    """The paired differences without NaNs (a class absent everywhere) and their mean, with from :data:`T_MIN_PAIRS`
+    pairs on the 95 % t-interval of the mean (``interval_kind`` "t95", ``half_width``), below it the range [min, max]
+    ("range": no stated coverage, no half-width), for one pair none; None when no difference is left."""
+    diffs = [d for d in differences if not math.isnan(d)]
+    if not diffs:
+        return None
+    mean = statistics.fmean(diffs)
+    entry = {"mean": mean, "n": len(diffs), "differences": diffs, "interval": None, "interval_kind": None, "half_width": None}
+    if len(diffs) >= T_MIN_PAIRS:
+        half = t_half_width(diffs)
+        entry.update(interval=[mean - half, mean + half], interval_kind="t95", half_width=half)
+    elif len(diffs) > 1:
+        entry.update(interval=[min(diffs), max(diffs)], interval_kind="range")
+    return entry
+
+
+def paired(runs: list[dict], plan: Plan, contrasts: dict[str, tuple[str, str]] = CONTRASTS) -> dict:
+    """Per held-out set, model, contrast and k: :func:`paired_entry` of the differences over the seeds that both arms
+    finished."""
     dice = {(r["arm"], r["k"], r["seed"]): r["dice"] for r in runs}
     out: dict = {}
     for held_out in HELD_OUT_SETS:
         for model in MODELS:
-            for contrast, (arm, base) in CONTRASTS.items():
+            for contrast, (arm, base) in contrasts.items():
                 if arm not in plan.arms or base not in plan.arms:
                     continue
                 for k in plan.ks:
                     seeds = sorted(s for (a, kk, s) in dice if a == arm and kk == k and (base, k, s) in dice)
                     entry = paired_entry([dice[(arm, k, s)][model][held_out]["mean"] - dice[(base, k, s)][model][held_out]["mean"]
-                                          for s in seeds], seed)  # fmt: skip
+                                          for s in seeds])  # fmt: skip
                     if entry is not None:
                         out.setdefault(held_out, {}).setdefault(model, {}).setdefault(contrast, {})[str(k)] = entry
     return out
 
 
-def paired_entry(differences: list[float], seed: int) -> dict | None:
-    """The paired differences without NaNs (a class absent everywhere), their mean, 95 % bootstrap interval and
-    its half-width; None when no difference is left."""
-    diffs = [d for d in differences if not math.isnan(d)]
-    if not diffs:
-        return None
-    interval = bootstrap_interval(diffs, seed)
-    half_width = None if interval is None else (interval[1] - interval[0]) / 2
-    return {"mean": statistics.fmean(diffs), "ci95": interval, "n": len(diffs), "differences": diffs, "half_width": half_width}
-
-
 def seeds_for_half_width(differences: list[float], target: float) -> int | None:
-    """About how many seeds make the 95 % interval of the mean paired difference at most ``target`` wide on either
-    side: ``(1.96 sd / target)^2`` rounded up (at least 2), with ``sd`` the sample sd of ``differences``; None for
-    fewer than 2. A planning figure: the sd of a few differences is itself rough.
+    """About how many seeds make the 95 % t-interval of the mean paired difference at most ``target`` wide on either
+    side at the spread of ``differences``: the least n >= :data:`T_MIN_PAIRS` with ``t(0.95, n - 1) sd / sqrt(n) <=
+    target``; None for fewer than 2. A planning figure: the sd of a few differences is itself rough.
 
-    Example: differences 0.00, 0.04, 0.08 (sd 0.04) need 7 seeds for +-0.03.
+    Example: differences 0.00, 0.04, 0.08 (sd 0.04) need 10 seeds for +-0.03.
     """
     if len(differences) < 2:
         return None
-    return max(2, math.ceil((1.96 * statistics.stdev(differences) / target) ** 2))
+    sd = statistics.stdev(differences)
+    n = T_MIN_PAIRS
+    while t_quantile(0.95, n - 1) * sd / math.sqrt(n) > target:
+        n += 1
+    return n
 
 
 def table(runs: list[dict], plan: Plan) -> dict:
@@ -85,14 +140,15 @@ def table(runs: list[dict], plan: Plan) -> dict:
     return out
 
 
-def needs_more_seeds(intervals: dict, plan: Plan) -> bool:
-    """True while a paired interval at ``narrow_ks`` (any set, model, contrast) is unknown or wider than the target."""
+def needs_more_seeds(intervals: dict, narrow_ks: tuple[int, ...], target: float) -> bool:
+    """True while a paired entry at ``narrow_ks`` (any set, model, contrast) has no t-interval (fewer than
+    :data:`T_MIN_PAIRS` pairs) or one wider than ``target`` on either side."""
     for per_model in intervals.values():
         for per_contrast in per_model.values():
             for per_k in per_contrast.values():
-                for k in plan.narrow_ks:
+                for k in narrow_ks:
                     entry = per_k.get(str(k))
-                    if entry is not None and (entry["half_width"] is None or entry["half_width"] > plan.target_half_width):
+                    if entry is not None and (entry["half_width"] is None or entry["half_width"] > target):
                         return True
     return False
 

@@ -237,7 +237,7 @@ def test_a_pretraining_is_continued_from_the_results_folder_alone(tmp_path, monk
     assert protocol.file_sha256(kept) == third["sha256"]  # the record and the kept weights agree again
 
 
-def test_bootstrap_interval_and_the_seed_rule():
+def test_the_old_protocols_bootstrap_interval():
     assert stats.bootstrap_interval([0.1]) is None
     low, high = stats.bootstrap_interval([0.05, 0.05, 0.05])
     assert low == pytest.approx(0.05) and high == pytest.approx(0.05)
@@ -246,28 +246,17 @@ def test_bootstrap_interval_and_the_seed_rule():
     assert stats.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3) == (low, high)  # seeded: reproducible
 
 
-def test_the_tables_say_about_how_many_seeds_the_target_half_width_would_take():
-    assert stats.seeds_for_half_width([0.0, 0.04, 0.08], 0.03) == 7  # (1.96 * 0.04 / 0.03)^2 = 6.8
-    assert stats.seeds_for_half_width([0.0, 0.12, 0.24], 0.03) == 62  # three times the sd: nine times the seeds
-    assert stats.seeds_for_half_width([0.05, 0.05], 0.03) == 2 and stats.seeds_for_half_width([0.1], 0.03) is None
-    entry = stats.paired_entry([0.0, 0.04, 0.08], seed=0)
-    result = {"settings": {"ks": [1, 2], "target_half_width": 0.03}, "table": {},
-              "paired": {"in_domain": {"selected": {"ssl - scratch": {"1": entry, "2": stats.paired_entry([0.1], 0)}}}}}
-    row = next(line for line in docs.markdown_tables(result).splitlines() if line.startswith("| ssl - scratch"))
-    low, high = entry["ci95"]
-    assert row == f"| ssl - scratch | +0.040 [{low:+.3f}, {high:+.3f}] (3; ~7) | +0.100 (n = 1: no interval) |"
-
-
-def test_seeds_are_added_at_the_narrow_ks_until_the_interval_is_narrow(fake_protocol, tmp_path):
-    plan = replace(PLAN, ks=(1, 2, 4), min_seeds=2, max_seeds=5, target_half_width=0.0001)
+def test_seeds_are_added_at_the_narrow_ks_until_the_t_interval_is_narrow(fake_protocol, tmp_path):
+    plan = replace(PLAN, ks=(1, 2, 4), min_seeds=2, max_seeds=7, target_half_width=0.0001)
     result = runner.run(plan, tmp_path, "cpu")
-    assert result["seeds_run"] == {"1": 5, "2": 5, "4": 2} and result["half_width_target_met"] is False
+    assert result["seeds_run"] == {"1": 7, "2": 7, "4": 2} and result["half_width_target_met"] is False
     assert max(c["seed"] for c in fake_protocol if c["k"] == 4) == 1
     fake_protocol.clear()
     result = runner.run(replace(plan, target_half_width=1.0), tmp_path / "wide", "cpu")
-    assert result["seeds_run"] == {"1": 2, "2": 2, "4": 2} and result["half_width_target_met"] is True
+    assert result["seeds_run"] == {"1": 5, "2": 5, "4": 2} and result["half_width_target_met"] is True  # t from 5 pairs on
     entry = result["paired"]["in_domain"]["selected"]["ssl - scratch"]["1"]
-    assert entry["n"] == 2 and entry["mean"] == pytest.approx(np.mean(entry["differences"]))
+    assert entry["n"] == 5 and entry["interval_kind"] == "t95" and entry["mean"] == pytest.approx(np.mean(entry["differences"]))
+    assert result["paired"]["in_domain"]["selected"]["ssl - scratch"]["4"]["interval_kind"] == "range"
 
 
 def test_a_time_limited_piece_starts_no_run_after_its_limit_and_the_next_piece_continues(fake_protocol, tmp_path):
@@ -587,10 +576,10 @@ def test_the_lever_is_paired_with_the_plans_run_of_the_same_arm_k_and_seed():
     result = low_data_lever.with_versus_plan(lever, baseline, "plan.json")
     entry = result["paired"]["in_domain"]["selected"]["ssl - ssl (plan)"]["1"]
     assert entry["differences"] == pytest.approx([0.05, 0.02, 0.06]) and entry["n"] == 3
-    assert entry["mean"] == pytest.approx(13 / 300) and entry["ci95"][0] == pytest.approx(0.02) and entry["ci95"][1] <= 0.06 + 1e-12
+    assert entry["mean"] == pytest.approx(13 / 300) and entry["interval"] == pytest.approx([0.02, 0.06]) and entry["interval_kind"] == "range"
     assert result["paired"]["shifted"]["last"]["ssl - ssl (plan)"]["1"]["differences"] == pytest.approx([0.025, 0.01, 0.03])
     frozen = result["paired"]["in_domain"]["selected"]["frozen_ssl - frozen_ssl (plan)"]["1"]
-    assert frozen["differences"] == pytest.approx([-0.1]) and frozen["ci95"] is None
+    assert frozen["differences"] == pytest.approx([-0.1]) and frozen["interval"] is None
     assert result["lever"]["baseline"] == "plan.json" and "192 unlabeled volumes (the plan: 48)" in result["lever"]["what"]
     with pytest.raises(ValueError, match="ssl k=1 seed=0: the lever's training_files differ"):
         low_data_lever.versus_plan(_summary({("ssl", 1, 0): 0.45}, files="b"), baseline)
