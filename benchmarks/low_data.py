@@ -87,7 +87,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
     parser.add_argument("--stop_after_s", type=float, default=None,
                         help="start no run after this many seconds (default: the cuda plan's 420, none on CPU); run again to continue")
     parser.add_argument("--markdown", default=None, help="print the Markdown tables of this summary JSON and exit")
-    parser.add_argument("--write_docs", nargs="+", default=None, help="with --markdown: rewrite these files' table blocks")
+    parser.add_argument("--write_docs", nargs="+", default=None, help="with --markdown: rewrite these files' blocks of it")
+    parser.add_argument("--coverage", default=None,
+                        help="add the intervals' simulated coverage to this summary JSON, from its records in --results, and exit")
     args = parser.parse_args(argv)
     unknown = [arm for arm in args.arms or () if arm not in ARMS]
     if unknown:
@@ -96,6 +98,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
         parser.error("--labeled and --unlabeled go together (a labeled list and an unlabeled corpus).")
     if args.shifted is not None and args.labeled is None:
         parser.error("--shifted needs --labeled and --unlabeled.")
+    if args.coverage and not args.results:
+        parser.error("--coverage needs --results, the folder of the summary's run records.")
     return parser, args
 
 
@@ -105,17 +109,27 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from low_data_docs import markdown_tables, write_doc_tables
+    from low_data_docs import block_content, write_doc_tables
     from low_data_protocol import PLANS, DatalistError
     from low_data_runs import run
+    from low_data_stats import coverage, summary_populations
 
+    if args.coverage:
+        path = Path(args.coverage)
+        summary = json.loads(path.read_text())
+        summary["coverage"] = coverage(summary_populations(summary, Path(args.results)))
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+        print(json.dumps(summary["coverage"], indent=2))
+        return
     if args.markdown:
-        if args.write_docs:
-            for doc in args.write_docs:
-                print(f"{doc}: {'updated' if write_doc_tables(Path(doc), Path(args.markdown)) else 'unchanged'}")
-            return
-        summary = json.loads(Path(args.markdown).read_text())
-        print(markdown_tables(summary, "selected") + "\n" + markdown_tables(summary, "last"), end="")
+        path = Path(args.markdown)
+        try:
+            for doc in args.write_docs or ():
+                print(f"{doc}: {'updated' if write_doc_tables(Path(doc), path) else 'unchanged'}")
+            if not args.write_docs:
+                print(block_content("tables", path, args.markdown), end="")
+        except ValueError as err:
+            parser.error(str(err))
         return
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     plan = PLANS["small" if args.small else device]

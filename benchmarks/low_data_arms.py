@@ -27,3 +27,8 @@ CONTRASTS: dict[str, tuple[str, str]] = {
     "frozen_ssl - frozen_random": ("frozen_ssl", "frozen_random"),
     "frozen_dino - frozen_random": ("frozen_dino", "frozen_random"),
 }
+
+
+def plan_contrasts(arms: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """The contrasts both of whose arms are among ``arms``."""
+    return {name: pair for name, pair in CONTRASTS.items() if set(pair) <= set(arms)}

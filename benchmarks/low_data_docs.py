@@ -13,67 +13,126 @@ def _signed(value: float) -> str:
     return f"{value:+.3f}"
 
 
-def markdown_tables(result: dict, model: str = "selected") -> str:
-    """The result's tables in Markdown, as README.md and benchmarks/README.md show them (a test compares them):
-    held-out mean Dice per arm and k (mean +- sd, seeds), then the paired differences with their 95 % t-interval (the
-    range [min, max] below :data:`~low_data_stats.T_MIN_PAIRS` pairs) and the seeds the target half-width would take
-    (:func:`seeds_for_half_width`), for both held-out sets, for ``model`` ("selected" or "last")."""
-    ks = [str(k) for k in result["settings"]["ks"]]
-    target = result["settings"]["target_half_width"]
+def _model_tables(result: dict, model: str, ks: list[str], target: float) -> list[str]:
+    """The lines of one model's tables: per held-out set the mean Dice per arm, then the paired differences."""
     header = "| " + " | ".join(["", *(f"k = {k}" for k in ks)]) + " |\n| " + " | ".join(["---"] * (len(ks) + 1)) + " |"
     lines = []
     for held_out in HELD_OUT_SETS:
-        lines += [f"Held-out mean Dice, {held_out.replace('_', '-')} set, {model} models (mean +- sd over seeds, n seeds):", "",
-                  header.replace("|  |", f"| {held_out.replace('_', '-')} |", 1)]  # fmt: skip
+        name = held_out.replace("_", "-")
+        lines += [f"Held-out mean Dice, {name} set, {model} models (mean +- sd over seeds, n seeds):", "",
+                  header.replace("|  |", f"| {name} |", 1)]  # fmt: skip
         for arm, per_k in result["table"].get(held_out, {}).get(model, {}).items():
             cells = [f"{per_k[k]['mean']:.3f} +- {per_k[k]['sd']:.3f} ({per_k[k]['n']})" if k in per_k else "not run" for k in ks]
             lines.append("| " + " | ".join([arm, *cells]) + " |")
-        lines += ["", f"Paired differences, {held_out.replace('_', '-')} set, {model} models: mean [95 % t-interval from "
-                      f"{T_MIN_PAIRS} pairs, the range [min, max] below] (n pairs; ~ the seeds a half-width of {target} would "
-                      "take):", "",
+        lines += ["", f"Paired differences, {name} set, {model} models: mean [95 % t-interval from {T_MIN_PAIRS} pairs, the "
+                      f"range [min, max] below] (n pairs; ~ the seeds a half-width of {target} would take):", "",
                   header.replace("|  |", "| contrast |", 1)]  # fmt: skip
         for contrast, per_k in result["paired"].get(held_out, {}).get(model, {}).items():
-            cells = []
-            for k in ks:
-                entry = per_k.get(k)
-                if entry is None:
-                    cells.append("not run")
-                elif entry["interval"] is None:
-                    cells.append(f"{_signed(entry['mean'])} (n = {entry['n']}: no interval)")
-                else:
-                    low, high = entry["interval"]
-                    kind = "range " if entry["interval_kind"] == "range" else ""
-                    need = seeds_for_half_width(entry["differences"], target)
-                    cells.append(f"{_signed(entry['mean'])} {kind}[{_signed(low)}, {_signed(high)}] ({entry['n']}; ~{need})")
-            lines.append("| " + " | ".join([contrast, *cells]) + " |")
+            lines.append("| " + " | ".join([contrast, *(_difference_cell(per_k.get(k), target) for k in ks)]) + " |")
         lines.append("")
+    return lines
+
+
+def _difference_cell(entry: dict | None, target: float) -> str:
+    if entry is None:
+        return "not run"
+    if entry["interval"] is None:
+        return f"{_signed(entry['mean'])} (n = {entry['n']}: no interval)"
+    low, high = entry["interval"]
+    kind = "range " if entry["interval_kind"] == "range" else ""
+    need = seeds_for_half_width(entry["differences"], target)
+    return f"{_signed(entry['mean'])} {kind}[{_signed(low)}, {_signed(high)}] ({entry['n']}; ~{need})"
+
+
+def markdown_tables(result: dict) -> str:
+    """The result's tables in Markdown, as the docs show them (a test compares them), for the selected models and then
+    for the last ones: per held-out set the held-out mean Dice per arm and k (mean +- sd, seeds), then the paired
+    differences with their 95 % t-interval (the range [min, max] below :data:`~low_data_stats.T_MIN_PAIRS` pairs) and
+    the seeds the target half-width would take (:func:`~low_data_stats.seeds_for_half_width`)."""
+    ks = [str(k) for k in result["settings"]["ks"]]
+    lines = [line for model in MODELS for line in _model_tables(result, model, ks, result["settings"]["target_half_width"])]
     return "\n".join(lines).rstrip() + "\n"
 
 
-DOC_BLOCK = "<!-- low_data {model} tables: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
-DOC_BLOCK_END = "<!-- /low_data {model} tables -->"
+_COVERAGE_ROWS = {
+    "bootstrap95": "percentile bootstrap (the old protocol's, called 95 %)",
+    "t95": f"Student t, 95 % (from {T_MIN_PAIRS} pairs)",
+    "range": f"range [min, max] (below {T_MIN_PAIRS} pairs; never called 95 %)",
+}
+
+
+def coverage_markdown(result: dict) -> str:
+    """The table of a summary's ``coverage`` (:func:`~low_data_stats.coverage`): per interval and n, the mean share of
+    draws that covered the population mean over the contrasts, the lowest in brackets."""
+    cov = result["coverage"]
+    ns = list(cov["by_n"])
+    sizes = " or ".join(str(s) for s in cov["population_sizes"])
+    lines = [f"Coverage of the mean paired difference, simulated: each of {cov['populations']} contrasts' {sizes} paired "
+             f"differences is a population; {cov['draws']} times n are drawn from it with replacement and the interval is "
+             f"computed (bootstrap: {cov['bootstrap_resamples']} resamples). Share of draws covering the population mean, "
+             "mean over the contrasts (the lowest):", "",
+             "| interval | " + " | ".join(f"n = {n}" for n in ns) + " |", "| --- |" + " --- |" * len(ns)]  # fmt: skip
+    for kind, label in _COVERAGE_ROWS.items():
+        cells = [f"{cov['by_n'][n][kind]['mean']:.3f} ({cov['by_n'][n][kind]['min']:.3f})" for n in ns]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def not_measured(name: str) -> str:
+    """What a tables block says while its summary does not exist: one sentence."""
+    return f"The new protocol has not been measured at this commit: its summary {name} does not exist yet."
+
+
+TABLES_BLOCK = "<!-- low_data tables: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
+COVERAGE_BLOCK = "<!-- low_data coverage: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
+BLOCKS = {"tables": TABLES_BLOCK, "coverage": COVERAGE_BLOCK}
+
+
+def block_end(kind: str) -> str:
+    """The line that ends a generated block of ``kind`` ("tables" or "coverage")."""
+    return f"<!-- /low_data {kind} -->"
+
+
+def block_content(kind: str, summary: Path, name: str) -> str:
+    """What a block of ``kind`` shows for ``summary`` (called ``name`` in the docs): its tables (both models), or
+    :func:`not_measured` while it does not exist; or its coverage table.
+
+    Raises:
+        ValueError: for the tables of a summary marked superseded (never shown as current), or a coverage block of a
+            summary without ``coverage``.
+    """
+    if kind == "tables" and not summary.is_file():
+        return not_measured(name)
+    result = json.loads(summary.read_text())
+    if kind == "coverage":
+        if "coverage" not in result:
+            raise ValueError(f"{name} has no coverage: python benchmarks/low_data.py --coverage {name} --results <its records>.")
+        return coverage_markdown(result)
+    if "superseded" in result:
+        raise ValueError(f"{name} is superseded ({result['superseded']}): its tables are not shown as current.")
+    return markdown_tables(result)
 
 
 def write_doc_tables(doc: Path, summary: Path) -> bool:
-    """Replaces the generated table blocks of ``doc`` (between :data:`DOC_BLOCK` and :data:`DOC_BLOCK_END` markers,
-    one per model) by the tables of ``summary``; True when the file changed.
+    """Replaces the generated blocks of ``summary`` in ``doc`` (between a :data:`BLOCKS` line naming it and
+    :func:`block_end`) by :func:`block_content`; True when the file changed.
 
     Raises:
-        ValueError: for a document without any block of this summary.
+        ValueError: for a document without any block of this summary, or what :func:`block_content` refuses.
     """
     text = original = doc.read_text()
-    result = json.loads(summary.read_text())
-    name = summary.resolve().relative_to(REPO).as_posix() if summary.resolve().is_relative_to(REPO) else summary.as_posix()
+    resolved = summary.resolve()
+    name = resolved.relative_to(REPO).as_posix() if resolved.is_relative_to(REPO) else summary.as_posix()
     found = False
-    for model in MODELS:
-        begin, end = DOC_BLOCK.format(model=model, summary=name), DOC_BLOCK_END.format(model=model)
+    for kind, line in BLOCKS.items():
+        begin = line.format(summary=name)
         if begin in text:
             head, rest = text.split(begin, 1)
-            _, tail = rest.split(end, 1)
-            text = f"{head}{begin}\n\n{markdown_tables(result, model)}\n{end}{tail}"
+            _, tail = rest.split(block_end(kind), 1)
+            text = f"{head}{begin}\n\n{block_content(kind, summary, name).rstrip()}\n\n{block_end(kind)}{tail}"
             found = True
     if not found:
-        raise ValueError(f"{doc} has no block of {name} (a line {DOC_BLOCK.format(model='selected', summary=name)!r}).")
+        raise ValueError(f"{doc} has no block of {name} (a line {TABLES_BLOCK.format(summary=name)!r}).")
     doc.write_text(text)
     return text != original
 

@@ -22,13 +22,13 @@ import torch
 from components import atomic_write
 from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides, training_class_weights
 from components.runner import BUNDLES_DIR, fresh_run_dir, read_scalars, run_bundle
-from low_data_arms import ARMS
+from low_data_arms import ARMS, plan_contrasts
 from low_data_docs import plots
 from low_data_protocol import (
     DINO_BUNDLE, HELD_OUT_SETS, REPO, Data, Plan, bundle_hash, digest, file_sha256, pool_for, synthetic_data,
     user_data, write_datalist, write_json,
 )
-from low_data_stats import convergence, needs_more_seeds, paired, table
+from low_data_stats import convergence, coverage, needs_more_seeds, paired, populations, table
 from machine import machine_info
 
 def _git_commit() -> str:
@@ -359,18 +359,19 @@ def run(
     runs: list[dict] = []
     seeds_run = {k: 0 for k in plan.ks}
     narrow = tuple(k for k in plan.ks if k in plan.narrow_ks)
+    contrasts = plan_contrasts(plan.arms)
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         for s in range(plan.max_seeds):
             if s < plan.min_seeds:
                 ks = plan.ks
-            elif needs_more_seeds(paired(runs, replace(plan, ks=narrow)), plan.narrow_ks, plan.target_half_width):
+            elif needs_more_seeds(paired(runs, narrow, contrasts), plan.narrow_ks, plan.target_half_width):
                 ks = narrow
             else:
                 break
             runs += [r for r in pool.map(one, [(arm, k, s) for k in ks for arm in plan.arms]) if r is not None]
             for k in ks:
                 seeds_run[k] = s + 1
-    intervals = paired(runs, plan)
+    intervals = paired(runs, plan.ks, contrasts)
     tables = table(runs, plan)
     curves = convergence(runs, plan)
     rankme = encoder_rankme(data, weights, plan, seed)
@@ -388,6 +389,7 @@ def run(
         "missing_runs": sorted(missing),
         "table": tables,
         "paired": intervals,
+        "coverage": coverage(populations(intervals)),
         "convergence": curves,
         "rankme": {**rankme, "agreement_with_frozen_arms": rankme_agreement(rankme, intervals, plan)},
         "runs": sorted(runs, key=lambda r: (r["seed"], r["k"], list(ARMS).index(r["arm"]))),

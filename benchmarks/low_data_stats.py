@@ -3,13 +3,14 @@ seed rule and the validation curves behind the budget."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from low_data_arms import CONTRASTS
 from low_data_protocol import HELD_OUT_SETS, MODELS
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def paired_entry(differences: list[float]) -> dict | None:
     return entry
 
 
-def paired(runs: list[dict], plan: Plan, contrasts: dict[str, tuple[str, str]] = CONTRASTS) -> dict:
+def paired(runs: list[dict], ks: tuple[int, ...], contrasts: dict[str, tuple[str, str]]) -> dict:
     """Per held-out set, model, contrast and k: :func:`paired_entry` of the differences over the seeds that both arms
     finished."""
     dice = {(r["arm"], r["k"], r["seed"]): r["dice"] for r in runs}
@@ -97,9 +98,7 @@ def paired(runs: list[dict], plan: Plan, contrasts: dict[str, tuple[str, str]] =
     for held_out in HELD_OUT_SETS:
         for model in MODELS:
             for contrast, (arm, base) in contrasts.items():
-                if arm not in plan.arms or base not in plan.arms:
-                    continue
-                for k in plan.ks:
+                for k in ks:
                     seeds = sorted(s for (a, kk, s) in dice if a == arm and kk == k and (base, k, s) in dice)
                     entry = paired_entry([dice[(arm, k, s)][model][held_out]["mean"] - dice[(base, k, s)][model][held_out]["mean"]
                                           for s in seeds])  # fmt: skip
@@ -170,4 +169,79 @@ def convergence(runs: list[dict], plan: Plan) -> dict:
             before = [v for s, v in mean if 2 * q < s <= 3 * q]
             out.setdefault(arm, {})[str(k)] = {"mean_curve": mean, "last_quarter_gain":
                                                statistics.fmean(last) - statistics.fmean(before) if last and before else None}  # fmt: skip
+    return out
+
+
+COVERAGE_NS = (3, 5, 9)  # the seed counts of the old plan (3), the t-interval's threshold (5) and the new plan (9)
+INTERVALS = ("bootstrap95", "t95", "range")  # the old protocol's, the new one's from 5 pairs, the new one's below
+
+
+def populations(intervals: dict) -> list[list[float]]:
+    """The differences of every entry of :func:`paired`'s output with at least :data:`T_MIN_PAIRS` pairs, in its
+    order: the populations :func:`coverage` draws from."""
+    return [entry["differences"] for per_model in intervals.values() for per_contrast in per_model.values()
+            for per_k in per_contrast.values() for entry in per_k.values() if entry["n"] >= T_MIN_PAIRS]  # fmt: skip
+
+
+def summary_populations(summary: dict, records: Path) -> list[list[float]]:
+    """:func:`populations` of a summary's contrasts (its ``paired`` names, "arm - base", in its order), recomputed from
+    its runs' records in the folder ``records``.
+
+    Raises:
+        ValueError: for a record whose Dice differs from the summary's copy of it.
+    """
+    runs = []
+    for run in summary["runs"]:
+        record = json.loads((records / f"{run['arm']}_k{run['k']}_seed{run['seed']}_{run['key']}.json").read_text())
+        if record["dice"] != run["dice"]:
+            raise ValueError(f"the record of {run['arm']} k={run['k']} seed={run['seed']} differs from the summary's copy.")
+        runs.append(record)
+    names = next(iter(next(iter(summary["paired"].values())).values()))
+    contrasts = {name: tuple(name.split(" - ")) for name in names}
+    return populations(paired(runs, tuple(summary["settings"]["ks"]), contrasts))
+
+
+def _bootstrap_bounds(samples: np.ndarray, resamples: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``samples`` (draws x n), the 95 % percentile bootstrap interval of the mean, as
+    :func:`bootstrap_interval` computes it (``resamples`` resamples), vectorised over rows in chunks."""
+    lows, highs = [], []
+    for start in range(0, len(samples), 250):
+        chunk = samples[start : start + 250]
+        picks = rng.integers(0, chunk.shape[1], size=(len(chunk), resamples, chunk.shape[1]))
+        means = chunk[np.arange(len(chunk))[:, None, None], picks].mean(axis=2)
+        low, high = np.percentile(means, [2.5, 97.5], axis=1)
+        lows.append(low)
+        highs.append(high)
+    return np.concatenate(lows), np.concatenate(highs)
+
+
+def coverage(
+    populations: list[list[float]], ns: tuple[int, ...] = COVERAGE_NS, draws: int = 2000, resamples: int = 1000, seed: int = 0,
+) -> dict:
+    """How often each interval covers the mean of the population it is drawn from: each population (a contrast's
+    paired differences) stands for the distribution of a difference; ``draws`` times, n values are drawn from it with
+    replacement and the old protocol's percentile bootstrap (``resamples`` resamples), the t-interval and the range
+    are computed on them. Returns per n and interval the mean, lowest and highest share of draws covered over the
+    populations, with the settings. Covered means within the interval up to float rounding (1e-12 of the largest
+    value): a constant population is always covered.
+
+    Example: for the population -1, 0, 1 the range of 3 draws misses 0 only when all three are 1 or all are -1,
+    2 / 27 of the time.
+    """
+    rng = np.random.default_rng(seed)
+    out: dict = {"populations": len(populations), "population_sizes": sorted({len(p) for p in populations}),
+                 "draws": draws, "bootstrap_resamples": resamples, "seed": seed, "by_n": {}}  # fmt: skip
+    for n in ns:
+        shares: dict[str, list[float]] = {kind: [] for kind in INTERVALS}
+        t_factor = t_quantile(0.95, n - 1) / math.sqrt(n)
+        for population in populations:
+            values = np.asarray(population, dtype=np.float64)
+            mean, slack = values.mean(), 1e-12 * max(1.0, float(np.abs(values).max()))
+            samples = values[rng.integers(0, len(values), size=(draws, n))]
+            centre, half = samples.mean(axis=1), t_factor * samples.std(axis=1, ddof=1)
+            low, high = _bootstrap_bounds(samples, resamples, rng)
+            for kind, (lo, hi) in (("bootstrap95", (low, high)), ("t95", (centre - half, centre + half)),
+                                   ("range", (samples.min(axis=1), samples.max(axis=1)))):  # fmt: skip
+                shares[kind].append(float(np.mean((lo - slack <= mean) & (mean <= hi + slack))))
+        out["by_n"][str(n)] = {kind: {"mean": statistics.fmean(v), "min": min(v), "max": max(v)} for kind, v in shares.items()}
     return out

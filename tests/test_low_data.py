@@ -57,6 +57,7 @@ def fake_protocol(monkeypatch):
     monkeypatch.setattr(runner, "bundle_hash", lambda bundle, configs: "configs")
     monkeypatch.setattr(runner, "encoder_rankme", lambda data, weights, plan, seed: {"crops": 0, "encoders": {}})
     monkeypatch.setattr(runner, "plots", lambda *args: None)
+    monkeypatch.setattr(runner, "coverage", lambda populations: {"populations": len(populations)})  # tested on its own
 
     def pretrain(recipe, key, overrides, results, threads, report_only=False):
         return {"recipe": recipe, "key": key, "sha256": f"weights-of-{recipe}", "commit": "c", "model": f"/w/{recipe}.pt"}

@@ -3,6 +3,7 @@ difference from 5 pairs on, the range [min, max] below (never called 95 %), and 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -66,3 +67,35 @@ def test_the_tables_call_a_t_interval_95_and_a_range_a_range():
     headers = [line for line in text.splitlines() if line.startswith("Paired differences")]
     assert headers and all("95 % t-interval from 5 pairs, the range [min, max] below" in h for h in headers)
     assert "bootstrap" not in text
+
+
+def test_coverage_counts_how_often_each_interval_covers_the_population_mean():
+    """Population -1, 0, 1: a range of n draws misses the mean 0 only when all n are 1 or all are -1 (2 / 3^n); a
+    population of one repeated value is always covered by all three intervals."""
+    result = stats.coverage([[-1.0, 0.0, 1.0], [0.2] * 9], ns=(3, 5), draws=4000, resamples=200, seed=1)
+    assert result["populations"] == 2 and result["draws"] == 4000 and result["bootstrap_resamples"] == 200
+    for n in (3, 5):
+        ranges = result["by_n"][str(n)]["range"]
+        assert ranges["min"] == pytest.approx(1 - 2 / 3**n, abs=0.015) and ranges["mean"] == pytest.approx(1 - 1 / 3**n, abs=0.01)
+        assert all(result["by_n"][str(n)][kind]["max"] == 1.0 for kind in ("bootstrap95", "t95", "range"))
+    assert stats.coverage([[-1.0, 0.0, 1.0]], ns=(3,), draws=4000, resamples=200, seed=1) == stats.coverage(
+        [[-1.0, 0.0, 1.0]], ns=(3,), draws=4000, resamples=200, seed=1)  # seeded: reproducible
+
+
+def test_the_committed_coverage_is_recomputed_from_the_records():
+    """benchmarks/results/low_data_cpu_9seeds.json's ``coverage``: each of its 32 contrasts' 9 differences (recomputed
+    from the records in benchmarks/results/low_data_cpu/) as a population. The old protocol's percentile bootstrap
+    covers the mean far less often than 95 % at 3 and 5 pairs, the t-interval comes closer at every n."""
+    summary = json.loads((REPO / "benchmarks/results/low_data_cpu_9seeds.json").read_text())
+    stored = summary["coverage"]
+    populations = stats.summary_populations(summary, REPO / "benchmarks/results/low_data_cpu")
+    assert len(populations) == 32 and {len(p) for p in populations} == {9}
+    again = stats.coverage(populations, ns=tuple(int(n) for n in stored["by_n"]), draws=stored["draws"],
+                           resamples=stored["bootstrap_resamples"], seed=stored["seed"])  # fmt: skip
+    for n, per_kind in stored["by_n"].items():
+        for kind, figures in per_kind.items():
+            assert again["by_n"][n][kind] == pytest.approx(figures, abs=1e-3), (n, kind)
+    by_n = stored["by_n"]
+    assert by_n["3"]["bootstrap95"]["mean"] < 0.75 and by_n["5"]["bootstrap95"]["mean"] < 0.85
+    assert by_n["9"]["bootstrap95"]["mean"] < 0.9 < by_n["9"]["t95"]["mean"]
+    assert all(by_n[n]["t95"]["mean"] > by_n[n]["bootstrap95"]["mean"] + 0.03 for n in ("3", "5", "9"))
