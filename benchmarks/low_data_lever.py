@@ -50,7 +50,7 @@ def lever_plan(plan: protocol.Plan) -> protocol.Plan:
 def check_same_protocol(plan: protocol.Plan, baseline: dict) -> None:
     """Raises ValueError naming the settings in which ``plan`` (before the lever), run on this machine's numerics,
     differs from the baseline's: the plan's records could not be reused or paired then."""
-    settings = runner.plan_settings(plan, baseline["settings"]["data_seed"], runner.run_numerics("cpu"))
+    settings = runner.plan_settings(plan, baseline["settings"]["data_seed"], runner.run_numerics("cpu"), protocol.code_state())
     differ = sorted(name for name, value in settings.items() if baseline["settings"].get(name) != value)
     if differ:
         raise ValueError(f"the CPU plan differs from the baseline summary's in {differ}: re-run the plan first.")

@@ -16,12 +16,17 @@ from typing import Any
 import numpy as np
 
 from components import atomic_write, synthetic
-from components.demo import DemoBudget
+from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget
+from components.origin import PACKAGE_DIR, source_digest
 from components.runner import BUNDLES_DIR
 from low_data_arms import ARMS
 
 REPO = Path(__file__).resolve().parents[1]
 DINO_BUNDLE = "swin_unetr_dino_pretrain"
+MIM_BUNDLE = "swin_unetr_mim_pretrain"
+# the configs each bundle run of the protocol reads (--config_file): the finetuning trains and then evaluates
+BUNDLE_CONFIGS = {CT_BUNDLE: ("train.json", "evaluate.json"), SSL_BUNDLE: ("train.json",), DINO_BUNDLE: ("train.json",),
+                  MIM_BUNDLE: ("train.json",)}  # fmt: skip
 HELD_OUT_SETS = ("in_domain", "shifted")
 MODELS = ("selected", "last")
 SHIFTED_SEED_OFFSET = 7919  # the shifted held-out subjects: another seed than the labeled and unlabeled sets
@@ -83,10 +88,19 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def bundle_hash(bundle: str, configs: tuple[str, ...]) -> str:
-    """The bundle's shipped defaults: a change of a config changes every result key that uses it."""
-    return digest({name: (BUNDLES_DIR / bundle / "configs" / name).read_text() for name in configs})
+def code_state(package_dir: Path = PACKAGE_DIR) -> dict:
+    """The code the runs execute besides their settings: the ``components`` package's source digest
+    (:func:`components.origin.source_digest`) and the sha256 of every bundle config a run of the protocol reads
+    (:data:`BUNDLE_CONFIGS`). Part of every result's key (:func:`run_code`), so that a changed loss, recipe or config
+    never reuses a record of the code before."""
+    return {"components": source_digest(package_dir),
+            "configs": {f"{bundle}/{name}": file_sha256(BUNDLES_DIR / bundle / "configs" / name)
+                        for bundle, names in BUNDLE_CONFIGS.items() for name in names}}  # fmt: skip
 
+
+def run_code(code: dict, bundle: str) -> dict:
+    """What of :func:`code_state` a run of ``bundle`` executes: the package's digest and that bundle's configs."""
+    return {"components": code["components"], "configs": {k: v for k, v in code["configs"].items() if k.startswith(f"{bundle}/")}}
 
 
 @dataclass

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import monai
 import torch
 
 from components import atomic_write
@@ -25,7 +26,7 @@ from components.runner import BUNDLES_DIR, fresh_run_dir, read_scalars, run_bund
 from low_data_arms import ARMS, plan_contrasts
 from low_data_docs import plots
 from low_data_protocol import (
-    DINO_BUNDLE, HELD_OUT_SETS, REPO, Data, Plan, bundle_hash, digest, file_sha256, pool_for, synthetic_data,
+    DINO_BUNDLE, HELD_OUT_SETS, REPO, Data, Plan, code_state, digest, file_sha256, pool_for, run_code, synthetic_data,
     user_data, write_datalist, write_json,
 )
 from low_data_stats import convergence, coverage, needs_more_seeds, paired, populations, table
@@ -68,35 +69,37 @@ def _portable(overrides: dict, out: Path) -> dict:
 
 
 def run_numerics(device: str) -> dict:
-    """What a run's floating-point results depend on besides its settings, part of every result's key: the device,
-    torch's version and, on the CPU, the vector instructions its kernels dispatch to
+    """What a run's floating-point results depend on besides its settings and code, part of every result's key: the
+    device, the torch and MONAI versions and, on the CPU, the vector instructions its kernels dispatch to
     (``torch.backends.cpu.get_cpu_capability()``). A CPU run repeats bit for bit on one machine, but one finetuning
     run of the plan, same settings and seed, selected a model of held-out Dice 0.600 on an AVX2 VM and 0.652 on an
     AVX-512 one: results of other numerics are neither reused nor paired. On CUDA, whose kernels do not repeat bit
     for bit anyway, the GPU's model is left out, so that pieces of the GPU plan may run on different GPUs."""
-    numerics = {"device": device, "torch": torch.__version__}
+    numerics = {"device": device, "torch": torch.__version__, "monai": monai.__version__}
     if device == "cpu":
         numerics["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     return numerics
 
 
-def pretraining_job(recipe: str, plan: Plan, data: Data, out: Path, numerics: dict, seed: int) -> tuple[str, dict]:
-    """(key, overrides) of a recipe's pretraining run on ``numerics`` (:func:`run_numerics`); its folder is
-    ``out/pretrain/<recipe>_<key>``."""
+def pretraining_job(recipe: str, plan: Plan, data: Data, out: Path, numerics: dict, code: dict, seed: int) -> tuple[str, dict]:
+    """(key, overrides) of a recipe's pretraining run on ``numerics`` (:func:`run_numerics`) and ``code``
+    (:func:`~low_data_protocol.code_state`); its folder is ``out/pretrain/<recipe>_<key>``."""
     bundle, make = PRETRAINING[recipe]
     overrides = {**make(plan.budget, data.unlabeled.parent, Path("."), numerics["device"], seed), "datalist": str(data.unlabeled),
                  **plan.pretrain_overrides}  # fmt: skip
     key = digest({"recipe": recipe, "overrides": _portable(overrides, out), "corpus": data.unlabeled.read_text(),
-                  "bundle": bundle_hash(bundle, ("train.json",)), "numerics": numerics})  # fmt: skip
+                  "code": run_code(code, bundle), "numerics": numerics})  # fmt: skip
     run_dir = out / "pretrain" / f"{recipe}_{key}"
     overrides.update(output_dir=str(run_dir / "eval"), ckpt_dir=str(run_dir / "models"))
     return key, overrides
 
 
 def finetune_job(
-    arm: str, k: int, seed: int, plan: Plan, data: Data, datalist: Path, out: Path, numerics: dict, weights: dict[str, dict],
+    arm: str, k: int, seed: int, plan: Plan, data: Data, datalist: Path, out: Path, numerics: dict, code: dict,
+    weights: dict[str, dict],
 ) -> tuple[str, dict]:
-    """(key, overrides) of one finetuning run on ``numerics`` (:func:`run_numerics`). The arms of a (k, seed) pair get
+    """(key, overrides) of one finetuning run on ``numerics`` (:func:`run_numerics`) and ``code``
+    (:func:`~low_data_protocol.code_state`). The arms of a (k, seed) pair get
     the same overrides but for ``pretrained_path`` (the arm's encoder) and, for the frozen arms,
     ``training#freeze_encoder_iterations`` (the whole run). ``weights``: per recipe the finished pretraining's record
     (``model``, ``sha256``)."""
@@ -115,7 +118,7 @@ def finetune_job(
                       "training#freeze_encoder_iterations": plan.finetune_iterations if frozen else 0, **plan.finetune_overrides})  # fmt: skip
     key = digest({"arm": arm, "k": k, "seed": seed, "overrides": _portable(overrides, out), "datalist": datalist.read_text(),
                   "weights": weights[recipe]["sha256"] if recipe else None,
-                  "bundle": bundle_hash(CT_BUNDLE, ("train.json", "evaluate.json")), "numerics": numerics})  # fmt: skip
+                  "code": run_code(code, CT_BUNDLE), "numerics": numerics})  # fmt: skip
     run_dir = out / "runs" / f"{arm}_k{k}_seed{seed}_{key}"
     overrides.update(output_dir=str(run_dir / "eval"), ckpt_dir=str(run_dir / "models"))
     return key, overrides
@@ -300,13 +303,19 @@ def rankme_agreement(rankme: dict, intervals: dict, plan: Plan) -> dict:
     return out
 
 
+RESULT_KEYS = ("a result's key is the sha256 of its run's overrides, datalist (or unlabeled corpus), pretrained "
+               "weights' sha256, the code that ran (the components package's source digest and the sha256 of every "
+               "bundle config the run reads: settings.code) and its numerics (device, torch and MONAI version, the "
+               "CPU's vector instructions: settings.numerics); a record of other code or numerics is never reused")
 
-def plan_settings(plan: Plan, seed: int, numerics: dict, data: str = "synthetic") -> dict:
-    """The settings a summary records (and hashes into ``settings_hash``): the plan, its data seed, the device and
-    the numerics of its runs (:func:`run_numerics`), and the kind of data (``"synthetic"`` or ``"user datalists"``),
-    as JSON values."""
+
+def plan_settings(plan: Plan, seed: int, numerics: dict, code: dict, data: str = "synthetic") -> dict:
+    """The settings a summary records (and hashes into ``settings_hash``): the plan, its data seed, the device, the
+    numerics of its runs (:func:`run_numerics`), the code they ran (:func:`~low_data_protocol.code_state`), what a
+    result's key covers (:data:`RESULT_KEYS`) and the kind of data (``"synthetic"`` or ``"user datalists"``), as JSON
+    values."""
     settings = {**{k: v for k, v in asdict(plan).items() if k != "budget"}, "budget": asdict(plan.budget), "data_seed": seed,
-                "device": numerics["device"], "numerics": numerics, "data": data}  # fmt: skip
+                "device": numerics["device"], "numerics": numerics, "code": code, "result_keys": RESULT_KEYS, "data": data}  # fmt: skip
     return json.loads(json.dumps(settings))
 
 
@@ -338,14 +347,15 @@ def run(
     threads = max(1, (os.cpu_count() or 1) // parallel) if device == "cpu" else None
     recipes = sorted({ARMS[a].recipe for a in plan.arms if ARMS[a].recipe})
     numerics = run_numerics(device)
-    jobs = {recipe: pretraining_job(recipe, plan, data, out, numerics, seed) for recipe in recipes}
+    code = code_state()
+    jobs = {recipe: pretraining_job(recipe, plan, data, out, numerics, code, seed) for recipe in recipes}
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(jobs)))) as pool:
         weights = dict(zip(jobs, pool.map(lambda r: run_pretraining(r, *jobs[r], results, threads, report_only), jobs)))
     missing: list[str] = []
 
     def one(job: tuple[str, int, int]) -> dict | None:
         arm, k, s = job
-        key, overrides = finetune_job(arm, k, s, plan, data, write_datalist(data, k, s, seed), out, numerics, weights)
+        key, overrides = finetune_job(arm, k, s, plan, data, write_datalist(data, k, s, seed), out, numerics, code, weights)
         late = stop_after_s is not None and time.perf_counter() - started > stop_after_s
         record = run_finetuning(arm, k, s, key, overrides, data, results, threads, report_only or late)
         if record is None:
@@ -376,7 +386,7 @@ def run(
     curves = convergence(runs, plan)
     rankme = encoder_rankme(data, weights, plan, seed)
     plots(tables, intervals, curves, out)
-    settings = plan_settings(plan, seed, numerics, "user datalists" if labeled else "synthetic")
+    settings = plan_settings(plan, seed, numerics, code, "user datalists" if labeled else "synthetic")
     return {
         "benchmark": "low_data",
         "settings": settings,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import monai
 import numpy as np
 import pytest
 import torch
@@ -32,6 +34,7 @@ import low_data_runs as runner  # noqa: E402
 import low_data_stats as stats  # noqa: E402
 
 from components import write_dataset  # noqa: E402
+from components.origin import PACKAGE_DIR, source_digest  # noqa: E402
 
 
 def _fake_data(root: Path, plan: protocol.Plan, seed: int) -> protocol.Data:
@@ -54,7 +57,6 @@ def fake_protocol(monkeypatch):
     calls: list[dict] = []
     monkeypatch.setattr(runner, "synthetic_data", _fake_data)
     monkeypatch.setattr(runner, "training_class_weights", lambda datalist, names=None: [0.1, 1.0])
-    monkeypatch.setattr(runner, "bundle_hash", lambda bundle, configs: "configs")
     monkeypatch.setattr(runner, "encoder_rankme", lambda data, weights, plan, seed: {"crops": 0, "encoders": {}})
     monkeypatch.setattr(runner, "plots", lambda *args: None)
     monkeypatch.setattr(runner, "coverage", lambda populations: {"populations": len(populations)})  # tested on its own
@@ -168,6 +170,40 @@ def test_a_result_is_keyed_by_every_setting_of_its_run_and_its_numerics(fake_pro
     monkeypatch.setattr(runner, "run_numerics", lambda device: {**numerics, "cpu_capability": "AVX2" if numerics["cpu_capability"] != "AVX2" else "AVX512"})
     other = runner.run(PLAN, tmp_path, "cpu")  # the same settings on a CPU of other vector instructions
     assert not {c["key"] for c in fake_protocol} & set(keys.values()) and other["settings_hash"] != summary["settings_hash"]
+
+
+def test_a_result_is_keyed_by_the_monai_version_and_the_code_that_ran(fake_protocol, tmp_path, monkeypatch):
+    """A changed loss (any byte of the components package) or bundle config, or another MONAI, gives every run a new
+    key: no old record is reused; the summary's settings hold the code's digests and say what a key covers."""
+    summary = runner.run(PLAN, tmp_path, "cpu")
+    keys = {(c["arm"], c["k"], c["seed"]): c["key"] for c in fake_protocol}
+    code = protocol.code_state()
+    assert summary["settings"]["code"] == code and summary["settings"]["numerics"]["monai"] == monai.__version__
+    assert code["components"] == source_digest(PACKAGE_DIR) and set(code["configs"]) == {
+        "swin_unetr_btcv_finetune/train.json", "swin_unetr_btcv_finetune/evaluate.json", "swin_unetr_ssl_pretrain/train.json",
+        "swin_unetr_dino_pretrain/train.json", "swin_unetr_mim_pretrain/train.json"}
+    assert "MONAI version" in summary["settings"]["result_keys"] and "components" in summary["settings"]["result_keys"]
+
+    copy = tmp_path / "components"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert protocol.code_state(copy) == code  # the same source elsewhere: the same digest
+    loss = copy / "recipes" / "inpainting_contrast" / "loss.py"
+    loss.write_text(loss.read_text() + "\n# a changed loss\n")
+    changed = protocol.code_state(copy)
+    assert changed["components"] != code["components"] and changed["configs"] == code["configs"]
+    for name, state in (("a changed loss", changed),
+                        ("a changed config", {**code, "configs": {**code["configs"], "swin_unetr_btcv_finetune/train.json": "0" * 64}})):
+        fake_protocol.clear()
+        monkeypatch.setattr(runner, "code_state", lambda state=state: state)
+        other = runner.run(PLAN, tmp_path, "cpu")
+        assert not {c["key"] for c in fake_protocol} & set(keys.values()), name
+        assert other["settings"]["code"] == state and other["settings_hash"] != summary["settings_hash"]
+    monkeypatch.setattr(runner, "code_state", protocol.code_state)
+    numerics = runner.run_numerics("cpu")
+    monkeypatch.setattr(runner, "run_numerics", lambda device: {**numerics, "monai": "1.5.0"})
+    fake_protocol.clear()
+    runner.run(PLAN, tmp_path, "cpu")
+    assert not {c["key"] for c in fake_protocol} & set(keys.values())  # another MONAI
 
 
 def _stand_in_bundle(calls: list):
@@ -457,17 +493,17 @@ def test_every_documented_run_is_the_run_the_shipped_code_makes(summary, tmp_pat
     until the table is re-measured."""
     result = json.loads((REPO / summary).read_text())
     plan, seed, numerics = SUMMARY_PLANS[summary], result["settings"]["data_seed"], result["settings"]["numerics"]
-    assert protocol.digest(runner.plan_settings(plan, seed, numerics)) == result["settings_hash"], f"{summary}: the plan changed"
+    assert protocol.digest(runner.plan_settings(plan, seed, numerics, result["settings"]["code"])) == result["settings_hash"], f"{summary}: the plan changed"
     data = protocol.synthetic_data(tmp_path / "data", plan, seed)
     assert data.files() == result["data"], f"{summary}: the synthetic data or its splits changed"
     weights = {}
     for recipe, record in result["pretraining"].items():
-        key, _ = runner.pretraining_job(recipe, plan, data, tmp_path, numerics, seed)
+        key, _ = runner.pretraining_job(recipe, plan, data, tmp_path, numerics, result["settings"]["code"], seed)
         assert key == record["key"], f"{summary}: the settings of the {recipe} pretraining changed since it ran"
         weights[recipe] = {**record, "model": "weights.pt"}
     for run in result["runs"]:
         arm, k, s = run["arm"], run["k"], run["seed"]
-        key, _ = runner.finetune_job(arm, k, s, plan, data, protocol.write_datalist(data, k, s, seed), tmp_path, numerics, weights)
+        key, _ = runner.finetune_job(arm, k, s, plan, data, protocol.write_datalist(data, k, s, seed), tmp_path, numerics, result["settings"]["code"], weights)
         assert key == run["key"], f"{summary}: the settings of {arm} k={k} seed={s} changed since it ran"
 
 
@@ -587,7 +623,7 @@ def test_the_lever_is_paired_with_the_plans_run_of_the_same_arm_k_and_seed():
 
 
 def test_the_lever_refuses_a_plan_other_than_its_baselines_or_other_numerics(monkeypatch):
-    baseline = {"settings": runner.plan_settings(protocol.PLANS["cpu"], 0, runner.run_numerics("cpu"))}
+    baseline = {"settings": runner.plan_settings(protocol.PLANS["cpu"], 0, runner.run_numerics("cpu"), protocol.code_state())}
     low_data_lever.check_same_protocol(protocol.PLANS["cpu"], baseline)
     with pytest.raises(ValueError, match=r"differs from the baseline summary's in \['finetune_iterations'\]"):
         low_data_lever.check_same_protocol(replace(protocol.PLANS["cpu"], finetune_iterations=400), baseline)
