@@ -38,8 +38,8 @@ import low_data_runs as runner  # noqa: E402
 import low_data_stats as stats  # noqa: E402
 
 LEVER_UNLABELED = 192
-LEVER_ARMS = ("scratch", "ssl", "frozen_random", "frozen_ssl")
-VERSUS_PLAN = {"ssl - ssl (plan)": "ssl", "frozen_ssl - frozen_ssl (plan)": "frozen_ssl"}
+LEVER_ARMS = ("scratch", "ssl", "probe_random", "probe_ssl")
+VERSUS_PLAN = {"ssl - ssl (plan)": "ssl", "probe_ssl - probe_ssl (plan)": "probe_ssl"}
 
 
 def lever_plan(plan: protocol.Plan) -> protocol.Plan:

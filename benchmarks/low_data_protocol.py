@@ -19,7 +19,7 @@ from components import atomic_write, synthetic
 from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget
 from components.origin import PACKAGE_DIR, source_digest
 from components.runner import BUNDLES_DIR
-from low_data_arms import ARMS
+from low_data_arms import DEFAULT_ARMS
 
 REPO = Path(__file__).resolve().parents[1]
 DINO_BUNDLE = "swin_unetr_dino_pretrain"
@@ -63,7 +63,7 @@ class Plan:
     val_every: int = 20
     rankme_crops_per_volume: int = 16
     budget: DemoBudget = DemoBudget()
-    arms: tuple[str, ...] = tuple(ARMS)
+    arms: tuple[str, ...] = DEFAULT_ARMS
     pretrain_overrides: dict = field(default_factory=dict)
     finetune_overrides: dict = field(default_factory=dict)
 

@@ -23,10 +23,10 @@ import torch
 from components import atomic_write
 from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides, training_class_weights
 from components.runner import BUNDLES_DIR, fresh_run_dir, read_scalars, run_bundle
-from low_data_arms import ARMS, plan_contrasts
+from low_data_arms import ARMS, BASELINES, PROBE_NETWORK, plan_contrasts
 from low_data_docs import plots
 from low_data_protocol import (
-    DINO_BUNDLE, HELD_OUT_SETS, REPO, Data, Plan, code_state, digest, file_sha256, pool_for, run_code, synthetic_data,
+    DINO_BUNDLE, HELD_OUT_SETS, MIM_BUNDLE, REPO, Data, Plan, code_state, digest, file_sha256, pool_for, run_code, synthetic_data,
     user_data, write_datalist, write_json,
 )
 from low_data_stats import convergence, coverage, needs_more_seeds, paired, populations, table
@@ -59,7 +59,8 @@ def dino_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: st
     }  # fmt: skip
 
 
-PRETRAINING = {"ssl": (SSL_BUNDLE, ssl_overrides), "dino": (DINO_BUNDLE, dino_overrides)}
+# the masked image run takes the SSL run's overrides: all are ids of its bundle, whose 16^3 mask blocks tile the 64x32x32 crop
+PRETRAINING = {"ssl": (SSL_BUNDLE, ssl_overrides), "dino": (DINO_BUNDLE, dino_overrides), "mim": (MIM_BUNDLE, ssl_overrides)}
 
 
 def _portable(overrides: dict, out: Path) -> dict:
@@ -99,13 +100,13 @@ def finetune_job(
     weights: dict[str, dict],
 ) -> tuple[str, dict]:
     """(key, overrides) of one finetuning run on ``numerics`` (:func:`run_numerics`) and ``code``
-    (:func:`~low_data_protocol.code_state`). The arms of a (k, seed) pair get
-    the same overrides but for ``pretrained_path`` (the arm's encoder) and, for the frozen arms,
-    ``training#freeze_encoder_iterations`` (the whole run). ``weights``: per recipe the finished pretraining's record
-    (``model``, ``sha256``)."""
+    (:func:`~low_data_protocol.code_state`). The arms of a (k, seed) pair get the same overrides but for
+    ``pretrained_path`` (the arm's encoder) and their kind's: a probe arm's ``network_def#network``
+    (:data:`~low_data_arms.PROBE_NETWORK`), a frozen-swinViT arm's ``training#freeze_encoder_iterations`` (the whole
+    run). ``weights``: per recipe the finished pretraining's record (``model``, ``sha256``)."""
     if arm not in ARMS:
         raise ValueError(f"arm must be one of {list(ARMS)}, got {arm!r}.")
-    recipe, frozen = ARMS[arm]
+    recipe, kind = ARMS[arm]
     for name in ("finetune_iterations", "val_every"):
         if getattr(plan, name) % k:
             raise ValueError(f"{name} ({getattr(plan, name)}) must be a multiple of k = {k} (one volume per iteration).")
@@ -115,7 +116,8 @@ def finetune_job(
     overrides = finetune_overrides(budget, datalist, Path("."), numerics["device"], 1000 + seed, pretrained,
                                    training_class_weights(datalist, data.label_names))  # fmt: skip
     overrides.update({"label_names": data.label_names,
-                      "training#freeze_encoder_iterations": plan.finetune_iterations if frozen else 0, **plan.finetune_overrides})  # fmt: skip
+                      "training#freeze_encoder_iterations": plan.finetune_iterations if kind == "frozen_swinvit" else 0,
+                      **({"network_def#network": PROBE_NETWORK} if kind == "probe" else {}), **plan.finetune_overrides})  # fmt: skip
     key = digest({"arm": arm, "k": k, "seed": seed, "overrides": _portable(overrides, out), "datalist": datalist.read_text(),
                   "weights": weights[recipe]["sha256"] if recipe else None,
                   "code": run_code(code, CT_BUNDLE), "numerics": numerics})  # fmt: skip
@@ -329,8 +331,8 @@ def run(
     summary then covers the finished runs and lists the missing ones (``missing_runs``, ``complete`` false), and the
     same command run again continues."""
     unknown = [a for a in plan.arms if a not in ARMS]
-    if unknown or "scratch" not in plan.arms and "frozen_random" not in plan.arms:
-        raise ValueError(f"arms must be a subset of {list(ARMS)} with a baseline (scratch or frozen_random), got {list(plan.arms)}.")
+    if unknown or not set(plan.arms) & set(BASELINES.values()):
+        raise ValueError(f"arms must be a subset of {list(ARMS)} with a baseline ({', '.join(BASELINES.values())}), got {list(plan.arms)}.")
     if (labeled is None) != (unlabeled is None):
         raise ValueError("--labeled and --unlabeled go together (a labeled list and an unlabeled corpus).")
     if shifted is not None and labeled is None:

@@ -115,20 +115,69 @@ def test_pools_are_nested_and_never_overlap_validation_or_held_out(fake_protocol
 
 
 def test_arms_of_a_pair_differ_only_in_the_starting_weights(fake_protocol, tmp_path):
-    runner.run(PLAN, tmp_path, "cpu")
+    """Within a family (finetuned, linear probe, frozen swinViT) the arms of a (k, seed) pair differ only in the
+    encoder they start from; the probe runs the CT bundle with the LinearProbe network, the frozen-swinViT arms freeze
+    the encoder for the whole run."""
+    runner.run(replace(PLAN, arms=tuple(low_data_arms.ARMS)), tmp_path, "cpu")
     own = {"output_dir", "ckpt_dir"}  # each run's own folders
     commands = {c["arm"]: {k: v for k, v in c["overrides"].items() if k not in own} for c in fake_protocol if (c["k"], c["seed"]) == (2, 1)}
-    assert set(commands) == set(low_data_arms.ARMS)
+    assert set(commands) == set(low_data_arms.ARMS) and len(commands) == 12
 
     def differing(a: str, b: str) -> set[str]:
         return {k for k in commands[a].keys() | commands[b].keys() if commands[a].get(k) != commands[b].get(k)}
 
-    for arm in ("ssl", "dino"):
-        assert differing(arm, "scratch") == {"pretrained_path"}
-        assert differing(f"frozen_{arm}", "frozen_random") == {"pretrained_path"}
-    assert differing("frozen_random", "scratch") == {"training#freeze_encoder_iterations"}
-    assert commands["frozen_ssl"]["training#freeze_encoder_iterations"] == PLAN.finetune_iterations
-    assert commands["ssl"]["pretrained_path"] == "/w/ssl.pt" and commands["scratch"]["pretrained_path"] is None
+    for recipe in ("ssl", "dino", "mim"):
+        assert differing(recipe, "scratch") == {"pretrained_path"}
+        assert differing(f"probe_{recipe}", "probe_random") == {"pretrained_path"}
+        assert differing(f"frozen_swinvit_{recipe}", "frozen_swinvit_random") == {"pretrained_path"}
+        assert commands[f"probe_{recipe}"]["pretrained_path"] == commands[recipe]["pretrained_path"] == f"/w/{recipe}.pt"
+    assert differing("probe_random", "scratch") == {"network_def#network"}
+    assert commands["probe_mim"]["network_def#network"] == "$components.LinearProbe"
+    assert differing("frozen_swinvit_random", "scratch") == {"training#freeze_encoder_iterations"}
+    assert commands["frozen_swinvit_ssl"]["training#freeze_encoder_iterations"] == PLAN.finetune_iterations
+    assert commands["scratch"]["pretrained_path"] is None and commands["probe_random"]["pretrained_path"] is None
+
+
+def test_the_default_plans_arms_and_contrasts(fake_protocol, tmp_path):
+    """The four finetuned and four probe arms, with the contrasts against scratch and against a probe of a random
+    encoder; the frozen-swinViT arms only when a plan names them."""
+    for name in ("cpu", "cuda", "small"):
+        assert protocol.PLANS[name].arms == ("scratch", "ssl", "dino", "mim", "probe_random", "probe_ssl", "probe_dino", "probe_mim")
+    result = runner.run(replace(PLAN, ks=(1,), min_seeds=1, max_seeds=1), tmp_path, "cpu")
+    assert {c["arm"] for c in fake_protocol} == set(protocol.PLANS["cpu"].arms) and set(result["pretraining"]) == {"ssl", "dino", "mim"}
+    assert list(result["paired"]["in_domain"]["selected"]) == [
+        "ssl - scratch", "dino - scratch", "mim - scratch", "probe_ssl - probe_random", "probe_dino - probe_random",
+        "probe_mim - probe_random"]
+    frozen = replace(PLAN, ks=(1,), min_seeds=1, max_seeds=1, arms=("frozen_swinvit_random", "frozen_swinvit_mim"))
+    result = runner.run(frozen, tmp_path / "frozen", "cpu")
+    assert list(result["paired"]["in_domain"]["selected"]) == ["frozen_swinvit_mim - frozen_swinvit_random"]
+    assert set(result["pretraining"]) == {"mim"}
+
+
+def test_the_masked_image_pretraining_runs_like_the_ssl_one(tmp_path):
+    """Its overrides are the SSL pretraining's (the plan's budget: data, crop, batch, epochs, rate, warm-up, feature
+    size, window), every one an id of the masked image bundle, whose mask blocks tile the crop."""
+    plan = protocol.PLANS["cpu"]
+    data = _fake_data(tmp_path / "data", plan, 0)
+    numerics, code = runner.run_numerics("cpu"), protocol.code_state()
+    jobs = {r: runner.pretraining_job(r, plan, data, tmp_path, numerics, code, 0) for r in ("ssl", "mim")}
+    own = {"output_dir", "ckpt_dir"}
+    assert {k: v for k, v in jobs["mim"][1].items() if k not in own} == {k: v for k, v in jobs["ssl"][1].items() if k not in own}
+    assert jobs["mim"][0] != jobs["ssl"][0] and Path(jobs["mim"][1]["ckpt_dir"]).parent.name == f"mim_{jobs['mim'][0]}"
+    config = json.loads((REPO / "bundles/swin_unetr_mim_pretrain/configs/train.json").read_text())
+
+    def has(path: str) -> bool:
+        node = config
+        for part in path.split("#"):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    interface = {"training#rankme_crops"}  # the id that lands with components.LinearProbe (another worker's change)
+    assert [k for k in jobs["mim"][1] if k not in interface and not has(k)] == []
+    roi, block = jobs["mim"][1]["roi_size"], config["masking"]["block_size"]
+    assert all(edge % block == 0 for edge in roi)
 
 
 def test_a_datalist_being_written_is_never_read_half_written(tmp_path):
@@ -298,11 +347,11 @@ def test_seeds_are_added_at_the_narrow_ks_until_the_t_interval_is_narrow(fake_pr
 
 def test_a_time_limited_piece_starts_no_run_after_its_limit_and_the_next_piece_continues(fake_protocol, tmp_path):
     first = runner.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", stop_after_s=0.0)
-    assert first["complete"] is False and first["runs"] == [] and len(first["missing_runs"]) == 2 * 2 * len(low_data_arms.ARMS)
+    assert first["complete"] is False and first["runs"] == [] and len(first["missing_runs"]) == 2 * 2 * len(PLAN.arms)
     report = runner.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu", report_only=True)
     assert report["missing_runs"] == first["missing_runs"] and not fake_protocol
     whole = runner.run(replace(PLAN, ks=(1, 2)), tmp_path, "cpu")
-    assert whole["complete"] is True and whole["missing_runs"] == [] and len(whole["runs"]) == 2 * 2 * len(low_data_arms.ARMS)
+    assert whole["complete"] is True and whole["missing_runs"] == [] and len(whole["runs"]) == 2 * 2 * len(PLAN.arms)
 
 
 def test_bad_plans_fail_before_any_run(fake_protocol, tmp_path):
@@ -513,7 +562,7 @@ def test_the_9_seed_extension_reuses_the_plans_runs_and_adds_seeds_3_to_8():
     plan = json.loads((REPO / "benchmarks/results/low_data_cpu.json").read_text())
     extension = json.loads((REPO / "benchmarks/results/low_data_cpu_9seeds.json").read_text())
     by_run = {(r["arm"], r["k"], r["seed"]): r for r in extension["runs"]}
-    assert {s for _, _, s in by_run} == set(range(9)) and len(by_run) == len(extension["runs"]) == 9 * 2 * len(low_data_arms.ARMS)
+    assert {s for _, _, s in by_run} == set(range(9)) and len(by_run) == len(extension["runs"]) == 9 * 2 * 6  # the old protocol's six arms
     for run in plan["runs"]:
         reused = by_run[run["arm"], run["k"], run["seed"]]
         assert (reused["key"], reused["dice"]) == (run["key"], run["dice"])
@@ -569,12 +618,12 @@ def test_the_lever_changes_only_the_corpus_size_and_the_arms():
     plan, lever = protocol.PLANS["cpu"], low_data_lever.lever_plan(protocol.PLANS["cpu"])
     assert {f for f in protocol.Plan.__dataclass_fields__ if getattr(plan, f) != getattr(lever, f)} == {"budget", "arms"}
     changed = {f: getattr(lever.budget, f) for f in type(plan.budget).__dataclass_fields__ if getattr(plan.budget, f) != getattr(lever.budget, f)}
-    assert changed == {"num_unlabeled": 192} and lever.arms == ("scratch", "ssl", "frozen_random", "frozen_ssl")
+    assert changed == {"num_unlabeled": 192} and lever.arms == ("scratch", "ssl", "probe_random", "probe_ssl")
 
 
 def test_the_lever_reuses_the_plans_baseline_runs_and_retrains_only_from_its_own_encoder(fake_protocol, tmp_path, monkeypatch):
     """With a corpus whose size follows the plan, the pretraining key (and so the weights) changes with the lever,
-    while scratch and frozen_random keep their keys: the plan's records of them are reused, never re-run."""
+    while scratch and probe_random keep their keys: the plan's records of them are reused, never re-run."""
 
     def data_with_corpus(root, plan, seed):
         data = _fake_data(root, plan, seed)
@@ -595,7 +644,7 @@ def test_the_lever_reuses_the_plans_baseline_runs_and_retrains_only_from_its_own
     assert set(after) == {(a, k) for a in low_data_lever.LEVER_ARMS for k in (1, 2)}
     for (arm, k), (key, datalist) in after.items():
         assert datalist == before[(arm, k)][1]  # the same pools, validation and held-out files
-        assert (key == before[(arm, k)][0]) == (arm in ("scratch", "frozen_random")), (arm, k)
+        assert (key == before[(arm, k)][0]) == (arm in ("scratch", "probe_random")), (arm, k)
 
 
 def _summary(dice: dict, files: str = "a") -> dict:
@@ -608,15 +657,15 @@ def _summary(dice: dict, files: str = "a") -> dict:
 
 
 def test_the_lever_is_paired_with_the_plans_run_of_the_same_arm_k_and_seed():
-    baseline = _summary({("ssl", 1, 0): 0.40, ("ssl", 1, 1): 0.50, ("ssl", 1, 2): 0.30, ("frozen_ssl", 1, 0): 0.2, ("scratch", 1, 0): 0.9})
-    lever = _summary({("ssl", 1, 0): 0.45, ("ssl", 1, 1): 0.52, ("ssl", 1, 2): 0.36, ("frozen_ssl", 1, 0): 0.1})
+    baseline = _summary({("ssl", 1, 0): 0.40, ("ssl", 1, 1): 0.50, ("ssl", 1, 2): 0.30, ("probe_ssl", 1, 0): 0.2, ("scratch", 1, 0): 0.9})
+    lever = _summary({("ssl", 1, 0): 0.45, ("ssl", 1, 1): 0.52, ("ssl", 1, 2): 0.36, ("probe_ssl", 1, 0): 0.1})
     result = low_data_lever.with_versus_plan(lever, baseline, "plan.json")
     entry = result["paired"]["in_domain"]["selected"]["ssl - ssl (plan)"]["1"]
     assert entry["differences"] == pytest.approx([0.05, 0.02, 0.06]) and entry["n"] == 3
     assert entry["mean"] == pytest.approx(13 / 300) and entry["interval"] == pytest.approx([0.02, 0.06]) and entry["interval_kind"] == "range"
     assert result["paired"]["shifted"]["last"]["ssl - ssl (plan)"]["1"]["differences"] == pytest.approx([0.025, 0.01, 0.03])
-    frozen = result["paired"]["in_domain"]["selected"]["frozen_ssl - frozen_ssl (plan)"]["1"]
-    assert frozen["differences"] == pytest.approx([-0.1]) and frozen["interval"] is None
+    probe = result["paired"]["in_domain"]["selected"]["probe_ssl - probe_ssl (plan)"]["1"]
+    assert probe["differences"] == pytest.approx([-0.1]) and probe["interval"] is None
     assert result["lever"]["baseline"] == "plan.json" and "192 unlabeled volumes (the plan: 48)" in result["lever"]["what"]
     with pytest.raises(ValueError, match="ssl k=1 seed=0: the lever's training_files differ"):
         low_data_lever.versus_plan(_summary({("ssl", 1, 0): 0.45}, files="b"), baseline)
