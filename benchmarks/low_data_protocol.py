@@ -61,7 +61,7 @@ class Plan:
     target_half_width: float = 0.03
     finetune_iterations: int = 200
     val_every: int = 20
-    rankme_crops_per_volume: int = 16
+    rankme_crops: int = 256
     budget: DemoBudget = DemoBudget()
     arms: tuple[str, ...] = DEFAULT_ARMS
     pretrain_overrides: dict = field(default_factory=dict)
@@ -75,7 +75,7 @@ PLANS = {
     "cuda": Plan(ks=(1, 2, 4, 8), max_seeds=10, finetune_iterations=400, val_every=40,
                  budget=DemoBudget(num_unlabeled=64, ssl_epochs=60, ssl_batch=4, finetune_crops=2)),
     "small": Plan(ks=(1,), pool_size=2, num_in_domain=1, num_shifted=1, min_seeds=1, max_seeds=1, finetune_iterations=2,
-                  val_every=1, rankme_crops_per_volume=2, budget=DemoBudget(num_unlabeled=6, ssl_epochs=1)),
+                  val_every=1, rankme_crops=8, budget=DemoBudget(num_unlabeled=6, ssl_epochs=1)),
 }  # fmt: skip
 
 

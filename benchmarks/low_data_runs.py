@@ -25,6 +25,7 @@ from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_override
 from components.runner import BUNDLES_DIR, fresh_run_dir, read_scalars, run_bundle
 from low_data_arms import ARMS, BASELINES, PROBE_NETWORK, plan_contrasts
 from low_data_docs import plots
+from low_data_rankme import encoder_rankme, rankme_agreement
 from low_data_protocol import (
     DINO_BUNDLE, HELD_OUT_SETS, MIM_BUNDLE, REPO, Data, Plan, code_state, digest, file_sha256, pool_for, run_code, synthetic_data,
     user_data, write_datalist, write_json,
@@ -87,7 +88,7 @@ def pretraining_job(recipe: str, plan: Plan, data: Data, out: Path, numerics: di
     (:func:`~low_data_protocol.code_state`); its folder is ``out/pretrain/<recipe>_<key>``."""
     bundle, make = PRETRAINING[recipe]
     overrides = {**make(plan.budget, data.unlabeled.parent, Path("."), numerics["device"], seed), "datalist": str(data.unlabeled),
-                 **plan.pretrain_overrides}  # fmt: skip
+                 "training#rankme_crops": plan.rankme_crops, **plan.pretrain_overrides}  # fmt: skip
     key = digest({"recipe": recipe, "overrides": _portable(overrides, out), "corpus": data.unlabeled.read_text(),
                   "code": run_code(code, bundle), "numerics": numerics})  # fmt: skip
     run_dir = out / "pretrain" / f"{recipe}_{key}"
@@ -169,7 +170,8 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     scalars = read_scalars(run_dir / "eval")
     record = {"recipe": recipe, "key": key, "sha256": file_sha256(model), "seconds": round(seconds, 1), "commit": _git_commit(),
               "final_losses": {t: v[-1][1] for t, v in scalars.items() if t.startswith("loss")},
-              "logged_rankme": scalars["val_rankme"][-1][1] if scalars.get("val_rankme") else None}  # fmt: skip
+              "logged_rankme": scalars["val_rankme"][-1][1] if scalars.get("val_rankme") else None,
+              "logged_rankme_crops": overrides.get("training#rankme_crops")}  # fmt: skip
     if record_path.is_file() and json.loads(record_path.read_text())["sha256"] != record["sha256"]:
         print(f"WARNING: pretraining {recipe} {key} gave other weights than its recorded run: the finetuning results "
               "of the recorded weights are not reused (their keys hold the weights' hash)", file=sys.stderr, flush=True)  # fmt: skip
@@ -244,65 +246,6 @@ def _nanmean(values: list[float]) -> float:
 def _loaded_count(log: str) -> list[int] | None:
     found = re.search(r"loaded (\d+)/(\d+) encoder tensors", log)
     return [int(found[1]), int(found[2])] if found else None
-
-
-def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int) -> dict:
-    """RankMe (``components.effective_rank``) of the random, SSL and self-distillation encoders on the same crops:
-    ``rankme_crops_per_volume`` crops of the finetuning size from every held-out volume, preprocessed as the CT
-    bundle validates; next to it, what each pretraining bundle logged at its last validation."""
-    from monai.transforms import RandSpatialCropSamples, SpatialPad
-
-    from components import effective_rank, load_pretrained, swin_embeddings
-    from machine import bundle_parser
-
-    datalist = write_datalist(data, 1, 0, seed)
-    parser = bundle_parser(BUNDLES_DIR / CT_BUNDLE, {**finetune_overrides(plan.budget, datalist, data.root / "rankme", "cpu", seed, None),
-                                                     "label_names": data.label_names,
-                                                     **plan.finetune_overrides})  # fmt: skip
-    preprocessing = parser.get_parsed_content("validate#preprocessing")
-    pad = SpatialPad(parser["roi_size"])
-    cropper = RandSpatialCropSamples(parser["roi_size"], num_samples=plan.rankme_crops_per_volume, random_size=False)
-    cropper.set_random_state(seed)
-    crops = []
-    for item in data.in_domain + data.shifted:
-        image = preprocessing({key: str(data.root / value) for key, value in item.items()})["image"]
-        crops += [c.as_tensor() if hasattr(c, "as_tensor") else c for c in cropper(pad(image))]
-    batch = torch.stack(crops)
-    out = {"crops": len(crops), "encoders": {}}
-    for name, recipe in (("random", None), ("ssl", "ssl"), ("dino", "dino")):
-        if recipe is not None and (recipe not in weights or not Path(weights[recipe]["model"]).is_file()):
-            continue
-        torch.manual_seed(1000)
-        network = parser.get_parsed_content("network_def", instantiate=True, lazy=False)
-        if recipe is not None:
-            load_pretrained(network, weights[recipe]["model"])
-        network.eval()
-        with torch.no_grad():
-            embeddings = torch.cat([swin_embeddings(network, chunk) for chunk in batch.split(16)])
-        out["encoders"][name] = {"rankme": effective_rank(embeddings), "dims": embeddings.shape[1],
-                                 "logged_by_bundle": weights[recipe].get("logged_rankme") if recipe else None}  # fmt: skip
-    return out
-
-
-def rankme_agreement(rankme: dict, intervals: dict, plan: Plan) -> dict:
-    """Whether RankMe orders the encoders (random, SSL, self-distillation) as the frozen arms' in-domain Dice of the
-    selected models does, per k: {k: {"rankme_order", "frozen_dice_order", "agrees"}}."""
-    scores = {name: e["rankme"] for name, e in rankme["encoders"].items()}
-    out = {}
-    contrasts = intervals.get("in_domain", {}).get("selected", {})
-    for k in plan.ks:
-        dice = {"random": 0.0}
-        for name, contrast in (("ssl", "frozen_ssl - frozen_random"), ("dino", "frozen_dino - frozen_random")):
-            entry = contrasts.get(contrast, {}).get(str(k))
-            if entry is not None and name in scores:
-                dice[name] = entry["mean"]
-        if len(dice) < 2:
-            continue
-        names = sorted(dice)
-        by_rank = sorted(names, key=lambda n: -scores[n])
-        by_dice = sorted(names, key=lambda n: -dice[n])
-        out[str(k)] = {"rankme_order": by_rank, "frozen_dice_order": by_dice, "agrees": by_rank == by_dice}
-    return out
 
 
 RESULT_KEYS = ("a result's key is the sha256 of its run's overrides, datalist (or unlabeled corpus), pretrained "
@@ -403,7 +346,7 @@ def run(
         "paired": intervals,
         "coverage": coverage(populations(intervals)),
         "convergence": curves,
-        "rankme": {**rankme, "agreement_with_frozen_arms": rankme_agreement(rankme, intervals, plan)},
+        "rankme": {**rankme, "agreement_with_probe_arms": rankme_agreement(rankme, intervals, plan.ks)},
         "runs": sorted(runs, key=lambda r: (r["seed"], r["k"], list(ARMS).index(r["arm"]))),
         "commits": sorted({r["commit"] for r in runs} | {w["commit"] for w in weights.values()}),
         "machine": {**machine_info(), "threads_per_run": threads, "parallel_runs": parallel},
