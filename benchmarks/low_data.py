@@ -1,51 +1,92 @@
-"""What each pretraining recipe buys when labels are few, by a protocol fixed before any result.
+"""What each pretraining recipe buys when labels are few, by a protocol fixed before any of its runs.
 
-The protocol (all of it decided by the plan and its data seed, never by ``--ks`` or ``--seeds``):
+The protocol (fixed here and in ``low_data_protocol.PLANS`` in the commit that wrote it, before any run; decided by
+the plan and its data seed, never by ``--ks`` or ``--seeds``):
 
 - **Data.** A labeled pool of ``pool_size`` candidate volumes, one validation volume (model selection) and two
   held-out sets: *in-domain* (drawn like the labeled volumes) and *shifted* (the scanner contrast, noise, fields of
   view and lesions of the unlabeled corpus, on subjects of their own). The unlabeled corpus is larger and varied
   (``components.write_dataset(varied=True)``). With ``--labeled`` / ``--unlabeled`` (and optionally ``--shifted``)
-  the same protocol runs on a user's datalists: the held-out, validation and pool volumes are then drawn from the
-  labeled list by the data seed.
+  the same protocol runs on a user's datalists: the held-out, validation and pool volumes are drawn from the labeled
+  list by the data seed, and no validation or held-out volume may be in the unlabeled corpus or the shifted list, nor
+  a pool volume in the shifted list, by path or by content (sha256): otherwise one line names both lists and the
+  file, before any run.
 - **Pools.** For seed ``s`` the k training volumes are the first k of one permutation of the pool drawn from
   (data seed, s): nested (the k = 1 volume is among the k = 2 volumes, and so on) and the same whatever ``--ks``.
-- **Arms.** ``scratch``; ``ssl`` and ``dino`` (finetuned from the SSL and self-distillation bundles' encoders);
-  and the representation test, a frozen encoder (decoder trained, ``swinViT`` never updated):
-  ``frozen_random``, ``frozen_ssl``, ``frozen_dino``. The arms of a (k, seed) pair run the same command but for
-  the encoder's starting weights (and, between the finetuned and frozen families, the freeze).
+- **Pretraining.** Once per recipe on the unlabeled corpus, sized by the plan's budget: ``ssl`` (the SSL bundle),
+  ``dino`` (the self-distillation bundle: the SSL run's data, epochs, batch and network, 32^3 crops), ``mim`` (the
+  masked image bundle with the SSL run's overrides and its own masking defaults).
+- **Arms.** Finetuned: ``scratch``, ``ssl``, ``dino``, ``mim`` (from each recipe's encoder). The representation test,
+  linear probes: ``probe_random``, ``probe_ssl``, ``probe_dino``, ``probe_mim`` (the CT bundle with
+  ``network_def#network`` = ``$components.LinearProbe``: ``swinViT`` frozen, one 1x1x1 convolution per multi-scale
+  feature trains). Optional, in no plan unless ``--arms`` names them: ``frozen_swinvit_random``, ``..._ssl``,
+  ``..._dino``, ``..._mim`` (``swinViT`` frozen for the whole run while the decoder and the convolutional encoder
+  blocks train). The arms of one kind and (k, seed) run the same command but for the encoder's starting weights.
 - **Budget.** ``finetune_iterations`` for every k and arm (one crop per iteration), validated every ``val_every``
   iterations on the validation volume. Both the *last* model and the *selected* one (best validation Dice, the
-  earliest on ties) are scored on both held-out sets. The scratch arm's validation curves, written to the JSON and
-  ``curves.png``, show whether the budget lets it converge.
-- **Statistics.** Per contrast (``ssl - scratch``, ``dino - scratch``, ``frozen_ssl - frozen_random``,
-  ``frozen_dino - frozen_random``), k, held-out set and model: the paired differences over seeds, their mean and a
-  95 % percentile bootstrap interval. Seeds are added at ``narrow_ks`` (k = 1, 2) until every interval there is at
-  most ``target_half_width`` wide on either side, up to ``max_seeds``; the JSON says how many it took.
+  earliest on ties) are scored on both held-out sets, and every table shows both. The scratch arm's validation
+  curves, in the JSON and ``curves.png``, show whether the budget lets it converge.
+- **Statistics.** Per contrast (each pretrained arm against its kind's random-encoder arm: ``ssl - scratch``,
+  ``dino - scratch``, ``mim - scratch``, ``probe_ssl - probe_random``, ``probe_dino - probe_random``,
+  ``probe_mim - probe_random``), k, held-out set and model: the paired differences over seeds, their mean and, from 5
+  pairs on, the 95 % Student t-interval of the mean (n - 1 degrees of freedom); below 5 pairs the range [min, max],
+  never called 95 %. Seeds are added at ``narrow_ks`` until every t-interval there is at most
+  ``target_half_width`` wide on either side, up to ``max_seeds``. The summary holds the intervals' coverage simulated
+  on its own pairs (``low_data_stats.coverage``); on the old protocol's 9-seed pairs the t-interval covered the mean
+  0.90, 0.91 and 0.93 of the time at n = 3, 5 and 9, the percentile bootstrap it replaces 0.71, 0.81 and 0.89.
 - **Records.** Every run writes its result as soon as it finishes, to ``<results>/<arm>_k<k>_seed<s>_<hash>.json``
-  where the hash covers every setting of the run (its overrides, its datalist, the bundle configs, the pretrained
-  weights' sha256) and the numerics it runs on (device, torch, the CPU's vector instructions: ``run_numerics``). A
-  re-run skips finished runs and never reads a result of other settings or numerics; a killed run leaves no result
-  and is run again from its start. Each pretraining keeps its weights beside its record (git-ignored), so the
-  results folder alone, carried to another machine, continues the plan there.
-- **RankMe.** The effective rank of each encoder's embeddings of held-out crops (``components.effective_rank``),
-  computed here for the random, SSL and self-distillation encoders, next to the value each pretraining bundle
-  logged at its last validation; the JSON says whether RankMe orders the encoders as the frozen arms do.
+  where the hash covers every setting of the run (its overrides, its datalist, the pretrained weights' sha256), the
+  code that ran (the ``components`` package's source digest and the sha256 of every bundle config the run reads:
+  ``low_data_protocol.code_state``) and its numerics (device, torch and MONAI versions, the CPU's vector
+  instructions: ``low_data_runs.run_numerics``). A re-run skips finished runs and never reads a result of other
+  settings, code or numerics; a killed run leaves no result and is run again from its start. Each pretraining keeps
+  its weights beside its record (git-ignored), so the results folder alone, carried to another machine, continues
+  the plan there.
+- **RankMe.** The effective rank of each encoder's embeddings (random, SSL, self-distillation, masked image) of the
+  same ``rankme_crops`` held-out crops, the number every pretraining is told to log RankMe on
+  (``training#rankme_crops``): at most min(N, D), 192 at feature size 12 and 256 crops; the JSON says whether RankMe
+  orders the encoders as the probe arms do.
+
+**The CPU plan** (``PLANS["cpu"]``): k = 1 and 2; the eight finetuned and probe arms; seeds 0-8 at both k (the seed
+rule adds none: the target half-width is reported, not pursued); 200 iterations validated every 40; the demo's
+pretraining budget (48 unlabeled volumes, 12 epochs): 144 finetuning runs and 3 pretrainings, two runs side by side.
+Time, estimated before any run for the 2-vCPU AVX-512 VM of the old records (benchmarks/README.md has the details):
+a finetuned run took a median 198 s there, two side by side (72 runs: 7,130 s); a probe run, which backpropagates
+through nothing but its 1x1x1 convolutions, took 0.35 of a finetuned run's CPU time at the plan's own settings
+(measured on a 2-vCPU AVX-512 AMD EPYC VM like it: 52.8 s against 150.2 s, two interleaved pairs, one thread each, with a stand-in built to the
+LinearProbe interface; 72 runs: 2,500 s); the pretrainings take about 150 s side by side (SSL 87 s and
+self-distillation 146 s in the records, the masked image run measured at 0.71 of the SSL run's time); RankMe of four
+encoders at most 190 s. About 10,000 s (2.8 h) in all: within 6 hours of the VM, in resumable pieces
+(``--stop_after_s``) that run in the background. The frozen-swinViT arms would add about 6,400 s.
+
+**The GPU plan** (``PLANS["cuda"]``): k = 1, 2, 4, 8; the eight arms; 9 seeds, up to 20 at k = 1, 2 by the seed rule;
+400 iterations of 2 crops; pretraining on 64 volumes for 60 epochs; 4 runs side by side, in pieces that start no run
+after 7 minutes. Its first piece (``--ks 1 --seeds 1 --parallel 8``) pretrains the three recipes side by side and
+finetunes (k = 1, seed 0) of all eight arms at once: about 6-7 minutes by the old GPU pieces' pretraining times
+(SSL 54-79 s, self-distillation 96-126 s on an H200), no GPU finetuning run having been timed; its records are the
+GPU plan's, which later pieces continue.
 
 Every training and evaluation step is a real ``python -m monai.bundle run`` with command-line overrides.
 
-    python benchmarks/low_data.py                        # the device's plan (cpu or cuda), resumable
-    python benchmarks/low_data.py --device cuda          # pieces of at most ~9 min: repeat until "complete": true
-    python benchmarks/low_data.py --device cuda --results benchmarks/results/low_data_cuda  # the GPU plan's records
+    python benchmarks/low_data.py --device cpu --stop_after_s 3000 --out runs/low_data_cpu_protocol2 \\
+        --results benchmarks/results/low_data_cpu_protocol2 --json benchmarks/results/low_data_cpu_protocol2.json
+                                                         # a CPU piece of ~1 h: repeat (nohup ... &) until "complete"
+    python benchmarks/low_data.py --device cuda --ks 1 --seeds 1 --parallel 8 --results benchmarks/results/low_data_cuda_protocol2
+                                                         # the GPU plan's first piece: every arm in 9 minutes
+    python benchmarks/low_data.py --device cuda --results benchmarks/results/low_data_cuda_protocol2  # the next pieces
     python benchmarks/low_data.py --report_only          # the summary of the finished runs, running nothing
     python benchmarks/low_data.py --small                # CI: one k, one seed, a few iterations (learns nothing)
     python benchmarks/low_data.py --labeled my_labeled.json --unlabeled my_corpus.json [--shifted other_site.json]
+    python benchmarks/low_data.py --markdown SUMMARY.json --write_docs README.md ...  # the docs' generated blocks
+    python benchmarks/low_data.py --coverage SUMMARY.json --results RECORDS/  # add the intervals' coverage to a summary
 
-Prints one JSON object (also written to ``--json``): the settings and their hash, the data (every file of every
-split), per run its training and held-out files and Dice, the tables and paired intervals, RankMe, the machine and
-the commits; writes ``low_data.png`` and ``curves.png`` under ``--out``.
+Prints one JSON object (also written to ``--json``): the settings (with the code and numerics) and their hash, the
+data (every file of every split), per run its training and held-out files and Dice, the tables, the paired
+differences and their intervals, the intervals' coverage, RankMe, the machine and the commits; writes
+``low_data.png`` and ``curves.png`` under ``--out``. The code: ``low_data_arms`` (arms, contrasts),
+``low_data_protocol`` (plans, data, keys), ``low_data_runs`` (the bundle runs and :func:`run`), ``low_data_stats``,
+``low_data_rankme``, ``low_data_docs`` (tables, the docs' blocks, plots).
 """
-
 
 from __future__ import annotations
 
@@ -140,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.arms:
         plan = replace(plan, arms=tuple(args.arms))
     plan = replace(plan, pretrain_overrides=args.pretrain_overrides, finetune_overrides=args.finetune_overrides)
-    parallel = args.parallel or (2 if device == "cpu" else 1)
+    parallel = args.parallel or (2 if device == "cpu" else 4)
     paths = {name: Path(getattr(args, name)).resolve() if getattr(args, name) else None for name in ("labeled", "unlabeled", "shifted")}
     stop_after_s = args.stop_after_s if args.stop_after_s is not None else (420.0 if device == "cuda" else None)
     try:

@@ -98,8 +98,8 @@ def block_content(kind: str, summary: Path, name: str) -> str:
     :func:`not_measured` while it does not exist; or its coverage table.
 
     Raises:
-        ValueError: for the tables of a summary marked superseded (never shown as current), or a coverage block of a
-            summary without ``coverage``.
+        ValueError: for the tables of a summary marked superseded (never shown as current) or not complete (a piece of
+            its plan), or a coverage block of a summary without ``coverage``.
     """
     if kind == "tables" and not summary.is_file():
         return not_measured(name)
@@ -110,6 +110,8 @@ def block_content(kind: str, summary: Path, name: str) -> str:
         return coverage_markdown(result)
     if "superseded" in result:
         raise ValueError(f"{name} is superseded ({result['superseded']}): its tables are not shown as current.")
+    if not result["complete"]:
+        raise ValueError(f"{name} is not complete ({len(result['missing_runs'])} runs missing): run its plan to the end first.")
     return markdown_tables(result)
 
 

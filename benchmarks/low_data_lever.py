@@ -1,26 +1,27 @@
 """The next lever after the CPU plan: a longer SSL pretraining on a larger unlabeled corpus, by the plan's protocol.
 
-Fixed before any of its runs (the commit that added this file), after the CPU plan's results were known:
+Declared again for the protocol of ``low_data.py`` (t-intervals, linear probes, keys holding the code), before any of
+its runs; the old protocol's lever runs are superseded with its plan:
 
 - **Lever.** The SSL bundle pretrains on a synthetic unlabeled corpus of ``LEVER_UNLABELED`` = 192 volumes (134 in
   its training list, 3.9x the plan's 34) for the plan's 12 epochs: 804 iterations instead of 204. Nothing else
-  changes: the bundle's defaults, the learning rate and warm-up, the batch, the seeds, the labeled pools, the
+  changes: the bundle's defaults, the learning rate and warm-up, the batch, the seeds (0-8), the labeled pools, the
   validation volume and both held-out sets (the labeled and shifted volumes do not depend on the corpus's size).
-- **Runs.** The arms ``ssl`` and ``frozen_ssl`` at k = 1 and 2 with seeds 0-2 (12 finetuning runs). The plan's
-  ``scratch`` and ``frozen_random`` runs are reused from its records (``--results``): their keys hold their
-  datalists, overrides and bundle configs, none of which involves the corpus.
-- **Contrasts**, paired per (k, seed): the lever's ``ssl - scratch`` and ``frozen_ssl - frozen_random``, and the
-  lever against the plan's encoder, ``ssl - ssl (plan)`` and ``frozen_ssl - frozen_ssl (plan)``; both held-out
-  sets, selected and last models, 95 % percentile bootstrap intervals (``stats.bootstrap_interval``).
-- **Reading.** The lever helps at a k when the interval of ``ssl - ssl (plan)`` (selected models, in-domain) lies
-  above zero, hurts when it lies below, and otherwise has no measurable effect at 3 seeds; ``frozen_ssl -
-  frozen_ssl (plan)`` says whether the encoder itself learned more. No other lever setting is run after these
-  results are seen.
+- **Runs.** The arms ``ssl`` and ``probe_ssl`` at k = 1 and 2 with seeds 0-8 (36 finetuning runs). The plan's
+  ``scratch`` and ``probe_random`` runs are reused from its records (``--results``): their keys hold their
+  datalists, overrides, code and configs, none of which involves the corpus.
+- **Contrasts**, paired per (k, seed): the lever's ``ssl - scratch`` and ``probe_ssl - probe_random``, and the lever
+  against the plan's encoder, ``ssl - ssl (plan)`` and ``probe_ssl - probe_ssl (plan)``; both held-out sets, the
+  selected and the last models, t-intervals (``low_data_stats.paired_entry``).
+- **Reading.** The lever helps at a k when the t-interval of ``ssl - ssl (plan)`` (in-domain) lies above zero for the
+  selected and for the last models, hurts when it lies below for both, and otherwise has no measurable effect;
+  ``probe_ssl - probe_ssl (plan)`` says whether the encoder itself learned more. No other lever setting is run after
+  these results are seen.
 
-    python benchmarks/low_data_lever.py            # resumable; writes benchmarks/results/low_data_cpu_lever.json
+    python benchmarks/low_data_lever.py   # after the CPU plan; resumable; writes low_data_cpu_protocol2_lever.json
 
-The summary has the layout of ``low_data.py``'s (so ``low_data.py --markdown`` prints and writes its tables) with
-the plan-versus-lever contrasts added to ``paired`` and a ``lever`` entry naming the baseline summary it pairs with.
+The summary has the layout of ``low_data.py``'s (so ``low_data.py --markdown`` prints and writes its tables, both
+models) with the plan-versus-lever contrasts added to ``paired`` and a ``lever`` entry naming the baseline summary.
 """
 
 from __future__ import annotations
@@ -98,10 +99,10 @@ def with_versus_plan(lever: dict, baseline: dict, baseline_path: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", default="benchmarks/results/low_data_cpu.json", help="the plan's committed summary")
-    parser.add_argument("--results", default="benchmarks/results/low_data_cpu", help="per-run records (the plan's are reused)")
+    parser.add_argument("--baseline", default="benchmarks/results/low_data_cpu_protocol2.json", help="the plan's committed summary")
+    parser.add_argument("--results", default="benchmarks/results/low_data_cpu_protocol2", help="per-run records (the plan's are reused)")
     parser.add_argument("--out", default="runs/low_data_lever", help="folder for the lever's data and runs")
-    parser.add_argument("--json", default="benchmarks/results/low_data_cpu_lever.json", help="where the summary goes")
+    parser.add_argument("--json", default="benchmarks/results/low_data_cpu_protocol2_lever.json", help="where the summary goes")
     parser.add_argument("--parallel", type=int, default=2, help="runs side by side (one thread each on 2 cores)")
     args = parser.parse_args()
     baseline = json.loads(Path(args.baseline).read_text())

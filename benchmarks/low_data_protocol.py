@@ -45,22 +45,23 @@ class DatalistError(ValueError):
 
 @dataclass(frozen=True)
 class Plan:
-    """The protocol's sizes. ``pool_size`` fixes the candidate pool (so the pools do not depend on ``ks``);
-    ``min_seeds`` seeds run at every k, more are added at ``narrow_ks`` up to ``max_seeds`` while a paired interval
-    there is wider than ``target_half_width``; ``finetune_iterations`` and ``val_every`` must be multiples of every
-    k (one volume per iteration: k iterations make an epoch); ``budget`` sizes the pretraining (and the demo's
-    finetuning settings: crop, feature size, learning rate)."""
+    """The protocol's sizes (the defaults are the CPU plan's). ``pool_size`` fixes the candidate pool (so the pools do
+    not depend on ``ks``); seeds 0 to ``min_seeds`` - 1 run at every k, more are added at ``narrow_ks`` up to
+    ``max_seeds`` while a paired t-interval there is wider than ``target_half_width``; ``finetune_iterations`` and
+    ``val_every`` must be multiples of every k (one volume per iteration: k iterations make an epoch);
+    ``rankme_crops`` is the number of crops every RankMe is computed on; ``budget`` sizes the pretraining (and the
+    demo's finetuning settings: crop, feature size, learning rate)."""
 
-    ks: tuple[int, ...] = (1, 2, 4)
+    ks: tuple[int, ...] = (1, 2)
     pool_size: int = 8
     num_in_domain: int = 4
     num_shifted: int = 4
-    min_seeds: int = 3
-    max_seeds: int = 3
+    min_seeds: int = 9
+    max_seeds: int = 9
     narrow_ks: tuple[int, ...] = (1, 2)
     target_half_width: float = 0.03
     finetune_iterations: int = 200
-    val_every: int = 20
+    val_every: int = 40
     rankme_crops: int = 256
     budget: DemoBudget = DemoBudget()
     arms: tuple[str, ...] = DEFAULT_ARMS
@@ -69,10 +70,10 @@ class Plan:
 
 
 PLANS = {
-    # 2 cores, at most 3 hours: 6 arms x k = 1, 2 x 3 seeds of 200 iterations, two runs side by side (one thread each)
-    "cpu": Plan(ks=(1, 2), val_every=40),
-    # one GPU: more seeds where the interval is wide, a longer budget and k = 8
-    "cuda": Plan(ks=(1, 2, 4, 8), max_seeds=10, finetune_iterations=400, val_every=40,
+    # a 2-vCPU VM, about 3 h of its 6 (low_data.py's docstring): 8 arms x k = 1, 2 x seeds 0-8, two runs side by side
+    "cpu": Plan(),
+    # one GPU: seeds added up to 20 where the t-interval is wide, a longer budget and k up to 8
+    "cuda": Plan(ks=(1, 2, 4, 8), max_seeds=20, finetune_iterations=400,
                  budget=DemoBudget(num_unlabeled=64, ssl_epochs=60, ssl_batch=4, finetune_crops=2)),
     "small": Plan(ks=(1,), pool_size=2, num_in_domain=1, num_shifted=1, min_seeds=1, max_seeds=1, finetune_iterations=2,
                   val_every=1, rankme_crops=8, budget=DemoBudget(num_unlabeled=6, ssl_epochs=1)),

@@ -19,10 +19,11 @@ from low_data_arms import RECIPES
 from low_data_protocol import Data, Plan, write_datalist
 
 
-def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int) -> dict:
+def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int, device: str = "cpu") -> dict:
     """RankMe (``components.effective_rank``) of the random encoder and of each recipe's in ``weights`` whose file is
     there, on the same ``plan.rankme_crops`` crops of the finetuning size: as many from each held-out volume (the first
-    ones one more where they do not divide evenly), preprocessed as the CT bundle validates, drawn from ``seed``.
+    ones one more where they do not divide evenly), preprocessed as the CT bundle validates, drawn from ``seed``, and
+    embedded on ``device``.
     Returns ``crops`` (N), ``dims`` (D), ``bound`` (min(N, D)) and per encoder its ``rankme`` and the value its
     pretraining bundle logged at its last validation on as many crops."""
     from monai.transforms import RandSpatialCropSamples, SpatialPad
@@ -52,9 +53,9 @@ def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int) 
         network = parser.get_parsed_content("network_def", instantiate=True, lazy=False)
         if recipe is not None:
             load_pretrained(network, weights[recipe]["model"])
-        network.eval()
+        network.to(device).eval()
         with torch.no_grad():
-            embeddings = torch.cat([swin_embeddings(network, chunk) for chunk in batch.split(16)])
+            embeddings = torch.cat([swin_embeddings(network, chunk.to(device)).cpu() for chunk in batch.split(16)])
         out.update(dims=embeddings.shape[1], bound=min(len(batch), embeddings.shape[1]))
         out["encoders"][name] = {"rankme": effective_rank(embeddings),
                                  "logged_by_bundle": weights[recipe].get("logged_rankme") if recipe else None}  # fmt: skip

@@ -289,7 +289,7 @@ def run(
         for name in ("finetune_iterations", "val_every"):
             if getattr(plan, name) % k:
                 raise ValueError(f"{name} ({getattr(plan, name)}) must be a multiple of every k, got k = {k}.")
-    threads = max(1, (os.cpu_count() or 1) // parallel) if device == "cpu" else None
+    threads = max(1, (os.cpu_count() or 1) // parallel)
     recipes = sorted({ARMS[a].recipe for a in plan.arms if ARMS[a].recipe})
     numerics = run_numerics(device)
     code = code_state()
@@ -329,7 +329,7 @@ def run(
     intervals = paired(runs, plan.ks, contrasts)
     tables = table(runs, plan)
     curves = convergence(runs, plan)
-    rankme = encoder_rankme(data, weights, plan, seed)
+    rankme = encoder_rankme(data, weights, plan, seed, device)
     plots(tables, intervals, curves, out)
     settings = plan_settings(plan, seed, numerics, code, "user datalists" if labeled else "synthetic")
     return {

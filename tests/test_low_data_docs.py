@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 import low_data_docs as docs  # noqa: E402
@@ -48,7 +50,7 @@ def _summary_of(entry: dict) -> dict:
     table = {h: {m: {"ssl": {"1": {"mean": 0.5 - 0.1 * (m == "last"), "sd": 0.1, "n": 9}}} for m in ("selected", "last")}
              for h in ("in_domain", "shifted")}  # fmt: skip
     last = {**entry, "mean": entry["mean"] - 0.1}
-    return {"settings": {"ks": [1], "target_half_width": 0.03}, "table": table,
+    return {"settings": {"ks": [1], "target_half_width": 0.03}, "table": table, "complete": True, "missing_runs": [],
             "paired": {h: {"selected": {"ssl - scratch": {"1": entry}}, "last": {"ssl - scratch": {"1": last}}}
                        for h in ("in_domain", "shifted")}}  # fmt: skip
 
@@ -77,9 +79,10 @@ def test_a_tables_block_shows_both_models_or_says_the_summary_is_not_measured(tm
     summary.write_text(json.dumps(_summary_of(stats.paired_entry([0.01, 0.02, 0.03, 0.04, 0.05]))))
     assert docs.write_doc_tables(doc, summary)
     assert docs.markdown_tables(json.loads(summary.read_text())) in doc.read_text()
-    summary.write_text(json.dumps({**json.loads(summary.read_text()), "superseded": "by the protocol of a later commit"}))
-    try:
+    written = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**written, "complete": False, "missing_runs": ["ssl k=1 seed=8"]}))
+    with pytest.raises(ValueError, match="is not complete \\(1 runs missing\\)"):
         docs.write_doc_tables(doc, summary)
-        raise AssertionError("a superseded summary's tables were written as current")
-    except ValueError as err:
-        assert "superseded" in str(err) and "by the protocol of a later commit" in str(err)
+    summary.write_text(json.dumps({**written, "superseded": "by the protocol of a later commit"}))
+    with pytest.raises(ValueError, match="superseded \\(by the protocol of a later commit\\)"):
+        docs.write_doc_tables(doc, summary)
