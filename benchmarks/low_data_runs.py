@@ -1,5 +1,5 @@
-"""The low-data protocol's runs: each pretraining and finetuning as a real bundle run keyed by its settings, RankMe of
-the encoders, and :func:`run`, which completes a plan and summarises it (``low_data.py`` is its command line).
+"""The low-data protocol's runs: each pretraining and finetuning as a real bundle run keyed by its settings, code and
+numerics, and :func:`run`, which completes a plan and summarises it (``low_data.py`` is its command line).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from components import atomic_write
 from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides, training_class_weights
-from components.runner import BUNDLES_DIR, fresh_run_dir, read_scalars, run_bundle
+from components.runner import fresh_run_dir, read_scalars, run_bundle
 from low_data_arms import ARMS, BASELINES, PROBE_NETWORK, plan_contrasts
 from low_data_docs import plots
 from low_data_rankme import encoder_rankme, rankme_agreement
@@ -32,6 +32,7 @@ from low_data_protocol import (
 )
 from low_data_stats import convergence, coverage, needs_more_seeds, paired, populations, table
 from machine import machine_info
+
 
 def _git_commit() -> str:
     try:

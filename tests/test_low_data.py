@@ -34,6 +34,7 @@ import low_data_protocol as protocol  # noqa: E402
 import low_data_runs as runner  # noqa: E402
 import low_data_stats as stats  # noqa: E402
 
+import components  # noqa: E402
 from components import write_dataset  # noqa: E402
 from components.origin import PACKAGE_DIR, source_digest  # noqa: E402
 
@@ -137,6 +138,20 @@ def test_arms_of_a_pair_differ_only_in_the_starting_weights(fake_protocol, tmp_p
     assert differing("frozen_swinvit_random", "scratch") == {"training#freeze_encoder_iterations"}
     assert commands["frozen_swinvit_ssl"]["training#freeze_encoder_iterations"] == PLAN.finetune_iterations
     assert commands["scratch"]["pretrained_path"] is None and commands["probe_random"]["pretrained_path"] is None
+
+
+def test_the_cpu_plan_is_fixed_and_its_time_estimate_is_the_old_records():
+    """k = 1, 2, seeds 0-8 (the seed rule adds none), 200 iterations: 144 finetuning runs. The docstring's estimate
+    scales the old records' median run (scratch, ssl, dino: 198 s; the frozen arms 177 s) by their count."""
+    plan = protocol.PLANS["cpu"]
+    assert (plan.ks, plan.min_seeds, plan.max_seeds, plan.finetune_iterations, plan.val_every) == ((1, 2), 9, 9, 200, 40)
+    assert len(plan.ks) * plan.max_seeds * len(plan.arms) == 144
+    old = json.loads((REPO / "benchmarks/results/low_data_cpu_9seeds.json").read_text())["runs"]
+    finetuned = [r["seconds"] for r in old if r["arm"] in ("scratch", "ssl", "dino")]
+    frozen = [r["seconds"] for r in old if r["arm"].startswith("frozen_")]
+    assert (len(finetuned), round(float(np.median(finetuned)))) == (54, 198) and round(float(np.median(frozen))) == 177
+    docstring = (REPO / "benchmarks" / "low_data.py").read_text()
+    assert "k = 1 and 2" in docstring and "seeds 0-8" in docstring and "About 10,000 s (2.8 h)" in docstring
 
 
 def test_the_default_plans_arms_and_contrasts(fake_protocol, tmp_path):
@@ -324,15 +339,6 @@ def test_a_pretraining_is_continued_from_the_results_folder_alone(tmp_path, monk
     assert protocol.file_sha256(kept) == third["sha256"]  # the record and the kept weights agree again
 
 
-def test_the_old_protocols_bootstrap_interval():
-    assert stats.bootstrap_interval([0.1]) is None
-    low, high = stats.bootstrap_interval([0.05, 0.05, 0.05])
-    assert low == pytest.approx(0.05) and high == pytest.approx(0.05)
-    low, high = stats.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3)
-    assert 0.0 <= low < 0.15 < high <= 0.3
-    assert stats.bootstrap_interval([0.0, 0.1, 0.2, 0.3], seed=3) == (low, high)  # seeded: reproducible
-
-
 def test_seeds_are_added_at_the_narrow_ks_until_the_t_interval_is_narrow(fake_protocol, tmp_path):
     plan = replace(PLAN, ks=(1, 2, 4), min_seeds=2, max_seeds=7, target_half_width=0.0001)
     result = runner.run(plan, tmp_path, "cpu")
@@ -462,38 +468,49 @@ def _comparable(result: dict) -> dict:
     return out
 
 
+requires_probe = pytest.mark.skipif(not hasattr(components, "LinearProbe"), reason="components.LinearProbe and "
+                                    "training#rankme_crops (another worker's change) are not in this checkout yet: the "
+                                    "plan's probe arms and pretrainings need them")  # fmt: skip
+
+
 @pytest.mark.slow
+@requires_probe
 def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
-    """The real --small plan (every arm, two pretraining recipes, one k and seed): uninterrupted, and killed once its
-    first finetuning result is written, then run again into the same folder."""
+    """The real --small plan (the eight arms, three pretraining recipes, one k and seed): uninterrupted, and killed
+    once its first finetuning result is written, then run again into the same folder."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, str(REPO / "benchmarks" / "low_data.py"), "--small", "--device", "cpu", "--parallel", "1"]
-    whole = subprocess.run([*command, "--out", str(tmp_path / "whole")], capture_output=True, text=True, env=env, timeout=1200)
+    whole = subprocess.run([*command, "--out", str(tmp_path / "whole")], capture_output=True, text=True, env=env, timeout=1800)
     assert whole.returncode == 0, whole.stderr[-3000:]
     uninterrupted = json.loads(whole.stdout)
 
     out = tmp_path / "killed"
     proc = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + 1200
     while not list((out / "results").glob("scratch_k1_seed0_*.json")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     finished = list((out / "results").glob("*_k1_seed0_*.json"))
-    assert 1 <= len(finished) < len(low_data_arms.ARMS)  # killed part way: some runs done, some not
-    resumed = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, timeout=1200)
+    assert 1 <= len(finished) < len(protocol.PLANS["small"].arms)  # killed part way: some runs done, some not
+    resumed = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, timeout=1800)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     result = json.loads(resumed.stdout)
     assert _comparable(result) == _comparable(uninterrupted)
 
-    assert {r["arm"] for r in result["runs"]} == set(low_data_arms.ARMS)
+    assert [r["arm"] for r in result["runs"]] == list(protocol.PLANS["small"].arms) and set(result["pretraining"]) == {"ssl", "dino", "mim"}
     for run in result["runs"]:
-        assert run["encoder_tensors_loaded"] == ([126, 126] if low_data_arms.ARMS[run["arm"]].recipe else None)
+        loaded = run["encoder_tensors_loaded"]
+        assert loaded is None if low_data_arms.ARMS[run["arm"]].recipe is None else loaded[0] == loaded[1] > 0, run["arm"]
         assert run["held_out_files"] == {"in_domain": result["data"]["in_domain"], "shifted": result["data"]["shifted"]}
         for model in protocol.MODELS:
             assert all(0.0 <= run["dice"][model][h]["mean"] <= 1.0 for h in protocol.HELD_OUT_SETS)
-    assert set(result["rankme"]["encoders"]) == {"random", "ssl", "dino"}
+    assert all(p["logged_rankme_crops"] == 8 for p in result["pretraining"].values())
+    rankme = result["rankme"]
+    assert set(rankme["encoders"]) == {"random", "ssl", "dino", "mim"} and (rankme["crops"], rankme["bound"]) == (8, 8)
+    assert list(result["paired"]["in_domain"]["last"]) == list(low_data_arms.plan_contrasts(protocol.PLANS["small"].arms))
+    assert result["settings"]["code"] == protocol.code_state() and result["settings"]["numerics"]["monai"] == monai.__version__
     assert Path(result["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -603,6 +620,7 @@ def test_the_superseded_runs_of_an_earlier_commit_are_kept_whole(commit, num_run
 
 
 @pytest.mark.slow
+@requires_probe
 def test_the_small_plan_runs_on_a_users_msd_lists(tmp_path):
     """--labeled / --unlabeled / --shifted with lists as a user writes them: every arm trains on the user's files and
     is scored on the user's held-out and other-site volumes."""
@@ -610,11 +628,12 @@ def test_the_small_plan_runs_on_a_users_msd_lists(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "low_data.py"), "--small", "--device", "cpu", "--parallel", "1",
          "--out", str(tmp_path / "out"), "--labeled", str(labeled), "--unlabeled", str(unlabeled), "--shifted", str(shifted)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=1200,
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=1800,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     assert result["settings"]["data"] == "user datalists" and result["complete"] is True
+    assert len(result["runs"]) == len(protocol.PLANS["small"].arms)
     assert result["data"]["label_names"] == ["background", "spleen", "liver"]
     assert len(result["data"]["shifted"]) == 3 and all("site_b" in f for f in result["data"]["shifted"])
     for run in result["runs"]:

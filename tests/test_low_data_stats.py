@@ -99,3 +99,14 @@ def test_the_committed_coverage_is_recomputed_from_the_records():
     assert by_n["3"]["bootstrap95"]["mean"] < 0.75 and by_n["5"]["bootstrap95"]["mean"] < 0.85
     assert by_n["9"]["bootstrap95"]["mean"] < 0.9 < by_n["9"]["t95"]["mean"]
     assert all(by_n[n]["t95"]["mean"] > by_n[n]["bootstrap95"]["mean"] + 0.03 for n in ("3", "5", "9"))
+
+
+def test_the_old_protocols_bootstrap_at_three_pairs_is_the_range():
+    """The review's finding, by construction: all three resampled values are the minimum with probability 1/27, more
+    than the 2.5 % the lower bound cuts, so the percentile interval of 3 pairs is [min, max]; at 9 pairs it is inside."""
+    samples = np.array([[0.0, 0.04, 0.08], [0.3, 0.1, 0.2]])
+    low, high = stats.bootstrap_bounds(samples, 10_000, np.random.default_rng(0))
+    assert low == pytest.approx([0.0, 0.1], abs=1e-15) and high == pytest.approx([0.08, 0.3], abs=1e-15)
+    nine = np.array([[0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08]])
+    low, high = stats.bootstrap_bounds(nine, 10_000, np.random.default_rng(0))
+    assert 0.0 < low[0] < 0.04 < high[0] < 0.08
