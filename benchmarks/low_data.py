@@ -51,10 +51,10 @@ the plan and its data seed, never by ``--ks`` or ``--seeds``):
 rule adds none: the target half-width is reported, not pursued); 200 iterations validated every 40; the demo's
 pretraining budget (48 unlabeled volumes, 12 epochs): 144 finetuning runs and 3 pretrainings, two runs side by side.
 Time, estimated before any run for the 2-vCPU AVX-512 VM of the old records (benchmarks/README.md has the details):
-a finetuned run took a median 198 s there, two side by side (72 runs: 7,130 s); a probe run, which backpropagates
+a finetuned run took a median 199 s there, two side by side (72 runs: 7,160 s); a probe run, which backpropagates
 through nothing but its 1x1x1 convolutions, took 0.35 of a finetuned run's CPU time at the plan's own settings
 (measured on a 2-vCPU AVX-512 AMD EPYC VM like it: 52.8 s against 150.2 s, two interleaved pairs, one thread each, with a stand-in built to the
-LinearProbe interface; 72 runs: 2,500 s); the pretrainings take about 150 s side by side (SSL 87 s and
+LinearProbe interface; 72 runs: 2,510 s); the pretrainings take about 150 s side by side (SSL 87 s and
 self-distillation 146 s in the records, the masked image run measured at 0.71 of the SSL run's time); RankMe of four
 encoders at most 190 s. About 10,000 s (2.8 h) in all: within 6 hours of the VM, in resumable pieces
 (``--stop_after_s``) that run in the background. The frozen-swinViT arms would add about 6,400 s.
