@@ -145,6 +145,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Runs the plan (or prints or writes a summary's tables, or adds its coverage) and prints the summary."""
     parser, args = parse_args(argv)
     from dataclasses import replace
 

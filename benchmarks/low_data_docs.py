@@ -1,4 +1,5 @@
-"""The low-data protocol's Markdown tables, the generated blocks of the docs, and the plots."""
+"""The low-data protocol's Markdown tables (both models), the docs' generated blocks (the tables, the intervals'
+coverage, or a sentence while a summary is not measured), and the plots."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from components.demo import pyplot, save_plot
 from low_data_protocol import HELD_OUT_SETS, MODELS, REPO
 from low_data_stats import T_MIN_PAIRS, seeds_for_half_width
+
 
 def _signed(value: float) -> str:
     return f"{value:+.3f}"
@@ -139,7 +141,9 @@ def write_doc_tables(doc: Path, summary: Path) -> bool:
     return text != original
 
 
-def plots(tables: dict, intervals: dict, curves: dict, out: Path) -> None:
+def plots(tables: dict, curves: dict, out: Path) -> None:
+    """``low_data.png`` (held-out Dice of the selected models against k, per arm and set) and ``curves.png`` (the
+    scratch and SSL arms' mean validation curves: does the budget let them converge) under ``out``."""
     fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
     for ax, held_out in zip(axes, HELD_OUT_SETS):
         for arm, per_k in tables.get(held_out, {}).get("selected", {}).items():

@@ -98,6 +98,7 @@ def with_versus_plan(lever: dict, baseline: dict, baseline_path: str) -> dict:
 
 
 def main() -> None:
+    """Runs the lever against the plan's committed summary and writes its own."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", default="benchmarks/results/low_data_cpu_protocol2.json", help="the plan's committed summary")
     parser.add_argument("--results", default="benchmarks/results/low_data_cpu_protocol2", help="per-run records (the plan's are reused)")

@@ -1,7 +1,8 @@
-"""The low-data protocol's fixed parts: the arms and their contrasts, the plans, the data and its splits.
+"""The low-data protocol's fixed parts: the plans, the data and its splits, and what a result's key holds.
 
 ``low_data.py``'s docstring states the protocol; this module holds what it fixes before any run: which volumes train,
-select and score every run (the same whatever ``--ks`` or ``--seeds``), and how a result's settings are hashed.
+select and score every run (the same whatever ``--ks`` or ``--seeds``; a user's lists checked for shared volumes),
+and the code and settings a result's key is hashed from. The arms and contrasts are in ``low_data_arms``.
 """
 
 from __future__ import annotations
@@ -86,7 +87,12 @@ def digest(value: Any) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    """The sha256 of a file's bytes, read in 1 MiB blocks (a user's volumes may be large)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
 
 
 def code_state(package_dir: Path = PACKAGE_DIR) -> dict:
@@ -273,9 +279,11 @@ def write_datalist(data: Data, k: int, seed: int, data_seed: int) -> Path:
 
 
 def write_text(path: Path, text: str) -> None:
+    """Writes ``text`` atomically: a reader sees the old file or the new one, never a part."""
     with atomic_write(path, "w") as f:
         f.write(text)
 
 
 def write_json(path: Path, value: Any) -> None:
+    """Writes ``value`` as indented JSON, atomically."""
     write_text(path, json.dumps(value, indent=2) + "\n")

@@ -331,7 +331,7 @@ def run(
     tables = table(runs, plan)
     curves = convergence(runs, plan)
     rankme = encoder_rankme(data, weights, plan, seed, device)
-    plots(tables, intervals, curves, out)
+    plots(tables, curves, out)
     settings = plan_settings(plan, seed, numerics, code, "user datalists" if labeled else "synthetic")
     return {
         "benchmark": "low_data",
