@@ -213,8 +213,9 @@ def coverage(
     paired differences) stands for the distribution of a difference; ``draws`` times, n values are drawn from it with
     replacement and the old protocol's percentile bootstrap (``resamples`` resamples), the t-interval and the range
     are computed on them. Returns per n and interval the mean, lowest and highest share of draws covered over the
-    populations, with the settings. Covered means within the interval up to float rounding (1e-12 of the largest
-    value): a constant population is always covered.
+    populations (no n without a population: a plan of fewer than :data:`T_MIN_PAIRS` seeds), with the settings.
+    Covered means within the interval up to float rounding (1e-12 of the largest value): a constant population is
+    always covered.
 
     Example: for the population -1, 0, 1 the range of 3 draws misses 0 only when all three are 1 or all are -1,
     2 / 27 of the time.
@@ -222,7 +223,7 @@ def coverage(
     rng = np.random.default_rng(seed)
     out: dict = {"populations": len(populations), "population_sizes": sorted({len(p) for p in populations}),
                  "draws": draws, "bootstrap_resamples": resamples, "seed": seed, "by_n": {}}  # fmt: skip
-    for n in ns:
+    for n in ns if populations else ():
         shares: dict[str, list[float]] = {kind: [] for kind in INTERVALS}
         t_factor = t_quantile(0.95, n - 1) / math.sqrt(n)
         for population in populations:

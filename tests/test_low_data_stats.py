@@ -78,6 +78,7 @@ def test_coverage_counts_how_often_each_interval_covers_the_population_mean():
         ranges = result["by_n"][str(n)]["range"]
         assert ranges["min"] == pytest.approx(1 - 2 / 3**n, abs=0.015) and ranges["mean"] == pytest.approx(1 - 1 / 3**n, abs=0.01)
         assert all(result["by_n"][str(n)][kind]["max"] == 1.0 for kind in ("bootstrap95", "t95", "range"))
+    assert stats.coverage([])["by_n"] == {}  # a plan of fewer than 5 seeds: no population to draw from
     assert stats.coverage([[-1.0, 0.0, 1.0]], ns=(3,), draws=4000, resamples=200, seed=1) == stats.coverage(
         [[-1.0, 0.0, 1.0]], ns=(3,), draws=4000, resamples=200, seed=1)  # seeded: reproducible
 
