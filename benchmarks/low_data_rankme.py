@@ -23,9 +23,8 @@ def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int, 
     """RankMe (``components.effective_rank``) of the random encoder and of each recipe's in ``weights`` whose file is
     there, on the same ``plan.rankme_crops`` crops of the finetuning size: as many from each held-out volume (the first
     ones one more where they do not divide evenly), preprocessed as the CT bundle validates, drawn from ``seed``, and
-    embedded on ``device``.
-    Returns ``crops`` (N), ``dims`` (D), ``bound`` (min(N, D)) and per encoder its ``rankme`` and the value its
-    pretraining bundle logged at its last validation on as many crops."""
+    embedded on ``device``. Returns ``crops`` (N), ``dims`` (D), ``bound`` (min(N, D)) and per encoder its
+    ``rankme`` and the value its pretraining bundle logged at its last validation on as many crops."""
     from monai.transforms import RandSpatialCropSamples, SpatialPad
 
     from components import effective_rank, load_pretrained, swin_embeddings
