@@ -1,0 +1,162 @@
+"""The low-data protocol's Markdown tables (both models), the docs' generated blocks (the tables, the intervals'
+coverage, or a sentence while a summary is not measured), and the plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from components.demo import pyplot, save_plot
+from low_data_protocol import HELD_OUT_SETS, MODELS, REPO
+from low_data_stats import T_MIN_PAIRS, seeds_for_half_width
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.3f}"
+
+
+def _model_tables(result: dict, model: str, ks: list[str], target: float) -> list[str]:
+    """The lines of one model's tables: per held-out set the mean Dice per arm, then the paired differences."""
+    header = "| " + " | ".join(["", *(f"k = {k}" for k in ks)]) + " |\n| " + " | ".join(["---"] * (len(ks) + 1)) + " |"
+    lines = []
+    for held_out in HELD_OUT_SETS:
+        name = held_out.replace("_", "-")
+        lines += [f"Held-out mean Dice, {name} set, {model} models (mean +- sd over seeds, n seeds):", "",
+                  header.replace("|  |", f"| {name} |", 1)]  # fmt: skip
+        for arm, per_k in result["table"].get(held_out, {}).get(model, {}).items():
+            cells = [f"{per_k[k]['mean']:.3f} +- {per_k[k]['sd']:.3f} ({per_k[k]['n']})" if k in per_k else "not run" for k in ks]
+            lines.append("| " + " | ".join([arm, *cells]) + " |")
+        lines += ["", f"Paired differences, {name} set, {model} models: mean [95 % t-interval from {T_MIN_PAIRS} pairs, the "
+                      f"range [min, max] below] (n pairs; ~ the seeds a half-width of {target} would take):", "",
+                  header.replace("|  |", "| contrast |", 1)]  # fmt: skip
+        for contrast, per_k in result["paired"].get(held_out, {}).get(model, {}).items():
+            lines.append("| " + " | ".join([contrast, *(_difference_cell(per_k.get(k), target) for k in ks)]) + " |")
+        lines.append("")
+    return lines
+
+
+def _difference_cell(entry: dict | None, target: float) -> str:
+    if entry is None:
+        return "not run"
+    if entry["interval"] is None:
+        return f"{_signed(entry['mean'])} (n = {entry['n']}: no interval)"
+    low, high = entry["interval"]
+    kind = "range " if entry["interval_kind"] == "range" else ""
+    need = seeds_for_half_width(entry["differences"], target)
+    return f"{_signed(entry['mean'])} {kind}[{_signed(low)}, {_signed(high)}] ({entry['n']}; ~{need})"
+
+
+def markdown_tables(result: dict) -> str:
+    """The result's tables in Markdown, as the docs show them (a test compares them), for the selected models and then
+    for the last ones: per held-out set the held-out mean Dice per arm and k (mean +- sd, seeds), then the paired
+    differences with their 95 % t-interval (the range [min, max] below :data:`~low_data_stats.T_MIN_PAIRS` pairs) and
+    the seeds the target half-width would take (:func:`~low_data_stats.seeds_for_half_width`)."""
+    ks = [str(k) for k in result["settings"]["ks"]]
+    lines = [line for model in MODELS for line in _model_tables(result, model, ks, result["settings"]["target_half_width"])]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+_COVERAGE_ROWS = {
+    "bootstrap95": "percentile bootstrap (the old protocol's, called 95 %)",
+    "t95": f"Student t, 95 % (from {T_MIN_PAIRS} pairs)",
+    "range": f"range [min, max] (below {T_MIN_PAIRS} pairs; never called 95 %)",
+}
+
+
+def coverage_markdown(result: dict) -> str:
+    """The table of a summary's ``coverage`` (:func:`~low_data_stats.coverage`): per interval and n, the mean share of
+    draws that covered the population mean over the contrasts, the lowest in brackets."""
+    cov = result["coverage"]
+    ns = list(cov["by_n"])
+    sizes = " or ".join(str(s) for s in cov["population_sizes"])
+    lines = [f"Coverage of the mean paired difference, simulated: each of {cov['populations']} contrasts' {sizes} paired "
+             f"differences is a population; {cov['draws']} times n are drawn from it with replacement and the interval is "
+             f"computed (bootstrap: {cov['bootstrap_resamples']} resamples). Share of draws covering the population mean, "
+             "mean over the contrasts (the lowest):", "",
+             "| interval | " + " | ".join(f"n = {n}" for n in ns) + " |", "| --- |" + " --- |" * len(ns)]  # fmt: skip
+    for kind, label in _COVERAGE_ROWS.items():
+        cells = [f"{cov['by_n'][n][kind]['mean']:.3f} ({cov['by_n'][n][kind]['min']:.3f})" for n in ns]
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def not_measured(name: str) -> str:
+    """What a tables block says while its summary does not exist: one sentence."""
+    return f"The new protocol has not been measured at this commit: its summary {name} does not exist yet."
+
+
+TABLES_BLOCK = "<!-- low_data tables: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
+COVERAGE_BLOCK = "<!-- low_data coverage: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
+BLOCKS = {"tables": TABLES_BLOCK, "coverage": COVERAGE_BLOCK}
+
+
+def block_end(kind: str) -> str:
+    """The line that ends a generated block of ``kind`` ("tables" or "coverage")."""
+    return f"<!-- /low_data {kind} -->"
+
+
+def block_content(kind: str, summary: Path, name: str) -> str:
+    """What a block of ``kind`` shows for ``summary`` (called ``name`` in the docs): its tables (both models), or
+    :func:`not_measured` while it does not exist; or its coverage table.
+
+    Raises:
+        ValueError: for the tables of a summary marked superseded (never shown as current) or not complete (a piece of
+            its plan), or a coverage block of a summary without ``coverage``.
+    """
+    if kind == "tables" and not summary.is_file():
+        return not_measured(name)
+    result = json.loads(summary.read_text())
+    if kind == "coverage":
+        if "coverage" not in result:
+            raise ValueError(f"{name} has no coverage: python benchmarks/low_data.py --coverage {name} --results <its records>.")
+        return coverage_markdown(result)
+    if "superseded" in result:
+        raise ValueError(f"{name} is superseded ({result['superseded']}): its tables are not shown as current.")
+    if not result["complete"]:
+        raise ValueError(f"{name} is not complete ({len(result['missing_runs'])} runs missing): run its plan to the end first.")
+    return markdown_tables(result)
+
+
+def write_doc_tables(doc: Path, summary: Path) -> bool:
+    """Replaces the generated blocks of ``summary`` in ``doc`` (between a :data:`BLOCKS` line naming it and
+    :func:`block_end`) by :func:`block_content`; True when the file changed.
+
+    Raises:
+        ValueError: for a document without any block of this summary, or what :func:`block_content` refuses.
+    """
+    text = original = doc.read_text()
+    resolved = summary.resolve()
+    name = resolved.relative_to(REPO).as_posix() if resolved.is_relative_to(REPO) else summary.as_posix()
+    found = False
+    for kind, line in BLOCKS.items():
+        begin = line.format(summary=name)
+        if begin in text:
+            head, rest = text.split(begin, 1)
+            _, tail = rest.split(block_end(kind), 1)
+            text = f"{head}{begin}\n\n{block_content(kind, summary, name).rstrip()}\n\n{block_end(kind)}{tail}"
+            found = True
+    if not found:
+        raise ValueError(f"{doc} has no block of {name} (a line {TABLES_BLOCK.format(summary=name)!r}).")
+    doc.write_text(text)
+    return text != original
+
+
+def plots(tables: dict, curves: dict, out: Path) -> None:
+    """``low_data.png`` (held-out Dice of the selected models against k, per arm and set) and ``curves.png`` (the
+    scratch and SSL arms' mean validation curves: does the budget let them converge) under ``out``."""
+    fig, axes = pyplot().subplots(1, 2, figsize=(11, 4))
+    for ax, held_out in zip(axes, HELD_OUT_SETS):
+        for arm, per_k in tables.get(held_out, {}).get("selected", {}).items():
+            ks = sorted(per_k, key=int)
+            ax.errorbar([int(k) for k in ks], [per_k[k]["mean"] for k in ks], yerr=[per_k[k]["sd"] for k in ks],
+                        marker="o", capsize=3, label=arm)  # fmt: skip
+        ax.set_xscale("log", base=2)
+        save_plot(fig, ax, out / "low_data.png", "labeled training volumes (k)", "held-out mean Dice",
+                  f"{held_out} held-out set (selected models; mean, sd)", fontsize=7)  # fmt: skip
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    for k, entry in sorted(curves.get("scratch", {}).items(), key=lambda kv: int(kv[0])):
+        ax.plot(*zip(*entry["mean_curve"]), marker="o", label=f"scratch, k = {k}")
+    for k, entry in sorted(curves.get("ssl", {}).items(), key=lambda kv: int(kv[0])):
+        ax.plot(*zip(*entry["mean_curve"]), "--", label=f"ssl, k = {k}")
+    save_plot(fig, ax, out / "curves.png", "finetuning iteration", "validation mean Dice (mean over seeds)",
+              "the finetuning budget: validation curves", fontsize=7)  # fmt: skip

@@ -1,0 +1,88 @@
+"""The low-data protocol's generated doc blocks (benchmarks/low_data_docs.py): tables of both models, the coverage of
+the intervals, and the sentence a block shows while its summary has not been measured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+import low_data_docs as docs  # noqa: E402
+import low_data_stats as stats  # noqa: E402
+
+
+def test_a_coverage_block_shows_the_summarys_coverage_table(tmp_path):
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"coverage": stats.coverage([[-1.0, 0.0, 1.0]], ns=(3, 5), draws=400, resamples=50)}))
+    begin = docs.COVERAGE_BLOCK.format(summary=summary.as_posix())
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"Before.\n\n{begin}\nstale\n{docs.block_end('coverage')}\n\nAfter.\n")
+    assert docs.write_doc_tables(doc, summary) and not docs.write_doc_tables(doc, summary)
+    text = doc.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    range_3 = json.loads(summary.read_text())["coverage"]["by_n"]["3"]["range"]
+    assert rows[0] == "| interval | n = 3 | n = 5 |" and len(rows) == 2 + 3
+    assert rows[4].startswith(f"| range [min, max] (below 5 pairs; never called 95 %) | {range_3['mean']:.3f} ({range_3['min']:.3f}) |")
+    assert text.startswith("Before.\n\n") and text.endswith("\n\nAfter.\n") and "stale" not in text
+
+
+def test_coverage_is_written_into_a_summary_from_its_records(tmp_path):
+    """``--coverage`` recomputes the populations from the records and adds ``coverage`` to the summary, nothing else."""
+    original = json.loads((REPO / "benchmarks/results/low_data_cpu_9seeds.json").read_text())
+    original.pop("coverage", None)
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(original))
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "low_data.py"), "--coverage", str(summary), "--results",
+                           str(REPO / "benchmarks/results/low_data_cpu")], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads(summary.read_text())
+    assert {k: v for k, v in written.items() if k != "coverage"} == original
+    assert written["coverage"]["populations"] == 32 and json.loads(proc.stdout) == written["coverage"]
+
+
+def _summary_of(entry: dict) -> dict:
+    """A summary with one arm's table and one contrast's entry, for both models (the last model 0.1 lower)."""
+    table = {h: {m: {"ssl": {"1": {"mean": 0.5 - 0.1 * (m == "last"), "sd": 0.1, "n": 9}}} for m in ("selected", "last")}
+             for h in ("in_domain", "shifted")}  # fmt: skip
+    last = {**entry, "mean": entry["mean"] - 0.1}
+    return {"settings": {"ks": [1], "target_half_width": 0.03}, "table": table, "complete": True, "missing_runs": [],
+            "paired": {h: {"selected": {"ssl - scratch": {"1": entry}}, "last": {"ssl - scratch": {"1": last}}}
+                       for h in ("in_domain", "shifted")}}  # fmt: skip
+
+
+def test_every_table_is_shown_for_the_selected_and_the_last_model():
+    entry = stats.paired_entry([0.01, 0.02, 0.03, 0.04, 0.05])
+    text = docs.markdown_tables(_summary_of(entry))
+    titles = [line for line in text.splitlines() if line.endswith(":")]
+    assert [t.split(",")[1].strip() + ", " + t.split(",")[2].split(" models")[0].strip() for t in titles] == [
+        "in-domain set, selected", "in-domain set, selected", "shifted set, selected", "shifted set, selected",
+        "in-domain set, last", "in-domain set, last", "shifted set, last", "shifted set, last"]
+    rows = [line for line in text.splitlines() if line.startswith("| ssl")]
+    assert rows[0] == "| ssl | 0.500 +- 0.100 (9) |" and rows[-2] == "| ssl | 0.400 +- 0.100 (9) |"
+    assert rows[1].startswith("| ssl - scratch | +0.030 [") and rows[-1].startswith("| ssl - scratch | -0.070 [")
+
+
+def test_a_tables_block_shows_both_models_or_says_the_summary_is_not_measured(tmp_path):
+    summary = tmp_path / "results" / "plan.json"
+    begin = docs.TABLES_BLOCK.format(summary=summary.as_posix())
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"{begin}\nold\n{docs.block_end('tables')}\n")
+    docs.write_doc_tables(doc, summary)
+    assert doc.read_text() == f"{begin}\n\n{docs.not_measured(summary.as_posix())}\n\n{docs.block_end('tables')}\n"
+    assert docs.not_measured("x.json").count(".") == 2 and "has not been measured at this commit" in docs.not_measured("x.json")
+    summary.parent.mkdir()
+    summary.write_text(json.dumps(_summary_of(stats.paired_entry([0.01, 0.02, 0.03, 0.04, 0.05]))))
+    assert docs.write_doc_tables(doc, summary)
+    assert docs.markdown_tables(json.loads(summary.read_text())) in doc.read_text()
+    written = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**written, "complete": False, "missing_runs": ["ssl k=1 seed=8"]}))
+    with pytest.raises(ValueError, match="is not complete \\(1 runs missing\\)"):
+        docs.write_doc_tables(doc, summary)
+    summary.write_text(json.dumps({**written, "superseded": "by the protocol of a later commit"}))
+    with pytest.raises(ValueError, match="superseded \\(by the protocol of a later commit\\)"):
+        docs.write_doc_tables(doc, summary)
