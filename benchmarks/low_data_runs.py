@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,7 @@ from low_data_arms import ARMS, BASELINES, PROBE_NETWORK, plan_contrasts
 from low_data_docs import plots
 from low_data_rankme import encoder_rankme, rankme_agreement
 from low_data_protocol import (
-    DINO_BUNDLE, HELD_OUT_SETS, MIM_BUNDLE, REPO, Data, Plan, code_state, digest, file_sha256, pool_for, run_code, synthetic_data,
+    DINO_BUNDLE, HELD_OUT_SETS, MIM_BUNDLE, Data, Plan, code_state, digest, file_sha256, pool_for, run_code, synthetic_data,
     user_data, write_datalist, write_json,
 )
 from low_data_stats import convergence, coverage, needs_more_seeds, paired, populations, table

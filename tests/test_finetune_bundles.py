@@ -60,6 +60,7 @@ TINY = {
 CT_TINY = {**TINY, "spacing": [3.0, 3.0, 4.0]}
 MRI_TINY = {**TINY, "spacing": [2.0, 2.0, 2.0]}
 TRAIN_TINY = {"max_epochs": 1, "training#val_interval": 1, "training#log_interval": 1}
+INFERENCE_UNKNOWN = ("speed#use_checkpoint", "training#num_samples", "batch_size")  # training ids of TINY
 
 SUMMARY = re.compile(
     r"layout=(\w+) target=(\w+): loaded (\d+)/(\d+) encoder tensors .*?\((\d+) encoder;.*?(\d+) adapted"
@@ -191,8 +192,8 @@ def ct_infer(work, ct_data, ct_train):
     out = work / "ct_seg"
     overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(out),
                  "ckpt_dir": str(ct_train[1] / "models")}
-    for key in ("speed#use_checkpoint", "speed#tune_allocator"):
-        overrides.pop(key)  # not ids of inference.json
+    for key in INFERENCE_UNKNOWN:
+        overrides.pop(key)  # not ids of inference.json: the run would stop on them (components.check_overrides)
     return _run(CT, ["inference.json"], overrides, work / "ct_infer.log"), out
 
 
@@ -219,7 +220,7 @@ def mri_infer(work, mri_data, mri_train):
     out = work / "mri_seg"
     overrides = {**MRI_TINY, "dataset_dir": str(mri_data["root"]), "datalist": str(mri_data["test2"]),
                  "output_dir": str(out), "ckpt_dir": str(mri_train[1] / "models")}
-    for key in ("speed#use_checkpoint", "speed#tune_allocator"):
+    for key in INFERENCE_UNKNOWN:
         overrides.pop(key)
     return _run(MRI, ["inference.json"], overrides, work / "mri_infer.log"), out
 

@@ -167,6 +167,20 @@ def test_a_handle_reads_numpy_and_torch_and_pickles_without_its_open_file(tmp_pa
     assert copy._array is None and np.array_equal(np.asarray(copy), array)
 
 
+def test_a_process_reuses_an_opened_array_until_its_file_is_rewritten(tmp_path):
+    """New handles of one file share the opened array and its verified chunks (a dataset makes a handle per item);
+    a file rewritten at the same path (preprocess --overwrite) is opened anew, never served from the old one."""
+    path = tmp_path / "a.b2nd"
+    first = np.arange(40 * 36 * 28, dtype=np.int16).reshape(1, 40, 36, 28)
+    record = write_array(first, path)
+    one, two = StoredArray(path, record), StoredArray(path, record)
+    assert np.array_equal(one[:, :4], first[:, :4])
+    assert two._open() is one._array and two._verified is one._verified and len(one._verified) > 0
+    second = first[:, ::-1].copy()  # the same size and record shape
+    record = write_array(second, path)
+    assert np.array_equal(StoredArray(path, record)[:, :4], second[:, :4])
+
+
 # ------------------------------------------------------------------------------------------------------------
 # values and metadata
 

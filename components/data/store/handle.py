@@ -9,7 +9,8 @@ returns a numpy array in the array's own dtype. Any failure to open, verify or d
 
 A process keeps the last :data:`OPEN_ARRAYS` arrays it opened, with the chunks it verified, across handles: a
 dataset makes a new handle for every item it reads, and reopening the file and re-checking its chunks made a crop
-from the store about a third slower (store files never change once written).
+from the store about a third slower. A kept array serves only the same file (inode, size and modification time), so
+a rewritten store (``preprocess --overwrite``) is opened and checked anew.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ __all__ = ["OPEN_ARRAYS", "StoreReadError", "StoredArray"]
 
 #: opened arrays a process keeps (memory-mapped files: a few kB each)
 OPEN_ARRAYS = 256
-# path -> (process id, opened array, the chunk numbers verified in it)
-_OPENED: OrderedDict[Path, tuple[int, Any, set[int]]] = OrderedDict()
+# path -> (process id, the file's (inode, size, mtime), opened array, the chunk numbers verified in it)
+_OPENED: OrderedDict[Path, tuple[int, tuple[int, int, int], Any, set[int]]] = OrderedDict()
 
 
 class StoreReadError(RuntimeError):
@@ -95,17 +96,18 @@ class StoredArray:
     def _open(self):
         if self._array is not None and self._pid == os.getpid():
             return self._array
-        opened = _OPENED.get(self.path)
-        if opened is not None and opened[0] == os.getpid():
-            _OPENED.move_to_end(self.path)
-            self._pid, self._array, self._verified = opened
-            return self._array
         try:
-            size = self.path.stat().st_size
+            stat = self.path.stat()
         except OSError as err:
             raise self._error(f"{type(err).__name__}: {err.strerror or err}") from err
-        if size != int(self.record["nbytes"]):
-            raise self._error(f"the file has {size} bytes, the index {self.record['nbytes']} (truncated or replaced)")
+        identity = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        opened = _OPENED.get(self.path)
+        if opened is not None and opened[:2] == (os.getpid(), identity):
+            _OPENED.move_to_end(self.path)
+            self._pid, _, self._array, self._verified = opened
+            return self._array
+        if stat.st_size != int(self.record["nbytes"]):
+            raise self._error(f"the file has {stat.st_size} bytes, the index {self.record['nbytes']} (truncated or replaced)")
         try:
             array = open_array(self.path)
         except Exception as err:  # blosc2 raises RuntimeError / ValueError for files it cannot parse
@@ -114,7 +116,7 @@ class StoredArray:
             raise self._error(f"holds {array.dtype}{tuple(array.shape)}, the index {self.record['stored_dtype']}"
                               f"{self.shape}")  # fmt: skip
         self._array, self._pid, self._verified = array, os.getpid(), set()
-        _OPENED[self.path] = (self._pid, array, self._verified)
+        _OPENED[self.path] = (self._pid, identity, array, self._verified)
         while len(_OPENED) > OPEN_ARRAYS:
             _OPENED.popitem(last=False)
         return array
