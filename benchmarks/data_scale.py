@@ -63,7 +63,7 @@ import psutil
 
 from bundle_memory import measure
 from data_scale_tables import markdown_tables, write_doc_tables
-from machine import bundle_parser, machine_info, write_result
+from machine import bundle_parser, git_commit, machine_info, write_result
 from store_format import _nii_gz_bytes, ct_volume
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,12 +116,6 @@ def _load() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
-def _commit() -> str:
-    from low_data import _git_commit
-
-    return _git_commit()
-
-
 def _write_json(path: Path, record: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path, "w") as f:
@@ -136,7 +130,7 @@ def kept(path: Path, compute: Callable[[], dict]) -> dict:
         print(f"data_scale: {name}: kept from an earlier run", file=sys.stderr, flush=True)
         return json.loads(path.read_text())
     start = time.perf_counter()
-    record = {**compute(), "commit": _commit()}
+    record = {**compute(), "commit": git_commit()}
     _write_json(path, record)
     print(f"data_scale: {name}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return record
@@ -482,7 +476,7 @@ def run(settings: Settings, work: Path, gpu_step_ms: dict[str, float]) -> dict:
     work = work.resolve()
     _check_work(settings, work)
     corpus, phases = work / "corpus", work / "phases"
-    result: dict = {"benchmark": "data_scale", "commit": _commit(), "machine": machine_info(),
+    result: dict = {"benchmark": "data_scale", "commit": git_commit(), "machine": machine_info(),
                     "settings": asdict(settings)}  # fmt: skip
     result["corpus"] = kept(phases / "corpus.json", lambda: write_corpus(settings, corpus))
     result["preprocess"] = {
