@@ -9,7 +9,8 @@ what it needs.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+
+from .lazy import lazy_names
 
 __version__ = "0.4.0"
 
@@ -137,26 +138,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "step_memory": ("checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"),
     "synthetic": ("write_dataset",),
 }
-_SUBMODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-_SUBMODULES = frozenset(_EXPORTS) | {"demo", "runner"}
-
-__all__ = sorted(_SUBMODULE_OF)
+__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS, submodules=("demo", "runner"))
 
 # the narrow filters of known-harmless third-party warnings (components.quiet; logging and warnings only)
 importlib.import_module(".quiet", __name__).install_filters()
-
-
-def __getattr__(name: str) -> Any:
-    """Imports the submodule that provides ``name`` (or the submodule ``name``) on first access."""
-    if name in _SUBMODULE_OF:
-        value = getattr(importlib.import_module(f".{_SUBMODULE_OF[name]}", __name__), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value  # later accesses skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | _SUBMODULES)

@@ -206,7 +206,7 @@ def test_lazy_package_names_resolve():
     import components
 
     for name in components.__all__:
-        module = importlib.import_module(f"components.{components._SUBMODULE_OF[name]}")
+        module = importlib.import_module(f"components.{next(m for m, names in components._EXPORTS.items() if name in names)}")
         assert getattr(components, name) is getattr(module, name), name
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         components.nope  # noqa: B018

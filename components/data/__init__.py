@@ -31,8 +31,7 @@ The public names are re-exported here (``from components.data import build_datas
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy import lazy_names
 
 # submodule -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
@@ -62,19 +61,4 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "transforms_fingerprint",
     ),
 }
-_SUBMODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
-
-__all__ = sorted(_SUBMODULE_OF)
-
-
-def __getattr__(name: str) -> Any:
-    """Imports the submodule that provides ``name`` on first access."""
-    if name not in _SUBMODULE_OF:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_SUBMODULE_OF[name]}", __name__), name)
-    globals()[name] = value  # later accesses skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -11,13 +11,11 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from ignite.engine import Engine, Events
 from monai.utils import CommonKeys as Keys
-from torch.utils.tensorboard import SummaryWriter
 
-from .views import ssl_views
-from ...distributed import get_rank
 from ...engine import PretrainingEvaluator, PretrainingTrainer
+from ..pictures import ValidationPictures
+from .views import ssl_views
 
 __all__ = ["InpaintingContrastRecipe", "SSLTrainer", "SSLEvaluator", "SSLViewsImageHandler"]
 
@@ -82,40 +80,20 @@ class SSLEvaluator(PretrainingEvaluator):
         super().__init__(*args, recipe=InpaintingContrastRecipe(loss_function=None), **kwargs)
 
 
-class SSLViewsImageHandler:
-    """Writes middle slices of the first validation batch to TensorBoard after each evaluation.
-
-    One row per crop (up to ``max_crops``): the clean crop, its two augmented views and the two
-    reconstructions, so a user sees what the model learns. Attach to the evaluator; the step is its epoch,
-    which MONAI's ``ValidationHandler`` sets to the trainer's. Only rank 0 writes.
-    """
+class SSLViewsImageHandler(ValidationPictures):
+    """Middle slices of the first validation batch in TensorBoard after each evaluation: one row per crop (up to
+    ``max_crops``) of the clean crop, its two augmented views and the two reconstructions, so a user sees what the
+    model learns. Attach to the evaluator; only rank 0 writes."""
 
     def __init__(self, log_dir: str, max_crops: int = 2, tag: str = "ssl_views") -> None:
-        self.log_dir = log_dir
+        super().__init__(log_dir, tag)
         self.max_crops = max_crops
-        self.tag = tag
-        self._writer: SummaryWriter | None = None
-        self._grid: torch.Tensor | None = None
 
-    def attach(self, engine: Engine) -> None:
-        engine.add_event_handler(Events.ITERATION_COMPLETED(once=1), self._capture)
-        engine.add_event_handler(Events.EPOCH_COMPLETED, self._write)
-
-    def _capture(self, engine: Engine) -> None:
-        out = engine.state.output
-        crops = out[Keys.IMAGE].shape[0]
+    def picture(self, output: dict) -> torch.Tensor:
+        crops = output[Keys.IMAGE].shape[0]
         n = min(self.max_crops, crops)
-        views, recon = out["views"], out[Keys.PRED]
-        columns = [out[Keys.IMAGE][:n], views[:n], views[crops : crops + n], recon[:n], recon[crops : crops + n]]
+        views, recon = output["views"], output[Keys.PRED]
+        columns = [output[Keys.IMAGE][:n], views[:n], views[crops : crops + n], recon[:n], recon[crops : crops + n]]
         middle = [c[:, 0, :, :, c.shape[-1] // 2].float().clamp(0, 1).cpu() for c in columns]  # (n, H, W) each
         rows = [torch.cat([col[i] for col in middle], dim=1) for i in range(n)]  # (H, 5W) per crop
-        self._grid = torch.cat(rows, dim=0).unsqueeze(0)  # (1, nH, 5W)
-
-    def _write(self, engine: Engine) -> None:
-        if self._grid is None or get_rank() != 0:
-            return
-        if self._writer is None:
-            self._writer = SummaryWriter(log_dir=self.log_dir)
-        self._writer.add_image(self.tag, self._grid, global_step=engine.state.epoch)
-        self._writer.flush()
-        self._grid = None
+        return torch.cat(rows, dim=0).unsqueeze(0)  # (1, nH, 5W)

@@ -12,12 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from ignite.engine import Engine, Events
+from ignite.engine import Engine
 from monai.utils import CommonKeys as Keys
 from torch import nn
-from torch.utils.tensorboard import SummaryWriter
 
-from ...distributed import get_rank
+from ..pictures import ValidationPictures
 from .distillation import TOKEN_STRIDE, MaskedTokenDistillation
 from .loss import MaskedReconstructionLoss, normalise_blocks
 from .masks import MaskedViews, masked_views
@@ -129,38 +128,21 @@ class MaskedImageRecipe(nn.Module):
             self.distillation.attach(engine)
 
 
-class MaskedViewsImageHandler:
-    """Writes the middle slice of the first validation crops to TensorBoard after each evaluation: one row per crop
-    (up to ``max_crops``) of the crop, the masked input, the reconstruction and the target. Attach to the evaluator;
-    only rank 0 writes."""
+class MaskedViewsImageHandler(ValidationPictures):
+    """Middle slices of the first validation crops in TensorBoard after each evaluation: one row per crop (up to
+    ``max_crops``) of the crop, the masked input, the reconstruction and the target, scaled together to [0, 1] (a
+    normalised target is not). Attach to the evaluator; only rank 0 writes."""
 
     COLUMNS = (Keys.IMAGE, "masked", "reconstruction", "target")
 
     def __init__(self, log_dir: str, max_crops: int = 2, tag: str = "masked_views") -> None:
-        self.log_dir = log_dir
+        super().__init__(log_dir, tag)
         self.max_crops = int(max_crops)
-        self.tag = tag
-        self._writer: SummaryWriter | None = None
-        self._grid: torch.Tensor | None = None
 
-    def attach(self, engine: Engine) -> None:
-        engine.add_event_handler(Events.ITERATION_COMPLETED(once=1), self._capture)
-        engine.add_event_handler(Events.EPOCH_COMPLETED, self._write)
-
-    def _capture(self, engine: Engine) -> None:
-        out = engine.state.output
-        n = min(self.max_crops, out[Keys.IMAGE].shape[0])
-        middle = [out[key][:n, 0, ..., out[key].shape[-1] // 2].float().cpu() for key in self.COLUMNS]
+    def picture(self, output: dict) -> torch.Tensor:
+        n = min(self.max_crops, output[Keys.IMAGE].shape[0])
+        middle = [output[key][:n, 0, ..., output[key].shape[-1] // 2].float().cpu() for key in self.COLUMNS]
         rows = [torch.cat([column[i] for column in middle], dim=1) for i in range(n)]  # (H, 4W) per crop
         grid = torch.cat(rows, dim=0)
         low, high = grid.min(), grid.max()
-        self._grid = ((grid - low) / (high - low).clamp_min(1e-8)).unsqueeze(0)  # targets may be normalised
-
-    def _write(self, engine: Engine) -> None:
-        if self._grid is None or get_rank() != 0:
-            return
-        if self._writer is None:
-            self._writer = SummaryWriter(log_dir=self.log_dir)
-        self._writer.add_image(self.tag, self._grid, global_step=engine.state.epoch)
-        self._writer.flush()
-        self._grid = None
+        return ((grid - low) / (high - low).clamp_min(1e-8)).unsqueeze(0)
