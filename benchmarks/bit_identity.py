@@ -34,7 +34,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from components.runner import bundle_command  # noqa: E402
+from components.demo.runner import bundle_command  # noqa: E402
 
 #: old top-level names of the checkpointing group's members
 OLD_NAMES = {

@@ -275,7 +275,7 @@ def estimate(settings: Settings, mode: str, size: int, runs: dict[int, dict]) ->
 
 def bundle_run_command(settings: Settings, corpus: Path, store: Path, size: int, mode: str, run_dir: Path) -> list[str]:
     """The torchrun command of the SSL bundle (``train.json`` + ``multi_gpu_train.json``) for one size and mode."""
-    from components.runner import bundle_command
+    from components.demo.runner import bundle_command
 
     overrides = {**TINY_NETWORK, "datalist": str(corpus / f"datalist_{size}.json"), "roi_size": list(settings.roi_size),
                  "loader#num_workers": 0, "loader#cache": mode, "max_epochs": 1, "ckpt_dir": str(run_dir / "models"),
@@ -334,7 +334,7 @@ def memory_phase(settings: Settings, work: Path) -> dict:
 
 def recipe_parser(settings: Settings, recipe: str, datalist: Path, cache: str, store: Path):
     """The recipe's bundle config (``machine.bundle_parser``) reading ``datalist``, with ``cache`` and ``store``."""
-    from components.runner import bundle_dir
+    from components.demo.runner import bundle_dir
 
     overrides = {"datalist": str(datalist), "device": "cpu", "loader#cache": cache, "loader#store": str(store),
                  **settings.recipe_overrides[recipe]}  # fmt: skip
@@ -403,7 +403,7 @@ def crop_rates(settings: Settings, corpus: Path, store: Path, recipe: str) -> di
 
 def crops_per_step(recipe: str) -> tuple[int, int]:
     """(batch size, crops per volume) of the recipe's bundle as shipped (``train.json``)."""
-    from components.runner import bundle_dir
+    from components.demo.runner import bundle_dir
 
     config = json.loads((bundle_dir(RECIPES[recipe]) / "configs" / "train.json").read_text())
     return int(config["batch_size"]), int(config["training"]["num_samples"])

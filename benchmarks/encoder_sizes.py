@@ -108,8 +108,8 @@ def parameter_counts(feature_size: int) -> dict:
 
 def step_estimate(feature_size: int, roi: Sequence[int]) -> dict:
     """The CUDA step estimate (amp, fused attention, one rank) and the ``"auto"`` decision with 80 GiB free."""
-    from components.attention import use_fused_attention
-    from components.step_memory import checkpointing_decision, estimate_step_memory
+    from components.networks.attention import use_fused_attention
+    from components.networks.step_memory import checkpointing_decision, estimate_step_memory
 
     with parameters_on_meta():
         network = use_fused_attention(swinunetr(feature_size))
@@ -139,7 +139,7 @@ def _cpu_step(feature_size: int, roi: Sequence[int], iters: int, threads: int, o
     """One size's CPU steps, run in a fresh process so that its peak RSS is its own."""
     from monai.losses import DiceCELoss
 
-    from components.attention import use_fused_attention
+    from components.networks.attention import use_fused_attention
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -179,8 +179,8 @@ def cpu_step(
     Raises:
         RuntimeError: the step's process died (e.g. killed for memory) before reporting.
     """
-    from components.attention import use_fused_attention
-    from components.step_memory import estimate_step_memory, free_memory_bytes
+    from components.networks.attention import use_fused_attention
+    from components.networks.step_memory import estimate_step_memory, free_memory_bytes
 
     with parameters_on_meta():
         network = use_fused_attention(swinunetr(feature_size)).train()

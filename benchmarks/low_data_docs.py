@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from components.demo import pyplot, save_plot
+from components.demo.plots import pyplot, save_plot
 from low_data_protocol import HELD_OUT_SETS, MODELS, REPO
 from low_data_stats import T_MIN_PAIRS, seeds_for_half_width
 

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from components import atomic_write, synthetic
-from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget
-from components.origin import PACKAGE_DIR, source_digest
-from components.runner import BUNDLES_DIR
+from components import atomic_write, sha256_file
+from components.data import synthetic
+from components.demo.run import CT_BUNDLE, SSL_BUNDLE, DemoBudget
+from components.release.origin import PACKAGE_DIR, source_digest
+from components.demo.runner import BUNDLES_DIR
 from low_data_arms import DEFAULT_ARMS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,22 +87,13 @@ def digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB blocks (a user's volumes may be large)."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
-
-
 def code_state(package_dir: Path = PACKAGE_DIR) -> dict:
     """The code the runs execute besides their settings: the ``components`` package's source digest
-    (:func:`components.origin.source_digest`) and the sha256 of every bundle config a run of the protocol reads
+    (:func:`components.release.origin.source_digest`) and the sha256 of every bundle config a run of the protocol reads
     (:data:`BUNDLE_CONFIGS`). Part of every result's key (:func:`run_code`), so that a changed loss, recipe or config
     never reuses a record of the code before."""
     return {"components": source_digest(package_dir),
-            "configs": {f"{bundle}/{name}": file_sha256(BUNDLES_DIR / bundle / "configs" / name)
+            "configs": {f"{bundle}/{name}": sha256_file(BUNDLES_DIR / bundle / "configs" / name)
                         for bundle, names in BUNDLE_CONFIGS.items() for name in names}}  # fmt: skip
 
 
@@ -235,7 +227,7 @@ def check_disjoint(groups: dict[str, list[str]], pairs: list[tuple[str, str]]) -
 
     def sha(path: str) -> str:
         if path not in digests:
-            digests[path] = file_sha256(Path(path))
+            digests[path] = sha256_file(Path(path))
         return digests[path]
 
     for first, second in pairs:

@@ -20,13 +20,13 @@ import monai
 import torch
 
 from components import atomic_write
-from components.demo import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides, training_class_weights
-from components.runner import fresh_run_dir, read_scalars, run_bundle
+from components.demo.run import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides, training_class_weights
+from components.demo.runner import fresh_run_dir, read_scalars, run_bundle
 from low_data_arms import ARMS, BASELINES, PROBE_NETWORK, plan_contrasts
 from low_data_docs import plots
 from low_data_rankme import encoder_rankme, rankme_agreement
 from low_data_protocol import (
-    DINO_BUNDLE, HELD_OUT_SETS, MIM_BUNDLE, Data, Plan, code_state, digest, file_sha256, pool_for, run_code, synthetic_data,
+    DINO_BUNDLE, HELD_OUT_SETS, MIM_BUNDLE, Data, Plan, code_state, digest, sha256_file, pool_for, run_code, synthetic_data,
     user_data, write_datalist, write_json,
 )
 from low_data_stats import convergence, coverage, needs_more_seeds, paired, populations, table
@@ -149,7 +149,7 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     if record_path.is_file():
         record = json.loads(record_path.read_text())
         for weights in (model, kept):
-            if weights.is_file() and file_sha256(weights) == record["sha256"]:
+            if weights.is_file() and sha256_file(weights) == record["sha256"]:
                 return {**record, "model": str(weights)}
         if report_only:
             return {**record, "model": str(model)}
@@ -158,7 +158,7 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     fresh_run_dir(run_dir)  # a killed run's events or checkpoints must not mix into the new one
     seconds = run_bundle(PRETRAINING[recipe][0], overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
     scalars = read_scalars(run_dir / "eval")
-    record = {"recipe": recipe, "key": key, "sha256": file_sha256(model), "seconds": round(seconds, 1), "commit": git_commit(),
+    record = {"recipe": recipe, "key": key, "sha256": sha256_file(model), "seconds": round(seconds, 1), "commit": git_commit(),
               "final_losses": {t: v[-1][1] for t, v in scalars.items() if t.startswith("loss")},
               "logged_rankme": scalars["val_rankme"][-1][1] if scalars.get("val_rankme") else None,
               "logged_rankme_crops": overrides.get("training#rankme_crops")}  # fmt: skip

@@ -207,7 +207,7 @@ def instrument(trainer) -> PhaseTimer:
     """Wraps the trainer's pieces with timestamps; returns the timer collecting per-iteration phases."""
     from ignite.engine import Events
 
-    import components.engine as engine_module
+    import components.training.engine as engine_module
 
     timer = PhaseTimer(torch.device(trainer.state.device))
     trainer.add_event_handler(Events.GET_BATCH_STARTED, lambda e: timer.mark("batch_start"))

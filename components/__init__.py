@@ -4,6 +4,20 @@ The public names below are imported on first use (PEP 562 module ``__getattr__``
 nothing, ``components.SSLHead`` (as the bundle configs write it) or ``from components import SSLHead`` imports its
 submodule then. So ``python -m components --help`` does not pay for torch and MONAI, and a command imports only
 what it needs.
+
+The packages, each one concern; imports point down this list, never up:
+
+- ``release``: packaging, download, export, checkpoint conversion, the code-origin check;
+- ``demo``: the demo, its pictures and the bundle runner;
+- ``recipes``: one package per pretraining recipe (views, forward, loss, head) and the recipes' pictures;
+- ``training``: the recipe-agnostic trainer and evaluator and what every run shares (loader, settings, progress,
+  RankMe, the finetuning metrics);
+- ``checkpoint``: published layouts, the architecture of a file, pretrained loading, resume, saving;
+- ``data``: datalists, rank partitioning, datasets and caches, the data check, the on-disk store, synthetic data;
+- ``networks``: the Swin ViT encoder, ``prepare_network``, fused attention, activation checkpointing, the probe;
+- ``config``: config values, the running bundle's files and overrides, the override check;
+- ``distributed`` (the one module that calls ``torch.distributed``), ``files`` (atomic writes, digests) and
+  ``lazy`` (these lazy names).
 """
 
 from __future__ import annotations
@@ -14,11 +28,8 @@ from .lazy import lazy_names
 
 __version__ = "0.4.0"
 
-# submodule -> the public names it provides here
+# sub-package or module -> the public names it provides here (each sub-package re-exports them from its modules)
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "attention": ("FusedWindowAttention", "use_fused_attention"),
-    "allocator": ("tune_allocator",),
-    "atomic": ("atomic_write",),
     "checkpoint": (
         "BestModelSaver",
         "CheckpointEvents",
@@ -37,10 +48,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "resolve_resume",
         "save_atomic",
     ),
-    "compilation": ("CompileMonitor", "compiled_graphs"),
-    "config_values": ("as_bool", "optional_path", "require_file"),
-    "conversion": ("convert_checkpoint",),
-    "data": (  # a package: datalists, partitioning, datasets, the compact cache, the data check, the on-disk store
+    "config": ("as_bool", "check_overrides", "optional_path", "require_file"),
+    "data": (  # datalists, partitioning, datasets, the compact cache, the data check, the on-disk store, synthetic data
         "CompactCropForegroundd",
         "DataCheckError",
         "DataIssue",
@@ -76,6 +85,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "rotate_smart_cache",
         "split_for_rank",
         "transforms_fingerprint",
+        "write_dataset",
     ),
     "distributed": (
         "all_gather_with_grad",
@@ -88,25 +98,18 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "init_distributed",
         "wrap_ddp",
     ),
-    "encoder_lr": ("FreezeEncoder", "encoder_param_groups"),
-    "export": ("ExportedModule", "export_network", "load_exported"),
-    "engine": (
-        "NonFiniteLossError",
-        "PretrainingEvaluator",
-        "PretrainingTrainer",
-        "Recipe",
-        "ReseedEachEpoch",
-        "StopOnNonFiniteLoss",
-        "log_filter",
+    "files": ("atomic_write", "sha256_file"),
+    "networks": (
+        "FusedWindowAttention",
+        "LinearProbe",
+        "check_roi_size",
+        "checkpointing_decision",
+        "free_memory_bytes",
+        "prepare_network",
+        "saved_activation_bytes",
+        "set_checkpointing",
+        "use_fused_attention",
     ),
-    "loader": ("PersistentWorkerLoader", "default_num_workers"),
-    "networks": ("LinearProbe", "check_roi_size", "prepare_network"),
-    "origin": ("report_origin",),
-    "download": ("HashMismatchError", "UnsafeArchiveError", "extract_zip_safely", "fetch", "fetch_bundle"),
-    "package": ("metadata_schema", "package_bundle", "schema_path"),
-    "progress": ("StatsWithEta", "VolumeProgress"),
-    "quiet": ("install_filters", "log_from_rank_zero"),
-    "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
     "recipes": (
         "InpaintingContrastRecipe",
         "MaskedImageModel",
@@ -133,12 +136,52 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "ssl_views",
         "weight_decay_groups",
     ),
-    "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
-    "settings": ("check_overrides", "check_settings", "rotation_axes"),
-    "step_memory": ("checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"),
-    "synthetic": ("write_dataset",),
+    "release": (
+        "ExportedModule",
+        "HashMismatchError",
+        "UnsafeArchiveError",
+        "convert_checkpoint",
+        "export_network",
+        "extract_zip_safely",
+        "fetch",
+        "fetch_bundle",
+        "load_exported",
+        "metadata_schema",
+        "package_bundle",
+        "report_origin",
+        "schema_path",
+    ),
+    "training": (
+        "CompileMonitor",
+        "EmbeddingRankHandler",
+        "FreezeEncoder",
+        "NonFiniteLossError",
+        "PerClassMetrics",
+        "PersistentWorkerLoader",
+        "PretrainingEvaluator",
+        "PretrainingTrainer",
+        "Recipe",
+        "ReseedEachEpoch",
+        "StatsWithEta",
+        "StopOnNonFiniteLoss",
+        "VolumeProgress",
+        "balanced_class_weights",
+        "brats_labels_from_regions",
+        "check_settings",
+        "compiled_graphs",
+        "default_num_workers",
+        "effective_rank",
+        "encoder_param_groups",
+        "install_filters",
+        "log_filter",
+        "log_from_rank_zero",
+        "per_class_means",
+        "rotation_axes",
+        "swin_embeddings",
+        "tune_allocator",
+    ),
 }
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS, submodules=("demo", "runner"))
+__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS, submodules=("demo",))
 
-# the narrow filters of known-harmless third-party warnings (components.quiet; logging and warnings only)
-importlib.import_module(".quiet", __name__).install_filters()
+# the narrow filters of known-harmless third-party warnings (components.training.quiet; logging and warnings only)
+importlib.import_module(".training.quiet", __name__).install_filters()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 def synth(kind: str = "ct", num: int = 6, out: str = "data/ct", seed: int = 0) -> None:
     """Writes NUM synthetic volumes (kind ct: abdominal CT with 13 organ labels; mri: 4-channel brain MRI with
     tumour labels) as .nii.gz under OUT, plus OUT/dataset.json (Decathlon datalist). Deterministic for SEED."""
-    from .synthetic import write_dataset
+    from .data.synthetic import write_dataset
 
     path = write_dataset(out, kind=kind, num=num, seed=seed)
     print(f"wrote {num} {kind} volumes and {path}")
@@ -42,7 +42,7 @@ def convert_checkpoint(
     NUM_HEADS default to the checkpoint's (read from its tensors); a flag given overrides it (--depths 2,2,6,2
     --num_heads 4,8,16,32). CHANNEL_POLICY (error | repeat | skip) adapts the patch embedding to other IN_CHANNELS;
     REQUIRED none accepts a partial encoder. Prints the load report; fails when the encoder does not fully load."""
-    from .conversion import convert_checkpoint as convert
+    from .release.conversion import convert_checkpoint as convert
 
     report = convert(
         src,
@@ -68,8 +68,8 @@ def demo(out: str = "demo_out", seed: int = 0, compare: bool = False, device: st
     summary.json and pictures (segmentations, SSL losses, SSL views, Dice curves) under OUT. SEED changes every
     random draw; --compare adds the from-scratch arm with the same budget (always on with CUDA); --device
     cpu|cuda (default: CUDA where present); --budget cpu|cuda|quick (default: by device; quick learns nothing)."""
-    from .demo import run_demo
-    from .config_values import as_bool
+    from .demo.run import run_demo
+    from .config.values import as_bool
 
     run_demo(out=out, seed=seed, compare=as_bool(compare, "compare"), device=device, budget=budget)
 
@@ -128,8 +128,9 @@ def package(bundle: str, out: str = "dist", release_url: str | None = None, eval
     exported_program (its input shape, read from it) and is refused unless exported from the packaged models/model.pt.
     The metadata's eval_metrics are those of --evaluation_record (default BUNDLE/eval/metrics.json, written by
     configs/evaluate.json) when it measured the packaged models/model.pt, else empty (a warning says why)."""
-    from .package import package_bundle, sha256_file
-    from .runner import bundle_dir
+    from .files import sha256_file
+    from .release.package import package_bundle
+    from .demo.runner import bundle_dir
 
     path = package_bundle(bundle_dir(bundle), out, release_url=release_url, evaluation_record=evaluation_record)
     print(f"wrote {path} and {path.name}.sha256 (sha256 {sha256_file(path)})")
@@ -142,9 +143,9 @@ def fetch(url: str, dest: str = ".", sha256: str | None = None, extract: bool = 
     hash-checked (MONAI reads the list with PyYAML) (--extract false keeps only the zip; --overwrite replaces an
     existing DEST/<name>/). DEST: the folder for a bundle zip (created when missing); with --extract false an
     existing folder or the target file's name."""
-    from .download import fetch as fetch_file
-    from .download import fetch_bundle
-    from .config_values import as_bool
+    from .release.download import fetch as fetch_file
+    from .release.download import fetch_bundle
+    from .config.values import as_bool
 
     if as_bool(extract, "extract") and str(url).lower().endswith(".zip"):
         folder = fetch_bundle(url, dest, sha256=sha256, overwrite=as_bool(overwrite, "overwrite"))
@@ -171,8 +172,8 @@ def export(
     it with torch.export.load(OUT).module()."""
     import json
 
-    from .export import export_network
-    from .runner import bundle_dir
+    from .release.export import export_network
+    from .demo.runner import bundle_dir
 
     root = bundle_dir(bundle)
     if isinstance(overrides, str):
@@ -206,10 +207,10 @@ def preprocess(
     import json
     import shlex
 
-    from .config_values import as_bool
+    from .config.values import as_bool
     from .data.store import bundle_transforms
     from .data.store import preprocess as run_preprocess
-    from .runner import bundle_dir
+    from .demo.runner import bundle_dir
 
     if isinstance(overrides, str):
         overrides = json.loads(overrides)

@@ -1,4 +1,4 @@
-"""One atomic-write helper (components.atomic) for every file the package writes for a user."""
+"""One atomic-write helper (components.files) for every file the package writes for a user."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from components.atomic import atomic_write
+from components.files import atomic_write
 
 COMPONENTS = Path(__file__).resolve().parents[1] / "components"
 

@@ -13,7 +13,7 @@ from monai.networks.nets import SwinUNETR
 from monai.networks.nets.swin_unetr import WindowAttention
 
 import components
-from components.attention import FusedWindowAttention
+from components.networks.attention import FusedWindowAttention
 
 BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
 # (window, ROI): 4^3 windows tiling 32x16x16 first-stage tokens (shifted windows in every second block); 7^3
@@ -162,7 +162,7 @@ def test_cpu_training_falls_back_to_monais_attention_and_says_so(caplog, monkeyp
     explicit = _swin_unetr(4)
     fused = components.use_fused_attention(copy.deepcopy(explicit))
     x = torch.rand(1, 1, 64, 32, 32, generator=torch.Generator().manual_seed(1))
-    with caplog.at_level("INFO", logger="components.attention"):
+    with caplog.at_level("INFO", logger="components.networks.attention"):
         assert torch.equal(fused(x), explicit(x))
         fused(x)
     assert sum("explicit window attention" in r.getMessage() for r in caplog.records) == 1

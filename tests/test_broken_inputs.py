@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from components import write_dataset
-from components.runner import BUNDLES_DIR
+from components.demo.runner import BUNDLES_DIR
 from tests.test_check_data import _build_corpus
 from tests.test_dino_bundle import BUNDLE as DINO
 from tests.test_dino_bundle import TINY as DINO_TINY

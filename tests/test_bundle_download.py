@@ -304,8 +304,8 @@ def test_the_bundle_runs_its_own_components(name, bundle_run):
     run = bundle_run(name)
     out = _ran(run)
     carried = (run.folder / "components").resolve()
-    assert f"components.origin - INFO - components {components.__version__} from {carried}" in out
-    assert "components.origin - WARNING" not in out
+    assert f"components.release.origin - INFO - components {components.__version__} from {carried}" in out
+    assert "components.release.origin - WARNING" not in out
     imported = _imported(out)
     assert imported["components"] == str(carried / "__init__.py")
     assert not [f for f in imported["files"] if f.startswith(str(REPO) + os.sep)], "a module came from the repository"

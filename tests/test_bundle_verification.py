@@ -24,7 +24,7 @@ import pytest
 from monai.bundle import ConfigWorkflow, verify_metadata, verify_net_in_out
 
 import components
-from components.package import SCHEMA_MD5, SCHEMA_NAME, SCHEMA_URL, SEMVER_RE, bundle_files, metadata_schema, schema_path
+from components.release.package import SCHEMA_MD5, SCHEMA_NAME, SCHEMA_URL, SEMVER_RE, bundle_files, metadata_schema, schema_path
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:parsing config_file:UserWarning"),
@@ -141,7 +141,7 @@ def test_every_initialize_first_reports_which_components_runs(bundle, tmp_path, 
         first = json.loads(config.read_text())["initialize"][0]
         assert first.startswith("$monai.utils.optional_import('components', descriptor='{} failed: this bundle runs "
                                 "its own code") and first.endswith(")[0].report_origin()"), config.name  # fmt: skip
-    caplog.set_level(logging.INFO, logger="components.origin")
+    caplog.set_level(logging.INFO, logger="components.release.origin")
     workflow = ConfigWorkflow(
         config_file=str(bundle / "configs" / "inference.json"), meta_file=str(bundle / "configs" / "metadata.json"),
         logging_file=False, workflow_type="infer", bundle_root=str(tmp_path), device="cpu",

@@ -22,7 +22,7 @@ from nibabel.arrayproxy import ArrayProxy
 
 from components.data import DataCheckError, DataReport, check_before_caching, check_datalist, check_items
 from components.data import check_files as datacheck  # the per-file checks (headers, truncation, RAS shape)
-from components.synthetic import write_dataset
+from components.data.synthetic import write_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPE = (16, 16, 12)

@@ -29,7 +29,7 @@ from components.checkpoint import (
     load_pretrained,
     save_atomic,
 )
-from components.conversion import convert_checkpoint
+from components.release.conversion import convert_checkpoint
 from components.recipes.inpainting_contrast import SSLHead
 from tests.ranks import run_scenario
 

@@ -58,7 +58,7 @@ def test_compiled_steps_equal_eager():
     assert isinstance(compiled.network, torch._dynamo.eval_frame.OptimizedModule)
     losses_e, losses_c = _losses(eager), _losses(compiled)
     torch.testing.assert_close(torch.stack(losses_c), torch.stack(losses_e), rtol=RTOL, atol=1e-7)
-    for (name, p_e), p_c in zip(eager.network.named_parameters(), components.engine.unwrap(compiled.network).parameters()):
+    for (name, p_e), p_c in zip(eager.network.named_parameters(), components.training.engine.unwrap(compiled.network).parameters()):
         torch.testing.assert_close(p_c, p_e, rtol=RTOL, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
@@ -74,7 +74,7 @@ def test_no_recompile_after_the_first_epoch_with_validation_and_resume(tmp_path,
     ResumableCheckpointSaver(tmp_path, network, trainer.optimizer).attach(trainer)
     per_epoch: list[int] = []
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: per_epoch.append(compiled_graphs()))
-    with caplog.at_level(logging.INFO, logger="components.compilation"):
+    with caplog.at_level(logging.INFO, logger="components.training.compilation"):
         trainer.run()
     assert per_epoch[0] >= 1 and per_epoch == [per_epoch[0]] * 3, per_epoch
     assert monitor.late_graphs == 0 and len(monitor.iteration_s) == 2
@@ -93,7 +93,7 @@ def test_monitor_warns_about_a_recompile_after_the_warm_up(caplog):
     monitor = CompileMonitor()
     trainer = _trainer(batches, True, max_epochs=3, handlers=[monitor])
     trainer.add_event_handler(Events.EPOCH_COMPLETED(once=2), lambda e: batches.append(_batches(1, crops=3)[0]))
-    with caplog.at_level(logging.WARNING, logger="components.compilation"):
+    with caplog.at_level(logging.WARNING, logger="components.training.compilation"):
         trainer.run()
     assert monitor.late_graphs >= 1
     assert any("epoch 3" in r.getMessage() and "TORCH_LOGS=recompiles" in r.getMessage() for r in caplog.records)
@@ -182,7 +182,7 @@ def _real_run(kind: str, compile: bool) -> tuple[list[torch.Tensor], list[torch.
     trainer.add_event_handler(Events.ITERATION_COMPLETED, record)
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: graphs.append(compiled_graphs()))
     trainer.run()
-    return losses, [p.detach().clone() for p in components.engine.unwrap(network).parameters()], graphs
+    return losses, [p.detach().clone() for p in components.training.engine.unwrap(network).parameters()], graphs
 
 
 def monai_dice_ce():

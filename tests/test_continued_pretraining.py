@@ -31,7 +31,7 @@ import pytest
 import torch
 
 from components import write_dataset
-from components.runner import bundle_command
+from components.demo.runner import bundle_command
 from tests.probes import read_lr
 from tests.test_checkpoint_layouts import Published, _published, _random
 from tests.test_pretrain_bundle import REPO, _run

@@ -23,7 +23,7 @@ from components.data import (
     require_datalist,
     split_for_rank,
 )
-from components.synthetic import split_sizes
+from components.data.synthetic import split_sizes
 from components.data import DataCheckError
 from components.data import DataItemError
 
@@ -161,7 +161,7 @@ def test_datalist_without_validation_gets_a_fixed_split(tmp_path, caplog):
 def test_in_channels_that_disagree_with_the_data_stop_before_caching(tmp_path):
     """4-channel MRI given to a 1-channel network: the check before caching names the file, its channels and the
     setting (in_channels), and nothing is cached."""
-    from components.synthetic import write_dataset
+    from components.data.synthetic import write_dataset
 
     items = load_datalist(write_dataset(tmp_path, kind="mri", num=3), "training")
     calls = []

@@ -10,7 +10,7 @@ from monai.transforms import CropForegroundd, RandSpatialCropSamplesd, ToDeviced
 from torch import nn
 
 from components import CompactCropForegroundd, RandCompactSpatialCropSamplesd, SSLLoss, SSLTrainer, write_dataset
-from components.runner import BUNDLES_DIR
+from components.demo.runner import BUNDLES_DIR
 from tests.test_engine import TinySSLNet  # SSLHead's interface at a size inductor compiles in seconds
 
 pytestmark = pytest.mark.filterwarnings("ignore:monai.transforms.spatial.dictionary Orientationd:FutureWarning")

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from components.demo import BUDGETS, DemoBudget, run_demo
-from components.synthetic import DEMO_ORGANS
+from components.demo.run import BUDGETS, DemoBudget, run_demo
+from components.data.synthetic import DEMO_ORGANS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -60,7 +60,7 @@ def test_every_training_evaluation_and_inference_step_is_a_bundle_run(quick_demo
 @pytest.mark.slow
 def test_summary_json_and_pictures(quick_demo):
     out, stdout = quick_demo
-    from components.runner import read_scalars
+    from components.demo.runner import read_scalars
 
     assert max(step for step, _ in read_scalars(out / "finetune_ssl" / "eval")["val_mean_dice"]) < 1000  # stale run gone
     summary = json.loads((out / "summary.json").read_text())
@@ -98,7 +98,7 @@ def test_budgets_and_arguments_are_checked(tmp_path):
 def test_overrides_start_fresh_and_match_the_labels(tmp_path):
     """Every demo run starts fresh (running the demo again into a folder must not auto-resume the last run), and
     the finetuning head has one channel per label name."""
-    from components.demo import finetune_overrides, ssl_overrides
+    from components.demo.run import finetune_overrides, ssl_overrides
 
     budget = BUDGETS["cpu"]
     ssl = ssl_overrides(budget, tmp_path / "unlabeled", tmp_path / "ssl", "cpu", 0)

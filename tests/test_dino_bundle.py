@@ -17,8 +17,8 @@ from monai.networks.layers import DropPath
 from monai.networks.nets.swin_unetr import WindowAttention
 
 from components import FusedWindowAttention, write_dataset
-from components.engine import unwrap
-from components.runner import BUNDLES_DIR, bundle_command
+from components.training.engine import unwrap
+from components.demo.runner import BUNDLES_DIR, bundle_command
 from tests.test_multi_gpu_bundle import _launch_all, _torchrun
 
 BUNDLE = BUNDLES_DIR / "swin_unetr_dino_pretrain"
@@ -214,7 +214,7 @@ def test_step_inputs_are_the_crops_a_real_step_feeds_the_student(data, num_sampl
     parser = _parser(**overrides)
     regions = 2 * num_samples
     expected = [[2 * regions, 1, 32, 32, 32], [num_local * regions, 1, 32, 32, 32]]  # 2 global crops per region
-    with caplog.at_level("INFO", logger="components.step_memory"):
+    with caplog.at_level("INFO", logger="components.networks.step_memory"):
         assert _real_step_inputs(parser) == expected
     assert parser.get_parsed_content("speed#step_inputs") == expected
     assert f"use_checkpoint auto: a step of {expected} needs about" in caplog.text
@@ -244,7 +244,7 @@ def test_one_process_run_logs_the_named_parts_and_collapse_diagnostics(trained):
 def test_one_process_run_logs_the_teachers_rankme_to_the_log_and_tensorboard(trained):
     root, output = trained
     assert "val_rankme: " in output and "(16 crops x 192 dims; at most 16)" in output
-    from components.runner import read_scalars
+    from components.demo.runner import read_scalars
 
     (point,) = read_scalars(root / "eval")["val_rankme"]
     assert point[0] == 1 and 1.0 <= point[1] <= 16.0

@@ -13,7 +13,7 @@ import torch
 from monai.bundle import ConfigParser
 
 from components.data.store import StoreError, bundle_transforms, preprocess, training_store
-from components.synthetic import write_dataset
+from components.data.synthetic import write_dataset
 from tests.ranks import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]

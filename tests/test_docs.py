@@ -320,7 +320,7 @@ def test_relative_paths_resolve_where_the_commands_run():
 
 def test_the_multi_rank_example_has_a_validation_volume_per_rank():
     """The two-process example runs on the data its doc synthesises: every rank needs a validation volume."""
-    from components.synthetic import split_sizes
+    from components.data.synthetic import split_sizes
 
     for doc in DOCS:
         commands = doc_commands(doc)

@@ -10,7 +10,7 @@ from ignite.engine import Events
 from torch import nn
 
 from components import SSLEvaluator, SSLHead, SSLLoss, SSLTrainer
-from components.engine import epoch_seed, resolve_amp_dtype
+from components.training.engine import epoch_seed, resolve_amp_dtype
 
 
 @pytest.fixture(autouse=True)

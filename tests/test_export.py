@@ -1,4 +1,4 @@
-"""The deployable model of the two finetuning bundles (components.export, ``python -m components export``).
+"""The deployable model of the two finetuning bundles (components.release.export, ``python -m components export``).
 
 Each bundle's configs are copied to tmp_path with a random-weight ``models/model.pt`` of a tiny network (feature
 size 12; ROIs of 64x32x32 and 32x64x32, the smallest SwinUNETR takes: 32^3 leaves one voxel at the bottleneck,
@@ -25,7 +25,7 @@ from torch import nn
 
 from components.__main__ import main
 from components.checkpoint import CheckpointLoadError
-from components.export import export_network, load_exported
+from components.release.export import export_network, load_exported
 
 pytestmark = pytest.mark.filterwarnings("ignore:parsing config_file:UserWarning")
 
@@ -136,7 +136,7 @@ def test_exported_program_equals_the_trained_network_in_sliding_window_inference
 
 
 def test_exported_program_refuses_another_spatial_size(exported):
-    """The ROI is fixed (see components.export): a patch of another size fails instead of computing."""
+    """The ROI is fixed (see components.release.export): a patch of another size fails instead of computing."""
     other = tuple(s + 32 for s in exported.case.roi)
     with pytest.raises((AssertionError, RuntimeError), match="size|shape"):
         exported.program(torch.zeros(1, exported.case.in_channels, *other))
@@ -153,7 +153,7 @@ def test_export_command_writes_the_program_beside_the_checkpoint(exported):
 def test_the_program_records_its_input_and_the_weights_it_came_from(exported):
     """Read from the program itself: its input shape (the batch dynamic, the ROI fixed) and dtype, and the SHA-256 of
     the checkpoint it was exported from (saved in the .pt2 at export), which packaging compares with model.pt."""
-    from components.export import exported_program_record
+    from components.release.export import exported_program_record
 
     weights = hashlib.sha256((exported.bundle / "models" / "model.pt").read_bytes()).hexdigest()
     assert exported_program_record(exported.path) == {

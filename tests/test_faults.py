@@ -50,7 +50,7 @@ def test_nan_loss_stops_at_its_iteration_with_parts_and_files(kind, caplog):
     trainer = _ssl_trainer(_ssl_batches(kind), [StopOnNonFiniteLoss()])
     # attached after the stop handler, like the checkpoint saver in the bundles: never sees the NaN iteration
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.iteration))
-    with caplog.at_level(logging.ERROR, logger="components.engine"), pytest.raises(NonFiniteLossError) as err:
+    with caplog.at_level(logging.ERROR, logger="components.training.engine"), pytest.raises(NonFiniteLossError) as err:
         trainer.run()
     message = str(err.value)
     assert "at epoch 1, iteration 2 (iteration 2/3 of the epoch)" in message

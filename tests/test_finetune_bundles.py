@@ -36,8 +36,8 @@ from monai.networks.nets import SwinUNETR
 
 import components
 from components.checkpoint import PATCH_EMBED_WEIGHT
-from components.runner import bundle_command
-from components.synthetic import CT_LABELS
+from components.demo.runner import bundle_command
+from components.data.synthetic import CT_LABELS
 
 REPO = Path(__file__).resolve().parent.parent
 CT = REPO / "bundles" / "swin_unetr_btcv_finetune"
@@ -226,7 +226,7 @@ def mri_infer(work, mri_data, mri_train):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# helpers of components.segmentation (no bundle run)
+# helpers of components.training.segmentation (no bundle run)
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -246,7 +246,7 @@ def test_brats_labels_round_trip():
 
 def test_balanced_class_weights_from_physical_volumes(tmp_path):
     """sqrt(median / volume) per class, in mm^3: a file at twice the voxel volume counts twice; bad labels fail."""
-    from components.segmentation import balanced_class_weights
+    from components.training.segmentation import balanced_class_weights
 
     def save(array: np.ndarray, spacing: float, name: str) -> Path:
         path = tmp_path / name

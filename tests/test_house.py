@@ -7,14 +7,15 @@ import ast
 from pathlib import Path
 
 COMPONENTS = Path(__file__).resolve().parents[1] / "components"
-# the general pieces below the engine and the recipes: they import none of what sits above them
-LOWER = ("checkpoint", "data", "distributed", "atomic", "synthetic")
-UPPER = ("engine", "recipes", "demo", "runner", "__main__", "rankme", "conversion")
+# the house as ``ls components/`` shows it, top to bottom (components/__init__.py's docstring): a module imports only
+# from its own entry and the entries below it
+LAYERS = ("__main__", "release", "demo", "recipes", "training", "checkpoint", "data", "networks", "config",
+          "distributed", "files", "lazy")
 
 
-def _relative_imports(path: Path) -> set[str]:
-    """The ``components`` modules a file imports (top-level name after the package)."""
-    package = path.relative_to(COMPONENTS.parent).with_suffix("").parts[:-1]
+def _relative_imports(path: Path, root: Path = COMPONENTS) -> set[str]:
+    """The ``components`` entries a file under ``root`` imports (the top-level name after the package)."""
+    package = path.relative_to(root.parent).with_suffix("").parts[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
@@ -26,12 +27,32 @@ def _relative_imports(path: Path) -> set[str]:
     return found
 
 
-def test_general_modules_import_nothing_above_them():
-    for name in LOWER:
-        files = list((COMPONENTS / name).rglob("*.py")) if (COMPONENTS / name).is_dir() else [COMPONENTS / f"{name}.py"]
-        for path in files:
-            upward = _relative_imports(path) & set(UPPER)
-            assert not upward, f"{path.relative_to(COMPONENTS)} imports {sorted(upward)}"
+def test_ls_components_shows_the_architecture():
+    entries = {p.name.removesuffix(".py") for p in COMPONENTS.iterdir() if p.name != "__pycache__"}
+    assert entries == {"__init__", *LAYERS}, sorted(entries ^ {"__init__", *LAYERS})
+    assert all((COMPONENTS / name / "__init__.py").is_file() for name in LAYERS if (COMPONENTS / name).is_dir())
+
+
+def test_imports_point_down_the_house():
+    """Each entry imports only entries below it in :data:`LAYERS` (the root package's public names excepted)."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = []
+    for path in _module_files():
+        entry = path.relative_to(COMPONENTS).parts[0].removesuffix(".py")
+        if entry == "__init__":
+            continue
+        for target in _relative_imports(path) & set(rank):
+            if rank[target] < rank[entry]:
+                upward.append(f"{path.relative_to(COMPONENTS)} imports {target}")
+    assert upward == []
+
+
+def test_an_upward_import_is_seen(tmp_path):
+    """The check above can fail: the entries a data module imports, the trainer among them, are found."""
+    fake = tmp_path / "components" / "data" / "store" / "bad.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("from ...training.engine import unwrap\nfrom ..datalists import load_datalist\n")
+    assert _relative_imports(fake, tmp_path / "components") == {"training", "data"}
 
 
 def test_checkpoint_is_a_package_of_small_modules_and_no_grab_bag_remains():
@@ -55,7 +76,7 @@ def test_data_is_a_package_of_small_modules_below_the_trainer():
     assert importlib.util.find_spec("components.datacheck") is None
     assert importlib.util.find_spec("components.transforms") is None
     assert importlib.util.find_spec("components.data").submodule_search_locations is not None  # a package, not data.py
-    above = {"engine", "recipes", "checkpoint", "__main__", "demo", "runner", "conversion"}
+    above = {"training", "recipes", "checkpoint", "__main__", "demo", "release"}
     for path in data.rglob("*.py"):
         upward = _relative_imports(path) & above
         assert not upward, f"{path.relative_to(COMPONENTS)} imports {sorted(upward)}"
@@ -77,7 +98,7 @@ def test_each_recipe_is_a_package_and_the_general_modules_hold_no_recipe():
     assert {p.name for p in recipes.iterdir() if (p / "__init__.py").is_file()} >= {"inpainting_contrast", "self_distillation"}
     assert {p.stem for p in (recipes / "inpainting_contrast").glob("*.py")} >= {"network", "views", "loss", "recipe"}
     assert not any((COMPONENTS / f"{name}.py").exists() for name in ("augment", "losses"))
-    shared = (COMPONENTS / "networks.py").read_text()
+    shared = "".join(p.read_text() for p in (COMPONENTS / "networks").glob("*.py"))
     assert "class SSLHead" not in shared and "SelfDistillation" not in shared
 
 

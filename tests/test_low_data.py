@@ -35,8 +35,8 @@ import low_data_runs as runner  # noqa: E402
 import low_data_stats as stats  # noqa: E402
 
 import components  # noqa: E402
-from components import write_dataset  # noqa: E402
-from components.origin import PACKAGE_DIR, source_digest  # noqa: E402
+from components import sha256_file, write_dataset  # noqa: E402
+from components.release.origin import PACKAGE_DIR, source_digest  # noqa: E402
 
 
 def _fake_data(root: Path, plan: protocol.Plan, seed: int) -> protocol.Data:
@@ -336,7 +336,7 @@ def test_a_pretraining_is_continued_from_the_results_folder_alone(tmp_path, monk
     kept.write_bytes(b"other weights")
     third = runner.run_pretraining("ssl", "k", {"output_dir": str(fresh / "eval"), "ckpt_dir": str(fresh / "models")}, results, None)
     assert len(bundles) == 2 and third["sha256"] != first["sha256"] and third["model"] == str(fresh / "models" / "model.pt")
-    assert protocol.file_sha256(kept) == third["sha256"]  # the record and the kept weights agree again
+    assert sha256_file(kept) == third["sha256"]  # the record and the kept weights agree again
 
 
 def test_seeds_are_added_at_the_narrow_ks_until_the_t_interval_is_narrow(fake_protocol, tmp_path):

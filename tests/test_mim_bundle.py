@@ -13,7 +13,7 @@ import torch
 from monai.bundle import ConfigParser
 
 from components import write_dataset
-from components.runner import BUNDLES_DIR, bundle_command
+from components.demo.runner import BUNDLES_DIR, bundle_command
 from tests.test_multi_gpu_bundle import _launch_all, _torchrun
 
 pytestmark = pytest.mark.slow

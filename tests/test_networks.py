@@ -1,6 +1,6 @@
 """Tests of components.recipes.inpainting_contrast.network.SSLHead: layout, parameter counts, shapes, input checks, gradients;
-and of the SwinUNETR v2 encoder (``use_v2``) in components.networks.swin_vit, SSLHead, the self-distillation networks and
-components.conversion.convert_checkpoint.
+and of the SwinUNETR v2 encoder (``use_v2``) in components.networks.swin.swin_vit, SSLHead, the self-distillation networks and
+components.release.conversion.convert_checkpoint.
 
 CPU budget: forward passes use feature_size 12 and the smallest valid ROIs (64^3, or 32x32x64 which gives
 the minimum of 2 final tokens; 64x32x32 at window 4 for v2); parameter counts at feature_size 48 need no forward pass.
@@ -17,8 +17,8 @@ from torch import nn
 
 from components.__main__ import main
 from components.checkpoint import CheckpointLoadError, infer_architecture
-from components.conversion import convert_checkpoint
-from components.networks import check_roi_size, swin_vit
+from components.release.conversion import convert_checkpoint
+from components.networks.swin import check_roi_size, swin_vit
 from components.recipes.inpainting_contrast.network import SSLHead
 from components.recipes.self_distillation import SelfDistillationNetwork, SwinViTEmbedding
 
@@ -316,12 +316,12 @@ def test_deep_encoder_forward():
 def test_depths_and_heads_are_checked_before_the_encoder_is_built(name, stages, message, monkeypatch):
     """One line naming the value at fault, before MONAI's SwinTransformer is built (heads that do not divide a
     stage's channels would otherwise fail only in the first forward pass)."""
-    import components.networks
+    import components.networks.swin
 
     def not_built(**kwargs):
         raise AssertionError("the encoder was built")
 
-    monkeypatch.setattr(components.networks, "SwinTransformer", not_built)
+    monkeypatch.setattr(components.networks.swin, "SwinTransformer", not_built)
     with pytest.raises(ValueError) as err:
         DEEP_ENCODERS[name](**stages)
     assert str(err.value) == message

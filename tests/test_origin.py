@@ -11,7 +11,7 @@ import pytest
 from monai.bundle.scripts import create_workflow
 
 import components
-from components.origin import BundleCodeMismatch, package_source, report_origin, source_digest
+from components.release.origin import BundleCodeMismatch, package_source, report_origin, source_digest
 
 PACKAGE = Path(components.__file__).resolve().parent
 
@@ -45,9 +45,9 @@ def test_a_copy_of_the_same_code_runs_wherever_it_is(tmp_path, caplog):
     not by path or version string)."""
     bundle = _bundle_carrying(tmp_path / "bundle")
     assert source_digest(bundle / "components") == source_digest(PACKAGE)
-    caplog.set_level(logging.INFO, logger="components.origin")
+    caplog.set_level(logging.INFO, logger="components.release.origin")
     assert report_origin(bundle) == PACKAGE
-    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "components.origin"]
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "components.release.origin"]
     assert lines == [("INFO", f"components {components.__version__} from {PACKAGE}"),
                      ("INFO", f"components at {PACKAGE} is the same code as the bundle's own copy at "
                               f"{(bundle / 'components').resolve()}")]  # fmt: skip
@@ -55,7 +55,7 @@ def test_a_copy_of_the_same_code_runs_wherever_it_is(tmp_path, caplog):
 
 def test_one_changed_byte_is_other_code(tmp_path):
     bundle = _bundle_carrying(tmp_path / "bundle")
-    settings = bundle / "components" / "settings.py"
+    settings = bundle / "components" / "training" / "settings.py"
     settings.write_text(settings.read_text() + "\n")
     with pytest.raises(BundleCodeMismatch, match=f"carries components {components.__version__} at "):
         report_origin(bundle)
@@ -63,10 +63,10 @@ def test_one_changed_byte_is_other_code(tmp_path):
 
 def test_a_bundle_without_its_own_copy_runs_the_imported_package(tmp_path, caplog):
     """A bundle of this repository carries no components/; the repository root's components/ is the imported one."""
-    caplog.set_level(logging.INFO, logger="components.origin")
+    caplog.set_level(logging.INFO, logger="components.release.origin")
     assert report_origin(tmp_path) == PACKAGE
     assert report_origin(PACKAGE.parent) == PACKAGE
-    assert [r.levelname for r in caplog.records if r.name == "components.origin"] == ["INFO", "INFO"]
+    assert [r.levelname for r in caplog.records if r.name == "components.release.origin"] == ["INFO", "INFO"]
 
 
 def test_the_bundle_is_found_from_its_config_files_whatever_the_working_directory(tmp_path, monkeypatch):

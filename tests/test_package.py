@@ -1,5 +1,5 @@
 """Release and reuse: reproducible packaging, MONAI download / load of the package, hash-checked fetch, safe
-extraction, finetuning from downloaded weights, MLflow tracking and the command line (components.package).
+extraction, finetuning from downloaded weights, MLflow tracking and the command line (components.release.package).
 
 Everything works on copies under tmp_path; nothing is written into bundles/."""
 
@@ -27,8 +27,8 @@ import components
 from components import download as fetching
 from components import package as pkg
 from components.__main__ import COMMANDS
-from components.origin import package_source
-from components.runner import BUNDLES_DIR, bundle_command
+from components.release.origin import package_source
+from components.demo.runner import BUNDLES_DIR, bundle_command
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:parsing config_file:UserWarning"),  # MONAI's notice for every config parse
@@ -478,7 +478,7 @@ def test_package_refuses_weights_with_another_number_of_classes(tmp_path):
 def exported_btcv(tmp_path_factory) -> Path:
     """A copy of the CT bundle with tiny trained weights and their exported program (ROI 64x32x32), as
     `python -m components export` writes it."""
-    from components.export import export_network
+    from components.release.export import export_network
 
     root = _copy_bundle(BTCV, tmp_path_factory.mktemp("exported"))
     (root / "models").mkdir()
@@ -576,7 +576,7 @@ def test_package_takes_eval_metrics_from_the_record_of_the_packaged_weights(tmp_
     record = _evaluation_record(root, seed=0)
     measured = pkg.sha256_file(root / "models" / "model.pt")
     assert record["weights"] == {"file": str(root / "models" / "model.pt"), "sha256": measured}
-    caplog.set_level(logging.INFO, logger="components.package")
+    caplog.set_level(logging.INFO, logger="components.release.package")
     metrics = _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist"), BTCV)["eval_metrics"]
     assert metrics == {"val_mean_dice": record["mean"], **record["per_class"]}
     assert len(metrics) == 14 and metrics["gallbladder"] is None and 0 < metrics["val_mean_dice"] < 1
@@ -599,7 +599,7 @@ def test_package_never_copies_the_repository_eval_metrics(tmp_path, caplog):
     meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "eval_metrics": demo}, indent=4))
     (root / "models").mkdir()
     torch.save(_perturbed(LOADED[BTCV](), seed=7), root / "models" / "model.pt")
-    caplog.set_level(logging.WARNING, logger="components.package")
+    caplog.set_level(logging.WARNING, logger="components.release.package")
     assert _packaged_metadata(pkg.package_bundle(root, tmp_path / "dist"), BTCV)["eval_metrics"] == {}
     (warning,) = [r.getMessage() for r in caplog.records]
     assert f"no evaluation record at {root / 'eval' / 'metrics.json'}" in warning

@@ -17,7 +17,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from components.runner import BUNDLES_DIR, bundle_command
+from components.demo.runner import BUNDLES_DIR, bundle_command
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import torch
 from ignite.engine import Engine
 
 from components import progress
-from components.progress import StatsWithEta, VolumeProgress, remaining_seconds
+from components.training.progress import StatsWithEta, VolumeProgress, remaining_seconds
 
 
 class FakeClock:
@@ -82,9 +82,9 @@ def test_volume_progress_logs_a_line_per_volume_when_not_a_terminal(caplog):
     clock = FakeClock()
     engine = _engine(clock, 3.0)
     VolumeProgress(stream=io.StringIO(), clock=clock).attach(engine)
-    with caplog.at_level(logging.INFO, logger="components.progress"):
+    with caplog.at_level(logging.INFO, logger="components.training.progress"):
         engine.run(range(4))
-    lines = [r.getMessage() for r in caplog.records if r.name == "components.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "components.training.progress"]
     assert lines[1] == "volume 2/4 done (3.0 s) -- elapsed 0:00:06, ETA 0:00:06"
     assert lines[-1] == "volume 4/4 done (3.0 s) -- elapsed 0:00:12, ETA 0:00:00" and len(lines) == 4
 
@@ -94,9 +94,9 @@ def test_durations_read_as_python_timedeltas(caplog):
     clock = FakeClock()
     engine = _engine(clock, 27_360.4)
     VolumeProgress(stream=io.StringIO(), clock=clock).attach(engine)
-    with caplog.at_level(logging.INFO, logger="components.progress"):
+    with caplog.at_level(logging.INFO, logger="components.training.progress"):
         engine.run(range(4))
-    lines = [r.getMessage() for r in caplog.records if r.name == "components.progress"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "components.training.progress"]
     assert lines[0] == "volume 1/4 done (27360.4 s) -- elapsed 7:36:00, ETA 22:48:01"
     assert lines[3] == "volume 4/4 done (27360.4 s) -- elapsed 1 day, 6:24:02, ETA 0:00:00"
 
@@ -110,10 +110,10 @@ def test_volume_progress_draws_a_bar_on_a_terminal(caplog):
     engine = _engine(FakeClock(), 0.0)
     terminal = Terminal()
     VolumeProgress(stream=terminal).attach(engine)
-    with caplog.at_level(logging.INFO, logger="components.progress"):
+    with caplog.at_level(logging.INFO, logger="components.training.progress"):
         engine.run(range(4))
     assert "[4/4]" in terminal.getvalue() and "<" in terminal.getvalue()  # count and [elapsed<remaining]
-    assert not [r for r in caplog.records if r.name == "components.progress"]
+    assert not [r for r in caplog.records if r.name == "components.training.progress"]
 
 
 def test_volume_progress_is_silent_on_other_ranks(caplog, monkeypatch):
@@ -121,6 +121,6 @@ def test_volume_progress_is_silent_on_other_ranks(caplog, monkeypatch):
     engine = _engine(FakeClock(), 1.0)
     terminal = Terminal()
     VolumeProgress(stream=terminal).attach(engine)
-    with caplog.at_level(logging.INFO, logger="components.progress"):
+    with caplog.at_level(logging.INFO, logger="components.training.progress"):
         engine.run(range(3))
-    assert terminal.getvalue() == "" and not [r for r in caplog.records if r.name == "components.progress"]
+    assert terminal.getvalue() == "" and not [r for r in caplog.records if r.name == "components.training.progress"]

@@ -1,4 +1,4 @@
-"""Quiet runs (components.quiet): the known-harmless third-party messages are filtered narrowly, engine progress
+"""Quiet runs (components.training.quiet): the known-harmless third-party messages are filtered narrowly, engine progress
 comes from rank 0 unless log_per_rank, and other warnings still show."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_runner_filters_monais_eval_notice_for_its_own_runs(monkeypatch, tmp_pat
     notice, printed before any bundle code loads, is filtered in its subprocesses; other warnings still show."""
     import sys
 
-    from components import runner
+    from components.demo import runner
 
     script = ("import warnings; warnings.warn('parsing config_file c.json: any value is passed to eval()', UserWarning); "
               "warnings.warn('another notice', UserWarning)")  # fmt: skip

@@ -1,4 +1,4 @@
-"""RankMe (components.rankme): the effective rank of embeddings, and the handler both pretraining bundles attach."""
+"""RankMe (components.training.rankme): the effective rank of embeddings, and the handler both pretraining bundles attach."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from monai.data import Dataset
 from monai.transforms import RandSpatialCropSamplesd
 
 import components
-from components.rankme import EmbeddingRankHandler, effective_rank
+from components.training.rankme import EmbeddingRankHandler, effective_rank
 
 BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
 
@@ -94,7 +94,7 @@ def test_the_handler_logs_the_rank_at_its_interval_and_the_last_epoch(caplog):
     def _record(engine):
         seen[engine.state.epoch] = engine.state.metrics.get("val_rankme")
 
-    with caplog.at_level("INFO", logger="components.rankme"):
+    with caplog.at_level("INFO", logger="components.training.rankme"):
         trainer.run([0], max_epochs=3)
     assert seen[1] is None and seen[2] is not None and seen[3] == seen[2]  # same crops, same weights: same value
     assert 20 < seen[2] <= 32

@@ -31,7 +31,7 @@ from monai.networks.layers import DropPath
 from monai.transforms import RandSpatialCropd
 
 from components import ReseedEachEpoch, write_dataset
-from components.runner import BUNDLES_DIR
+from components.demo.runner import BUNDLES_DIR
 from tests.probes import read_crops, read_lr, read_volumes
 from tests.test_pretrain_bundle import TINY as SSL_TINY
 from tests.test_pretrain_bundle import _run

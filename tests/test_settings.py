@@ -10,7 +10,7 @@ import torch
 from monai.bundle import ConfigParser
 
 from components import check_overrides, check_settings, rot_rand, rotation_axes
-from components.running_bundle import RunningBundle, running_bundle
+from components.config.running import RunningBundle, running_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,7 @@ def test_running_bundle_reads_the_files_and_overrides_monai_was_given(tmp_path):
     arguments such as workflow_type or logging_file)."""
     from monai.bundle.scripts import create_workflow
 
-    config = {"imports": ["$import sys", "$from components.running_bundle import running_bundle"], "x": 1,
+    config = {"imports": ["$import sys", "$from components.config.running import running_bundle"], "x": 1,
               "initialize": [f"$sys.modules[{__name__!r}].SEEN.append(running_bundle())"]}
     path = tmp_path / "configs" / "probe.json"
     path.parent.mkdir()

@@ -70,7 +70,7 @@ def test_checkpointing_saves_less_and_is_switched_on_every_block():
 def test_auto_decides_from_free_memory_and_forced_values_win(caplog):
     net, shapes = _net(), [[2, 1, 64, 32, 32]]
     need = components.saved_activation_bytes(net, shapes) + 4 * sum(p.numel() * 4 for p in net.parameters())
-    with caplog.at_level("INFO", logger="components.step_memory"):
+    with caplog.at_level("INFO", logger="components.networks.step_memory"):
         assert components.checkpointing_decision(net, "auto", shapes, "cpu", free_bytes=int(need * 2)) is False
         assert components.checkpointing_decision(net, "auto", shapes, "cpu", free_bytes=int(need * 1.1)) is True  # margin
     assert "checkpointing off" in caplog.text and "checkpointing on" in caplog.text and "GiB free on cpu" in caplog.text
@@ -175,7 +175,7 @@ def test_fused_kernel_is_counted_on_cuda_and_explicit_attention_on_the_cpu(windo
 def test_auto_checkpoints_the_explicit_step_but_not_the_fused_one_of_the_same_size(window7, caplog):
     nets, on = window7
     free = int((on["fused", "cuda"].total + on["explicit", "cuda"].total) / 2 * 1.25)  # between the two needs
-    with caplog.at_level("INFO", logger="components.step_memory"):
+    with caplog.at_level("INFO", logger="components.networks.step_memory"):
         for name, expected in (("fused", False), ("explicit", True)):
             decision = components.checkpointing_decision(nets[name], "auto", [WINDOW7_STEP], "cuda", free_bytes=free,
                                                          world_size=1)  # fmt: skip
@@ -256,7 +256,7 @@ def test_ranks_of_a_node_share_the_host_memory_but_not_their_gpus(monkeypatch, c
     assert components.checkpointing_decision(net, "auto", shapes, "cpu", world_size=1) is False
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert step_memory.local_ranks_sharing("cpu") == 2 and step_memory.local_ranks_sharing("cuda:1") == 1
-    with caplog.at_level("INFO", logger="components.step_memory"):
+    with caplog.at_level("INFO", logger="components.networks.step_memory"):
         assert components.checkpointing_decision(net, "auto", shapes, "cpu", world_size=1) is True
     shared = f"{host // 2 / GIB:.2f} GiB free on cpu (MemAvailable {host / GIB:.2f} GiB shared by 2 local ranks)"
     assert shared in caplog.text

@@ -36,7 +36,7 @@ from components.data.partition import partition_for_rank
 from components.data.store.format import chunk_numbers, storage_dtype, write_array
 from components.data.store.transforms import build_transforms
 from components.data.store.values import decode_value, encode_value
-from components.runner import bundle_dir
+from components.demo.runner import bundle_dir
 from tests.test_transforms import _recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # Orientationd's `labels` default notice

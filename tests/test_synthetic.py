@@ -1,4 +1,4 @@
-"""Tests for the synthetic MSD-style datasets written by components.synthetic."""
+"""Tests for the synthetic MSD-style datasets written by components.data.synthetic."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from monai.data import load_decathlon_datalist
 from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, Orientationd
 
-from components.synthetic import CT_LABELS, DEMO_ORGANS, MRI_LABELS, split_sizes, write_dataset
+from components.data.synthetic import CT_LABELS, DEMO_ORGANS, MRI_LABELS, split_sizes, write_dataset
 
 KEYS = ("training", "validation", "test")
 

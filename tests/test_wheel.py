@@ -66,7 +66,7 @@ def test_demo_package_and_fetch_run_from_the_installed_wheel(venv_python, tmp_pa
     demo writes its summary, ``package`` zips a carried bundle, ``fetch`` verifies and extracts it; nothing is
     written into the installed bundles; an unknown bundle name fails naming the carried ones."""
     env = _env(OMP_NUM_THREADS="2")
-    where = "import json, components, components.runner as r; print(json.dumps([components.__file__, str(r.BUNDLES_DIR)]))"
+    where = "import json, components, components.demo.runner as r; print(json.dumps([components.__file__, str(r.BUNDLES_DIR)]))"
     package_file, bundles = json.loads(_ok(_run([venv_python, "-c", where], tmp_path, env), "import").strip().splitlines()[-1])
     site = Path(venv_python).parent.parent
     assert Path(package_file).is_relative_to(site) and Path(bundles) == Path(package_file).parent / "bundles"

@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from ..config_values import as_bool, optional_path
+from ..config.values import as_bool, optional_path
 from .layouts import (
     _ENCODER_PREFIX,
     PATCH_EMBED_WEIGHT,

@@ -1,5 +1,5 @@
 """Pretrained weights into a model, with a report: :func:`load_pretrained`, :func:`convert_state_dict` and the
-:class:`PretrainedLoader` handler (:func:`components.conversion.convert_checkpoint` writes converted files).
+:class:`PretrainedLoader` handler (:func:`components.release.conversion.convert_checkpoint` writes converted files).
 
 The common finetuning rule "strip ``module.``, rename ``swin_vit``, load with ``strict=False``" loads *zero*
 tensors of the CVPR release ``model_swinvit.pt`` and says nothing. Here the layout is detected and named
@@ -20,7 +20,7 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from ..config_values import optional_path
+from ..config.values import optional_path
 from .architecture import check_architecture, encoder_architecture
 from .layouts import (
     _ENCODER_PREFIX,

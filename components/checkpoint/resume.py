@@ -14,7 +14,7 @@ import torch
 from ignite.engine import Engine, Events
 from torch import nn
 
-from ..config_values import as_bool, optional_path
+from ..config.values import as_bool, optional_path
 from .layouts import CheckpointLoadError, _strip_wrappers, read_checkpoint
 from .pretrained import _unwrap_model
 from .training_state import (

@@ -17,7 +17,7 @@ from ignite.engine import Engine, Events
 from monai.handlers import CheckpointSaver
 from torch import nn
 
-from ..atomic import temp_prefix
+from ..files import temp_prefix
 from ..distributed import broadcast_from_rank0, get_rank
 from .pretrained import _unwrap_model
 from .training_state import (

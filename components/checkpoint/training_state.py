@@ -15,17 +15,17 @@ import torch
 from ignite.engine import Engine, EventEnum
 from torch.optim.lr_scheduler import LambdaLR
 
-from ..atomic import atomic_write
+from ..files import atomic_write
 
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save(obj, path)`` so that ``path`` holds either the previous file or the complete new one.
 
-    Written through :func:`components.atomic.atomic_write` (temporary file, ``fsync``, ``os.replace``, directory
+    Written through :func:`components.files.atomic_write` (temporary file, ``fsync``, ``os.replace``, directory
     ``fsync``). A killed process leaves a ``.<name>.<random>.tmp`` behind, never a partial ``path``
     (:class:`ResumableCheckpointSaver` removes such leftovers of its file at start). Why not ignite's
-    ``DiskSaver(atomic=True)``: see :mod:`components.atomic`; through ``Checkpoint`` it also insists on its own
+    ``DiskSaver(atomic=True)``: see :mod:`components.files`; through ``Checkpoint`` it also insists on its own
     file naming and retention.
     """
     path = Path(path)

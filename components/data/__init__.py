@@ -24,6 +24,8 @@ Modules, each one concern:
 - ``store`` (a package): the on-disk store of preprocessed volumes for corpora that do not fit in memory:
   ``preprocess`` (``python -m components preprocess``), ``open_store`` / ``Store``, ``StoreDataset`` with lazy
   ``StoredArray`` handles, ``ReadStoredd``, ``bundle_transforms`` / ``transforms_fingerprint``, ``StoreError`` / ``StoreReadError``.
+- ``synthetic``: ``write_dataset``: the synthetic CT and MRI volumes, labels and datalists that the demo, the tests and
+  the benchmarks train on (``python -m components synth``).
 
 The public names are re-exported here (``from components.data import build_dataset``) and imported on first use
 (PEP 562, as in ``components``): ``check-data`` imports the check without MONAI's datasets and ignite.
@@ -60,5 +62,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "preprocess",
         "transforms_fingerprint",
     ),
+    "synthetic": ("write_dataset",),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -16,7 +16,7 @@ from pathlib import Path
 from monai.data import partition_dataset
 
 from ..distributed import get_rank, get_world_size
-from ..synthetic import split_sizes
+from .synthetic import split_sizes
 from .datalists import MissingDatalist
 
 __all__ = ["check_shard_sizes", "partition_for_rank", "split_for_rank"]

@@ -22,7 +22,7 @@ from monai.config import KeysCollection
 from monai.data import Dataset, MetaTensor
 from monai.transforms import MapTransform, apply_transform
 
-from ...running_bundle import running_bundle
+from ...config.running import running_bundle
 from ...distributed import get_world_size
 from ..partition import check_shard_sizes, partition_for_rank
 from .format import FORMAT_VERSION, chunk_checksums
@@ -236,7 +236,7 @@ def _run_parser() -> Any:
 
 def run_fingerprint() -> str | None:
     """The fingerprint of the deterministic transforms of the bundle run that is starting
-    (:func:`~components.running_bundle.running_bundle`: its config files with its overrides), which a store must
+    (:func:`~components.config.running.running_bundle`: its config files with its overrides), which a store must
     have been written with; None outside a bundle run (a bare ``ConfigParser``), where nothing can be compared."""
     from .transforms import bundle_transforms
 

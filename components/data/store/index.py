@@ -26,13 +26,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...atomic import atomic_write, fsync_dir
+from ...files import atomic_write, fsync_dir
 from .format import FORMAT_VERSION
 
 __all__ = [
     "StoreError",
     "commit_volume",
-    "file_sha256",
     "merge_parts",
     "part_path",
     "read_json",
@@ -70,12 +69,6 @@ def volume_id(entry: Any, image_key: str = "image") -> str:
     stem = re.sub(r"[^A-Za-z0-9_.-]", "_", stem)[:64] or "volume"
     digest = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"{stem}-{digest}"
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """The sha256 of a file's content, read in blocks."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_json(path: Path, what: str) -> Any:

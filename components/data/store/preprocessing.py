@@ -33,7 +33,6 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, TextIO
 
-from ...progress import remaining_seconds
 from ..check import check_items
 from ..check_report import DataCheckError, DataReport
 from ..datalists import load_datalist
@@ -93,8 +92,7 @@ class _Progress:
         if done % self.every and done != self.total:
             return
         elapsed = time.monotonic() - self.start
-        left = remaining_seconds(done, self.total, elapsed)
-        eta = "?" if left is None else timedelta(seconds=round(left))
+        eta = "?" if done <= 0 else timedelta(seconds=round(elapsed / done * (self.total - done)))  # at the mean pace
         text = f"preprocess: {done}/{self.total} volumes, elapsed {timedelta(seconds=round(elapsed))}, ETA {eta}"
         self.stream.write(("\r" + text + ("\n" if done == self.total else "")) if self.tty else text + "\n")
         self.stream.flush()

@@ -27,7 +27,7 @@ def _json_able(value: Any) -> bool:
 
 
 def bundle_transforms(bundle: str | os.PathLike | Any, overrides: Mapping[str, Any] | None = None) -> list[dict]:
-    """``train#deterministic_transforms`` of a bundle (its folder, e.g. ``components.runner.bundle_dir(name)``, or
+    """``train#deterministic_transforms`` of a bundle (its folder, e.g. ``components.demo.runner.bundle_dir(name)``, or
     a ``monai.bundle.ConfigParser`` already read) with ``overrides`` of its ids (e.g. ``{"roi_size": [64] * 3,
     "intensity_range": [-175, 250]}``), as a list of ``{"_target_": name, argument: value}``.
 

@@ -27,7 +27,8 @@ import torch
 
 from .format import ARRAY_SUFFIX, write_array
 from .handle import StoredArray, StoreReadError
-from .index import ITEM, VOLUMES, StoreError, commit_volume, file_sha256, read_json, write_json
+from ...files import sha256_file
+from .index import ITEM, VOLUMES, StoreError, commit_volume, read_json, write_json
 from .values import decode_value, encode_value
 
 __all__ = ["read_item", "source_files", "write_volume"]
@@ -105,7 +106,7 @@ def write_volume(data: Mapping, item: Mapping, keys: tuple[str, ...], root: Path
         "id": volume,
         "position": position,
         "source": encode_value(dict(item), where),
-        "sha256": {path: file_sha256(path) for path in files},
+        "sha256": {path: sha256_file(path) for path in files},
         "arrays": {key: {f: record[f] for f in _INDEXED} for key, record in records.items()},
         "spacing": _spacing(data, list(arrays)),
         "values": values,

@@ -1,7 +1,7 @@
 """The network of the inpainting / contrastive recipe ("SSL head"): MONAI's Swin ViT encoder with three heads.
 
 The model follows Tang et al., "Self-Supervised Pre-Training of Swin Transformers for 3D Medical Image
-Analysis" (CVPR 2022): the encoder of :func:`components.networks.swin_vit` (attribute ``swinViT``), a rotation
+Analysis" (CVPR 2022): the encoder of :func:`components.networks.swin.swin_vit` (attribute ``swinViT``), a rotation
 head (``rotation_head``), a contrastive head (``contrastive_head``) and a reconstruction decoder (``conv``). The
 attribute names and the decoder layouts are those of the published checkpoints, so weights move between this
 module, those checkpoints and ``SwinUNETR.swinViT`` unchanged.
@@ -16,7 +16,7 @@ import torch
 from monai.networks.layers import Conv, Norm
 from torch import nn
 
-from ...networks import (
+from ...networks.swin import (
     DEFAULT_DEPTHS,
     DEFAULT_NUM_HEADS,
     DEFAULT_WINDOW,
@@ -73,14 +73,14 @@ class SSLHead(nn.Module):
             (the relative position bias table has ``(2 * window_size - 1) ** spatial_dims`` rows).
         use_checkpoint: activation checkpointing in every Swin block (``torch.utils.checkpoint`` with
             ``use_reentrant=False`` in MONAI >= 1.3): less memory, about one more encoder forward of compute.
-        use_v2: a SwinUNETR v2 encoder (:func:`~components.networks.swin_vit`: a residual convolution block
+        use_v2: a SwinUNETR v2 encoder (:func:`~components.networks.swin.swin_vit`: a residual convolution block
             before each stage, as VoCo's); its weights load into ``SwinUNETR(use_v2=True).swinViT``. The heads
             and the decoder are the same.
         depths: Swin blocks per stage, four values ((2, 2, 2, 2) as published; BrainSegFounder: (2, 2, 6, 2) or
             (2, 2, 18, 2)).
         num_heads: attention heads per stage, four values ((3, 6, 12, 24) as published; BrainSegFounder:
             (4, 8, 16, 32) or (6, 12, 24, 48)); ``feature_size`` must be divisible by the first, and each stage's
-            channels by its own (:func:`~components.networks.check_stages`).
+            channels by its own (:func:`~components.networks.swin.check_stages`).
         upsample: the reconstruction decoder, one of
 
             - ``"vae"`` (default): five blocks ``[Conv k3 p1, InstanceNorm, LeakyReLU, Upsample x2]`` taking

@@ -1,7 +1,7 @@
 """The recipe object of the inpainting / contrastive recipe (Tang et al., CVPR 2022).
 
 It gives the recipe's views (:mod:`.views`), network outputs (:mod:`.network`) and loss (:mod:`.loss`) to the
-recipe-agnostic engines (:class:`~components.engine.PretrainingTrainer`), and holds the recipe's ready-made trainer
+recipe-agnostic engines (:class:`~components.training.engine.PretrainingTrainer`), and holds the recipe's ready-made trainer
 and evaluator and its TensorBoard view of the reconstructions.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import torch
 from monai.utils import CommonKeys as Keys
 
-from ...engine import PretrainingEvaluator, PretrainingTrainer
+from ...training.engine import PretrainingEvaluator, PretrainingTrainer
 from ..pictures import ValidationPictures
 from .views import ssl_views
 
@@ -65,7 +65,7 @@ class InpaintingContrastRecipe:
 
 
 class SSLTrainer(PretrainingTrainer):
-    """:class:`~components.engine.PretrainingTrainer` with :class:`InpaintingContrastRecipe` built from
+    """:class:`~components.training.engine.PretrainingTrainer` with :class:`InpaintingContrastRecipe` built from
     ``loss_function`` (e.g. :class:`~components.SSLLoss`); other arguments as that trainer."""
 
     def __init__(self, *args: Any, loss_function: Callable, **kwargs: Any) -> None:
@@ -73,7 +73,7 @@ class SSLTrainer(PretrainingTrainer):
 
 
 class SSLEvaluator(PretrainingEvaluator):
-    """:class:`~components.engine.PretrainingEvaluator` of the recipe's views: its ``pred`` / ``label`` (the
+    """:class:`~components.training.engine.PretrainingEvaluator` of the recipe's views: its ``pred`` / ``label`` (the
     reconstructions and the clean rotated views) give the reconstruction L1, the key metric (lower is better)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -3,7 +3,7 @@
 SimMIM (Xie et al., CVPR 2022): masked patch embeddings are replaced by one learned token before the first Swin stage,
 and a one-layer linear decoder predicts the voxels of the whole crop from the last stage's features (a 1x1x1
 convolution to ``32^3 x C`` channels, rearranged into ``32^3`` voxels per final token). The encoder is
-:func:`components.networks.swin_vit` held as ``swinViT``, so the encoder's weights load into ``SwinUNETR.swinViT`` and
+:func:`components.networks.swin.swin_vit` held as ``swinViT``, so the encoder's weights load into ``SwinUNETR.swinViT`` and
 every loader of this collection as the other recipes' do.
 """
 
@@ -15,7 +15,7 @@ from torch import nn
 
 from collections.abc import Sequence
 
-from ...networks import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
+from ...networks.swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
 from ..self_distillation.network import ProjectionHead
 
 __all__ = ["DECODERS", "MaskedImageModel", "voxel_shuffle"]

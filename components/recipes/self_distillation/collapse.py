@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from ignite.engine import Engine, Events
 
-from ...engine import log_filter
+from ...training.engine import log_filter
 
 __all__ = ["TeacherCollapseError", "StopOnCollapse"]
 

@@ -1,6 +1,6 @@
 """Student / teacher networks of self-distillation: a Swin ViT encoder with a DINO projection head.
 
-The encoder is :func:`components.networks.swin_vit` held as attribute ``swinViT`` (the layout every loader of this
+The encoder is :func:`components.networks.swin.swin_vit` held as attribute ``swinViT`` (the layout every loader of this
 collection reads); a volume's embedding is the mean of its last-stage tokens. The head follows DINO (Caron et al.,
 2021): an MLP to a bottleneck, L2 normalisation, and a weight-normalised linear layer onto the prototypes.
 """
@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from ...encoder_lr import encoder_param_groups
-from ...engine import unwrap
-from ...networks import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
+from ...training.encoder_lr import encoder_param_groups
+from ...training.engine import unwrap
+from ...networks.swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
 
 __all__ = ["SwinViTEmbedding", "ProjectionHead", "SelfDistillationNetwork", "weight_decay_groups"]
 
@@ -39,7 +39,7 @@ class SwinViTEmbedding(nn.Module):
             into ``SwinUNETR(use_v2=True).swinViT``.
         depths, num_heads: Swin blocks and attention heads per stage, four each ((2, 2, 2, 2) and (3, 6, 12, 24) as
             published; BrainSegFounder's deeper encoders: e.g. (2, 2, 6, 2) and (4, 8, 16, 32)), checked by
-            :func:`~components.networks.check_stages` before the encoder is built.
+            :func:`~components.networks.swin.check_stages` before the encoder is built.
 
     Shapes:
         input ``(B, in_channels, *spatial)``, every spatial size a multiple of 32; output ``(B, 16 * feature_size)``.

@@ -1,4 +1,4 @@
-"""Self-distillation (DINO) as a recipe of :class:`~components.engine.PretrainingTrainer`.
+"""Self-distillation (DINO) as a recipe of :class:`~components.training.engine.PretrainingTrainer`.
 
 The student is the trainer's network (DDP-wrapped under torchrun); the teacher lives here, is never wrapped, never
 receives gradients and follows the student by an exponential moving average after every optimizer step (one
@@ -22,7 +22,7 @@ from monai.networks.layers import DropPath
 from monai.utils import CommonKeys as Keys
 from torch import nn
 
-from ...engine import unwrap
+from ...training.engine import unwrap
 from .loss import SelfDistillationLoss
 from .views import MultiCrop, MultiCropViews
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ...networks import SPATIAL_REDUCTION
+from ...networks.swin import SPATIAL_REDUCTION
 
 __all__ = ["MultiCropViews", "MultiCrop", "gaussian_blur"]
 

@@ -1,25 +1,20 @@
-"""Settings of a bundle checked when the workflow starts: those that must agree, and the ids the user overrode.
-
-A disagreement found by the first iteration (a rotation of a non-square crop) or by the first validation (a metric
-given fewer classes than names) costs a whole epoch of caching and training and then fails far from the cause.
-:func:`check_settings` runs in a bundle's ``initialize`` and fails at once, in one line naming both settings.
+"""The ids a user overrode on the command line, checked when the workflow starts.
 
 An override of an id that the configs do not define (misspelt, or one of the ids that 0.2.0 moved into the groups
 ``training``, ``loader``, ``speed`` and ``checkpointing``) is merged into the config by MONAI as a new id that nothing
-reads: ``--val_interval 1`` then never validates. :func:`check_overrides`, also in ``initialize``, stops such a run
-before any data is read, in one line naming the id and, where it moved, its new name.
+reads: ``--val_interval 1`` then never validates. :func:`check_overrides`, in a bundle's ``initialize``, stops such a
+run before any data is read, in one line naming the id and, where it moved, its new name.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from .networks import check_roi_size
-from .running_bundle import RunningBundle, running_bundle
+from .running import RunningBundle, running_bundle
 
-__all__ = ["KNOB_GROUPS", "check_overrides", "check_settings", "rotation_axes"]
+__all__ = ["KNOB_GROUPS", "check_overrides"]
 
 #: the groups of knobs a user rarely touches; their members are checked like top-level ids (an override of a member
 #: of another id, such as ``network_def#depths``, is an argument of that component and may add one).
@@ -31,68 +26,6 @@ _RENAMED = {
     "ckpt_iteration_interval": "checkpointing#iteration_interval",
     "ckpt_time_interval_s": "checkpointing#time_interval_s",
 }
-
-
-def check_settings(
-    roi_size: Sequence[int] | None = None,
-    network: str = "network_def",
-    rotation: bool = False,
-    rotate90_prob: float | None = None,
-) -> None:
-    """Checks the settings that must agree; each argument left None is not checked.
-
-    Args:
-        roi_size: the training crop; every axis a multiple of 32 with at least two tokens at the encoder's last
-            stage (Swin UNETR reduces each axis by 32; :func:`~components.networks.check_roi_size`).
-        network: names the network in the message, e.g. "SwinUNETR".
-        rotation: the SSL rotation views rotate each crop by k * 90 degrees in its last two axes, which needs the
-            last two ``roi_size`` values equal (else the first iteration fails in ``rot_rand``).
-        rotate90_prob: the finetuning augmentation's ``RandRotate90d`` probability: above 0 it needs two equal axes
-            of ``roi_size`` to rotate in (:func:`rotation_axes`).
-
-    Raises:
-        ValueError: one line naming the two settings that disagree and how to fix them.
-
-    Example:
-        >>> check_settings(roi_size=[96, 96, 96], network="SwinUNETR")
-    """
-    if roi_size is None:
-        return
-    roi = [int(s) for s in roi_size]
-    try:
-        check_roi_size(roi, spatial_dims=3)
-    except ValueError as err:
-        reason = str(err).removeprefix("SSLHead: ")
-        raise ValueError(f"roi_size {roi} does not fit the network ({network}): {reason}") from None
-    if rotation and roi[1] != roi[2]:
-        side = max(roi[1], roi[2])
-        raise ValueError(
-            f"roi_size {roi} and the SSL rotation views disagree: rot_rand rotates each crop by k * 90 degrees in its "
-            f"last two axes, which needs them equal, got {roi[1]} and {roi[2]}; "
-            f"e.g. --roi_size \"[{roi[0]},{side},{side}]\"."
-        )
-    if rotate90_prob is not None and float(rotate90_prob) > 0 and len(set(roi)) == len(roi):
-        raise ValueError(
-            f"roi_size {roi} and training#rotate90_prob {rotate90_prob} disagree: a 90-degree rotation (RandRotate90d) "
-            f"needs two equal axes to keep a crop's shape, {roi} has none; give two (e.g. --roi_size "
-            f"\"[{roi[0]},{roi[1]},{roi[1]}]\") or run with --training#rotate90_prob 0."
-        )
-
-
-def rotation_axes(roi_size: Sequence[int]) -> tuple[int, int]:
-    """The plane in which ``RandRotate90d`` turns crops of ``roi_size`` without changing their shape: ``(0, 1)`` when
-    the first two axes are equal (the recipe's plane, so cubic crops rotate as published), else the first pair of
-    equal axes. A crop batch of mixed shapes cannot be collated, and one crop per step would train on shapes the
-    config never asked for. With no two equal axes it is ``(0, 1)``, and :func:`check_settings` refuses the run when
-    the rotation is on (``rotate90_prob`` above 0).
-
-    Example:
-        >>> rotation_axes([64, 32, 32])
-        (1, 2)
-    """
-    roi = [int(s) for s in roi_size]
-    pairs = [(a, b) for a in range(len(roi)) for b in range(a + 1, len(roi)) if roi[a] == roi[b]]
-    return pairs[0] if pairs else (0, 1)
 
 
 def _ids(config: Mapping[str, Any]) -> list[str]:

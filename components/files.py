@@ -1,4 +1,5 @@
-"""Files written for a user are whole or absent: one helper for every checkpoint, metrics file, package and download.
+"""Files written for a user are whole or absent: one helper for every checkpoint, metrics file, package and download;
+and one digest of a file's content, for every record that names the file it was made from.
 
 Why not ignite's ``DiskSaver(atomic=True)`` or a plain ``os.replace``: neither ``fsync``-s the data before the rename
 nor the directory after it, so a crash shortly after a write can leave an empty file under the final name on some
@@ -8,6 +9,7 @@ file systems; and ``DiskSaver`` serves checkpoints only.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import stat
 import tempfile
@@ -15,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "fsync_dir", "temp_prefix"]
+__all__ = ["atomic_write", "fsync_dir", "sha256_file", "temp_prefix"]
 
 
 def temp_prefix(path: Path) -> str:
@@ -74,3 +76,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
             os.unlink(tmp_name)
         raise
     fsync_dir(path.parent)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of a file's content, read in blocks (``hashlib.file_digest``)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

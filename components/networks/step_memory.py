@@ -39,8 +39,8 @@ from monai.networks.nets.swin_unetr import WindowAttention
 from torch.overrides import TorchFunctionMode
 
 from .attention import FusedWindowAttention
-from .config_values import as_bool
-from .distributed import get_local_world_size, get_world_size
+from ..config.values import as_bool
+from ..distributed import get_local_world_size, get_world_size
 
 __all__ = [
     "StepMemory",
@@ -154,7 +154,7 @@ def saved_activation_bytes(
     The window attention is counted as the computation that will run (:attr:`StepMemory.attention`). On meta
     ``scaled_dot_product_attention`` has only its math kernel, which saves the ``n x n`` matrices, so:
 
-    - a CUDA target: the :class:`~components.attention.FusedWindowAttention` calls are counted as the fused kernel,
+    - a CUDA target: the :class:`~components.networks.attention.FusedWindowAttention` calls are counted as the fused kernel,
       which keeps q, k, v, the output, the log-sum-exp and the bias (one per window and head, shared by the images
       of the batch) and no attention matrix; with a head size the fused kernels refuse, the math kernel as on CUDA;
     - a CPU target: the fused modules compute MONAI's explicit attention in training, and so does the probe

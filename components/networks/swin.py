@@ -1,7 +1,7 @@
 """What every recipe and bundle shares about the network: the Swin ViT encoder in ``SwinUNETR``'s configuration,
-the ROI check, :func:`prepare_network` (attention kernel, activation checkpointing, device) that every bundle's
-``network`` goes through, and :class:`LinearProbe`, the finetuning bundles' test of a pretrained encoder alone. The
-recipes' heads live in :mod:`components.recipes`.
+the ROI check, and :func:`prepare_network` (attention kernel, activation checkpointing, device) that every bundle's
+``network`` goes through. The recipes' heads live in :mod:`components.recipes`, the linear probe in
+:mod:`components.networks.probe`.
 """
 
 from __future__ import annotations
@@ -11,17 +11,14 @@ from collections.abc import Sequence
 from numbers import Integral
 
 import torch
-import torch.nn.functional as F
-from monai.networks.layers import Conv
 from monai.networks.nets.swin_unetr import SwinTransformer
 from torch import nn
 
 from .attention import use_fused_attention
-from .config_values import as_bool
+from ..config.values import as_bool
 from .step_memory import checkpointing_decision, set_checkpointing
 
 __all__ = [
-    "LinearProbe",
     "prepare_network",
     "swin_vit",
     "check_stages",
@@ -48,8 +45,7 @@ _PATCH = 2
 # MONAI's SwinTransformer holds exactly the stages layers1 .. layers4
 _NUM_STAGES = 4
 # its forward returns the patch embedding, then each stage's output: one feature map more than stages
-_NUM_FEATURE_MAPS = _NUM_STAGES + 1
-_INTERPOLATION = {2: "bilinear", 3: "trilinear"}
+NUM_FEATURE_MAPS: int = _NUM_STAGES + 1
 
 
 def _nearest_multiples(size: int, k: int) -> tuple[int, int]:
@@ -223,103 +219,6 @@ def swin_vit(
     )
 
 
-class LinearProbe(nn.Module):
-    """A segmentation network that only reads a frozen Swin ViT encoder: one 1x1x1 convolution per feature map.
-
-    The finetuning bundles' frozen-encoder arms freeze ``swinViT`` only: SwinUNETR's convolutional ``encoder1`` (on
-    the full-resolution image, with a skip to the output), ``encoder2``-``encoder4``, ``encoder10`` and the decoder
-    still train, so even a random frozen encoder segments nearly as well as one trained from scratch. Here nothing
-    but a linear map of the encoder's features trains, so the Dice it reaches measures the representation alone.
-
-    The encoder (:func:`swin_vit`, SwinUNETR's configuration, attribute ``swinViT`` so that every loader of this
-    collection fills it) is frozen for good: its parameters never require gradients, it runs without autograd, and it
-    stays in eval mode whatever ``train()`` says. Its five normalised feature maps (``swinViT(x, normalize=True)``:
-    ``f`` channels at ``s / 2``, ``2f`` at ``s / 4``, ``4f`` at ``s / 8``, ``8f`` at ``s / 16``, ``16f`` at
-    ``s / 32``, ``f`` the feature size) each go through a 1x1x1 convolution to ``out_channels`` logits (attribute
-    ``heads``), upsampled (trilinear, bilinear in 2D) to the input size and summed. Interpolation is linear, so this
-    is one linear classifier per voxel over the upsampled features of every scale.
-
-    Args:
-        in_channels: image channels.
-        out_channels: classes (logits per voxel).
-        feature_size: the encoder's embedding size (the pretrained weights' own, e.g. 48).
-        window_size, use_v2, depths, num_heads: the encoder's configuration, as for :func:`swin_vit`.
-        spatial_dims: 2 or 3.
-        use_checkpoint: activation checkpointing of the Swin blocks, accepted so that a ``SwinUNETR`` configuration
-            builds the probe; the encoder runs without autograd, so it saves no memory here.
-
-    Shapes:
-        input ``(B, in_channels, *spatial)``, spatial sizes best multiples of 32 (as for SwinUNETR); output
-        ``(B, out_channels, *spatial)``.
-
-    Raises:
-        ValueError: one line naming an argument out of range, or in ``forward`` an input of the wrong dimensions or
-            channels.
-
-    Example (a finetuning bundle's command line: ``--network_def#network '$components.LinearProbe'``, in single
-    quotes so that the shell leaves ``$components`` alone)::
-
-        >>> probe = LinearProbe(in_channels=1, out_channels=14, feature_size=48)
-        >>> probe(torch.rand(1, 1, 96, 96, 96)).shape
-        torch.Size([1, 14, 96, 96, 96])
-        >>> sum(p.numel() for p in probe.parameters() if p.requires_grad)  # 14 * (48 + 96 + 192 + 384 + 768 + 5)
-        20902
-    """
-
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        feature_size: int = 48,
-        window_size: int = DEFAULT_WINDOW,
-        use_v2: bool | str = False,
-        depths: Sequence[int] = DEFAULT_DEPTHS,
-        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
-        spatial_dims: int = 3,
-        use_checkpoint: bool = False,
-    ) -> None:
-        super().__init__()
-        sizes = {"in_channels": in_channels, "out_channels": out_channels, "feature_size": feature_size}
-        for name, value in sizes.items():
-            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-                raise ValueError(f"LinearProbe: {name} must be a positive integer, got {value!r}.")
-        if spatial_dims not in _INTERPOLATION:
-            raise ValueError(
-                f"LinearProbe: spatial_dims must be one of {sorted(_INTERPOLATION)}, got {spatial_dims!r}."
-            )
-        self.in_channels, self.spatial_dims = int(in_channels), int(spatial_dims)
-        self.swinViT = swin_vit(self.in_channels, int(feature_size), self.spatial_dims, use_checkpoint=use_checkpoint,
-                                window_size=window_size, use_v2=use_v2, depths=depths, num_heads=num_heads)  # fmt: skip
-        self.swinViT.requires_grad_(False)
-        conv = Conv[Conv.CONV, self.spatial_dims]
-        self.heads = nn.ModuleList(
-            conv(int(feature_size) * 2**scale, int(out_channels), kernel_size=1) for scale in range(_NUM_FEATURE_MAPS)
-        )
-        self.train()
-
-    def train(self, mode: bool = True) -> LinearProbe:
-        """Sets the heads' mode; the encoder stays in eval mode (no drop-path or dropout draws, ever)."""
-        super().train(mode)
-        self.swinViT.eval()
-        return self
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, in_channels, *spatial)`` -> ``(B, out_channels, *spatial)`` logits."""
-        if x.ndim != self.spatial_dims + 2 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"LinearProbe: expected an input (B, {self.in_channels}, {', '.join(['S'] * self.spatial_dims)}), "
-                f"got shape {tuple(x.shape)}."
-            )
-        with torch.no_grad():
-            features = self.swinViT(x.contiguous(), normalize=True)
-        size, mode = x.shape[2:], _INTERPOLATION[self.spatial_dims]
-        logits = None
-        for head, feature in zip(self.heads, features):
-            scale_logits = F.interpolate(head(feature), size=size, mode=mode, align_corners=False)
-            logits = scale_logits if logits is None else logits + scale_logits
-        return logits
-
-
 def prepare_network(
     network: nn.Module,
     device: str | torch.device,
@@ -331,8 +230,8 @@ def prepare_network(
     world_size: int | None = None,
 ) -> nn.Module:
     """The network of a run, from the bundle's ``network_def``: its window-attention kernel
-    (:func:`~components.attention.use_fused_attention`), activation checkpointing (true, false, or ``"auto"``:
-    :func:`~components.step_memory.checkpointing_decision` for one training step whose network inputs have the
+    (:func:`~components.networks.attention.use_fused_attention`), activation checkpointing (true, false, or ``"auto"``:
+    :func:`~components.networks.step_memory.checkpointing_decision` for one training step whose network inputs have the
     shapes ``step_inputs``; ``teacher``: a frozen copy of the network trains too, as in self-distillation;
     ``world_size``: the ranks training, default the process group's) and its device. Every bundle config builds
     ``network`` with this one call, so ``network_def`` stays the bare architecture that ``monai.bundle.load`` returns.

@@ -27,9 +27,9 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
-from .atomic import atomic_write
-from .distributed import get_rank
-from .package import sha256_file
+from ..files import atomic_write
+from ..distributed import get_rank
+from ..files import sha256_file
 
 __all__ = ["PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"]
 

@@ -51,7 +51,7 @@ _INSTALLED: list[bool] = []
 def get_rank() -> int:
     """This process's rank, from :mod:`components.distributed` on first use: ``import components`` installs these
     filters and must not import torch."""
-    from .distributed import get_rank as rank
+    from ..distributed import get_rank as rank
 
     return rank()
 

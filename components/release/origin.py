@@ -1,7 +1,7 @@
 """The copy of ``components`` a packaged bundle carries, and which copy a bundle runs.
 
 A packaged bundle carries this package's source at ``<bundle>/components/`` (:func:`package_source` lists what
-:func:`components.package.package_bundle` copies there at packaging time, from the running package: there is no
+:func:`components.release.package.package_bundle` copies there at packaging time, from the running package: there is no
 second copy to keep by hand). Python imports one ``components`` per process, the first it finds on ``sys.path``, and a
 config imports it when its first expression is evaluated (``initialize``). So the bundle's own copy runs when the
 bundle folder comes first on ``sys.path``: ``python -m monai.bundle run`` started in the bundle folder (``python -m``
@@ -12,7 +12,7 @@ puts the working directory first), or ``sys.path.insert(0, <bundle folder>)`` be
 Any other copy, an installed one or the copy of another bundle already imported in the same process, may differ
 (another version, another bundle's edits) and would run the config silently on the wrong code. :func:`report_origin`,
 the first item of every bundle config's ``initialize``, finds the bundle from the config files MONAI is reading
-(:func:`components.running_bundle.running_bundle`; ``bundle_root`` is the caller's directory under
+(:func:`components.config.running.running_bundle`; ``bundle_root`` is the caller's directory under
 ``monai.bundle.load``), compares the imported package with the bundle's copy by content (:func:`source_digest`) and
 refuses a different one in one line naming both. Two bundles carrying the same code share one import.
 
@@ -27,7 +27,7 @@ import logging
 import os
 from pathlib import Path
 
-from .running_bundle import running_bundle
+from ..config.running import running_bundle
 
 __all__ = [
     "PACKAGE_DATA",
@@ -41,8 +41,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-PACKAGE_DIR = Path(__file__).resolve().parent  # the running package: what a bundle packaged now carries
-PACKAGE_DATA = ("schema/*.json",)  # its data files besides the modules (pyproject.toml's package-data)
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the running package: what a bundle packaged now carries
+PACKAGE_DATA = ("release/schema/*.json",)  # its data files besides the modules (pyproject.toml's package-data)
 
 
 class BundleCodeMismatch(ImportError):
@@ -92,7 +92,7 @@ def report_origin(bundle_root: str | os.PathLike = ".") -> Path:
     """Logs ``components <version> from <path>`` (INFO) for the imported package and returns its folder; refuses a run
     on code other than the bundle's own.
 
-    The bundle folder is that of the config files MONAI is reading (:func:`~components.running_bundle.running_bundle`,
+    The bundle folder is that of the config files MONAI is reading (:func:`~components.config.running.running_bundle`,
     whatever the working directory), else ``bundle_root``. When it holds a ``components/`` package (a downloaded
     bundle) whose source differs from the imported package's (:func:`source_digest`), the run stops. A bundle folder
     without ``components/`` (a bundle inside this repository, run with the installed package) gets the INFO line only.
@@ -105,7 +105,7 @@ def report_origin(bundle_root: str | os.PathLike = ".") -> Path:
         BundleCodeMismatch: one line naming the bundle's copy and the imported one (versions and paths), and how to
             run the bundle's own.
     """
-    from . import __version__
+    from .. import __version__
 
     logger.info("components %s from %s", __version__, PACKAGE_DIR)
     running = running_bundle()

@@ -21,7 +21,7 @@ __all__ = ["BUNDLES_DIR", "bundle_dir", "bundle_command", "fresh_run_dir", "run_
 def _bundles_dir() -> Path:
     """The folder of the named bundles: ``bundles/`` of the clone this package lives in (a clone, or an editable
     install of it), else the copy an installed wheel carries as package data (``components/bundles``)."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # components/, above this demo/ package
     clone = package.parent
     if (clone / "pyproject.toml").is_file() and (clone / "bundles").is_dir():
         return clone / "bundles"

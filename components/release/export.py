@@ -39,9 +39,9 @@ import torch
 from monai.bundle import ConfigParser
 from torch import nn
 
-from .atomic import atomic_write
-from .checkpoint import CheckpointLoadError, extract_state_dict, read_checkpoint
-from .networks import SPATIAL_REDUCTION
+from ..files import atomic_write
+from ..checkpoint import CheckpointLoadError, extract_state_dict, read_checkpoint
+from ..networks.swin import SPATIAL_REDUCTION
 
 __all__ = ["EXPORTED_FILENAME", "ExportedModule", "export_network", "exported_program_record", "load_exported"]
 

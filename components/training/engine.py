@@ -35,9 +35,9 @@ from monai.handlers import from_engine
 from monai.utils import CommonKeys as Keys
 from torch.optim.lr_scheduler import LRScheduler
 
-from .checkpoint.training_state import CheckpointEvents, register_checkpoint_events
-from .data.sources import NOT_TRACKED, batch_filenames
-from .distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
+from ..checkpoint.training_state import CheckpointEvents, register_checkpoint_events
+from ..data.sources import NOT_TRACKED, batch_filenames
+from ..distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
 
 __all__ = [
     "NonFiniteLossError",
@@ -197,7 +197,7 @@ def unwrap(network: torch.nn.Module) -> torch.nn.Module:
 def _check_recipe(recipe: Any) -> None:
     missing = [name for name in ("views", "forward", "loss", "outputs") if not callable(getattr(recipe, name, None))]
     if missing:
-        raise TypeError(f"recipe {type(recipe).__name__} lacks {missing}: see components.engine.Recipe.")
+        raise TypeError(f"recipe {type(recipe).__name__} lacks {missing}: see components.training.engine.Recipe.")
 
 
 class _RecipeEngineMixin:
@@ -451,7 +451,7 @@ class StopOnNonFiniteLoss:
 
     Every iteration updates an on-device record of the first iteration whose loss was NaN / Inf (a few tiny kernels,
     nothing read back to the host); it is read (on CUDA, one sync) only at the checks: every ``check_interval``
-    iterations (the iterations that log, see :func:`components.engine.log_filter`), at each epoch end (before
+    iterations (the iterations that log, see :func:`components.training.engine.log_filter`), at each epoch end (before
     validation) and before every checkpoint save (:class:`CheckpointEvents`). So with ``check_interval`` = the log
     interval an iteration costs no host sync, a NaN state is never saved or validated, and the run stops at most
     ``check_interval - 1`` iterations after the first bad one. With ``check_interval=1`` it stops at that iteration.

@@ -16,7 +16,7 @@ import torch
 from monai.networks.nets import SwinUNETR
 from torch import nn
 
-from .checkpoint import (
+from ..checkpoint import (
     CheckpointLoadError,
     LoadReport,
     SwinArchitecture,
@@ -25,10 +25,10 @@ from .checkpoint import (
     load_pretrained,
     save_atomic,
 )
-from .checkpoint.layouts import source_name
-from .config_values import as_bool
-from .networks import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW
-from .recipes.inpainting_contrast import SSLHead
+from ..checkpoint.layouts import source_name
+from ..config.values import as_bool
+from ..networks.swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW
+from ..recipes.inpainting_contrast import SSLHead
 
 __all__ = ["convert_checkpoint", "COMMAND_FLAGS"]
 

@@ -15,7 +15,7 @@ schema. Downloading a release with a hash check and extracting it safely is :mod
   ``network_def`` then holds exactly the weights' tensors (a segmentation bundle's outputs are its
   ``label_names``: a count that differs from the weights' fails naming them).
 - The code travels in the bundle (as in the Model Zoo): the running package's source goes under ``<name>/components/``
-  at packaging time (:func:`components.origin.package_source`), so a downloaded bundle runs from its folder with only
+  at packaging time (:func:`components.release.origin.package_source`), so a downloaded bundle runs from its folder with only
   MONAI and its ``required_packages_version``; with a release URL, ``large_files.yml`` lists the weights' URLs.
 - :func:`metadata_schema` is this collection's metadata schema (shipped, offline); :func:`schema_path` finds MONAI's
   published one for ``monai.bundle verify_metadata``.
@@ -23,7 +23,6 @@ schema. Downloading a release with a hash check and extracting it safely is :mod
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -37,7 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from .atomic import atomic_write
+from ..files import atomic_write, sha256_file
 from .origin import PACKAGE_DIR, package_source
 
 __all__ = [
@@ -88,19 +87,6 @@ LARGE_FILES = "large_files.yml"  # the Model Zoo's list of weights to download b
 
 # ------------------------------------------------------------------------------------------------------------
 # hashing and metadata
-
-
-def _file_digest(path: str | os.PathLike, algorithm: str) -> str:
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """The hex SHA-256 of a file, read in chunks."""
-    return _file_digest(path, "sha256")
 
 
 def _normalize_sha256(value: object, where: str) -> str:
@@ -203,7 +189,7 @@ def bundle_files(bundle_dir: str | os.PathLike, include_weights: bool = True) ->
 # SwinUNETR's output block (out_channels, feature_size, 1, 1, 1): the classes a segmentation state was trained with
 _SEG_OUT = "out.conv.conv.weight"
 _MODEL_FILE = "models/model.pt"
-_PROGRAM_FILE = "models/model.pt2"  # components.export's program of _MODEL_FILE
+_PROGRAM_FILE = "models/model.pt2"  # components.release.export's program of _MODEL_FILE
 _METADATA_FILE = "configs/metadata.json"
 EVALUATION_RECORD = "eval/metrics.json"  # where configs/evaluate.json's PerClassMetrics writes (output_dir)
 
@@ -213,7 +199,7 @@ def weight_sizes(state: Mapping[str, Any]) -> dict[str, int | bool]:
     :func:`~components.checkpoint.infer_architecture` (``feature_size``, ``in_channels``, ``window_size``, ``use_v2``),
     and ``out_channels`` from SwinUNETR's output block; empty for other states. Example:
     ``weight_sizes(SSLHead(feature_size=12).state_dict())["use_v2"] is False``."""
-    from .checkpoint import CheckpointLoadError, infer_architecture
+    from ..checkpoint import CheckpointLoadError, infer_architecture
 
     try:
         found = infer_architecture(dict(state)).as_dict()
@@ -305,7 +291,7 @@ def packaged_configs(bundle_dir: str | os.PathLike) -> dict[str, bytes]:
 
 def exported_program_metadata(bundle_dir: str | os.PathLike) -> dict[str, Any] | None:
     """``exported_program`` of a release's metadata: what ``models/model.pt2`` takes and which weights it computes
-    with, read from the program (:func:`components.export.exported_program_record`), as ``file``, ``input_shape``
+    with, read from the program (:func:`components.release.export.exported_program_record`), as ``file``, ``input_shape``
     (``"dynamic"`` for the batch), ``dtype``, ``exported_from`` and ``exported_from_sha256``; ``None`` without a
     ``.pt2``. Raises ``ValueError`` (one line naming the file and the export command) when the program was not
     exported from ``models/model.pt``: it would compute with other weights than the release's."""
@@ -433,7 +419,7 @@ def package_bundle(
     ``evaluation_record``, default ``<bundle>/eval/metrics.json``, when it measured ``models/model.pt``; else empty)
     and :func:`exported_program_metadata` of a ``models/model.pt2`` (it raises when the program is not
     ``model.pt``'s), and the running package's source under ``<name>/components/``
-    (:func:`components.origin.package_source`; a bundle folder's own ``components/`` is refused). With
+    (:func:`components.release.origin.package_source`; a bundle folder's own ``components/`` is refused). With
     ``release_url`` (the release's files: ``https://github.com/<owner>/<repo>/releases/download/<tag>``) the weights
     stay out of the zip, as in the Model Zoo: the zip holds :func:`large_files` of them instead and each is written
     beside the zip as :func:`release_asset_name`, to attach to the release (``monai.bundle download_large_files``
@@ -523,10 +509,10 @@ def schema_path(cache_dir: str | os.PathLike | None = None) -> Path:
     default_base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swin-ssl-bundles"
     base = Path(cache_dir) if cache_dir else default_base
     cached = base / SCHEMA_NAME
-    if cached.is_file() and _file_digest(cached, "md5") == SCHEMA_MD5:
-        return cached
-    from monai.apps.utils import download_url  # checks the hash of the download and removes a mismatch
+    from monai.apps.utils import check_hash, download_url  # download_url checks the hash and removes a mismatch
 
+    if cached.is_file() and check_hash(cached, SCHEMA_MD5, "md5"):
+        return cached
     cached.unlink(missing_ok=True)
     download_url(url=SCHEMA_URL, filepath=cached, hash_val=SCHEMA_MD5, hash_type="md5", progress=False)
     return cached

@@ -7,7 +7,7 @@ word. ``monai.bundle.scripts.create_workflow`` (behind ``python -m monai.bundle 
 run``, ``run_workflow`` and ``monai.bundle.load``) holds both, as its arguments, while the workflow's ``initialize``
 runs; :func:`running_bundle` reads them from that call's frame and keeps them for that workflow object, so that later,
 while the same workflow's ``run`` builds its datasets, they are found again from the workflow on the call stack. The
-checks at start-up (unknown override ids in :mod:`components.settings`, which code runs in :mod:`components.origin`)
+checks at start-up (unknown override ids in :mod:`components.training.settings`, which code runs in :mod:`components.release.origin`)
 and the on-disk store's check of the transforms it was written with (:mod:`components.data.store`) so know what the
 user ran. A workflow built another way (``ConfigWorkflow(...)`` or ``ConfigParser`` directly) has no such frame: the
 checks then fall back to what the config says.

@@ -218,7 +218,7 @@ def write_dataset(
         }
     datalist = {
         **header,
-        "reference": f"components.synthetic.write_dataset(kind={kind!r}, num={num}, seed={seed}"
+        "reference": f"components.data.synthetic.write_dataset(kind={kind!r}, num={num}, seed={seed}"
         + (f", organs={tuple(organs)!r}" if organs is not None else "")
         + (", varied=True" if varied else "")
         + ("" if labels else ", labels=False")

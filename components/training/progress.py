@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from ignite.engine import Engine, Events
 from monai.handlers import StatsHandler
 
-from .distributed import get_rank
+from ..distributed import get_rank
 
 __all__ = ["StatsWithEta", "VolumeProgress", "remaining_seconds"]
 

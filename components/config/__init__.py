@@ -1,0 +1,20 @@
+"""Config: what the bundle configs hand to the code, read before any work.
+
+- ``values``: ``as_bool``, ``optional_path``, ``require_file`` (config values as the code needs them).
+- ``running``: ``running_bundle``: the config files and overrides of the bundle this process runs.
+- ``overrides``: ``check_overrides``: a command-line override of an id no config has is refused, not added.
+
+The names are re-exported here and in ``components``, imported on first use.
+"""
+
+from __future__ import annotations
+
+from ..lazy import lazy_names
+
+# module -> the public names it provides here
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "overrides": ("check_overrides",),
+    "running": ("RunningBundle", "running_bundle"),
+    "values": ("as_bool", "optional_path", "require_file"),
+}
+__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

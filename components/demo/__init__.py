@@ -1,0 +1,19 @@
+"""The demo: ``python -m components demo``.
+
+- ``run``: ``run_demo``: synthetic CT, SSL pretraining, finetuning and held-out evaluation, all real bundle runs.
+- ``plots``: the demo's pictures (losses, views, Dice curves, segmentations).
+- ``runner``: ``run_bundle``: a ``python -m monai.bundle run`` of a named bundle with overrides, logged.
+
+The names are re-exported here, imported on first use.
+"""
+
+from __future__ import annotations
+
+from ..lazy import lazy_names
+
+# module -> the public names it provides here
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "run": ("BUDGETS", "CT_BUNDLE", "DemoBudget", "SSL_BUNDLE", "finetune_overrides", "run_demo", "ssl_overrides"),
+    "runner": ("BUNDLES_DIR", "bundle_command", "bundle_dir", "fresh_run_dir", "read_scalars", "run_bundle"),
+}
+__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

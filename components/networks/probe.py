@@ -1,0 +1,114 @@
+"""The linear probe: the finetuning bundles' test of a pretrained Swin ViT encoder alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from numbers import Integral
+
+import torch
+import torch.nn.functional as F
+from monai.networks.layers import Conv
+from torch import nn
+
+from .swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, NUM_FEATURE_MAPS, swin_vit
+
+__all__ = ["LinearProbe"]
+
+_INTERPOLATION = {2: "bilinear", 3: "trilinear"}
+
+
+class LinearProbe(nn.Module):
+    """A segmentation network that only reads a frozen Swin ViT encoder: one 1x1x1 convolution per feature map.
+
+    The finetuning bundles' frozen-encoder arms freeze ``swinViT`` only: SwinUNETR's convolutional ``encoder1`` (on
+    the full-resolution image, with a skip to the output), ``encoder2``-``encoder4``, ``encoder10`` and the decoder
+    still train, so even a random frozen encoder segments nearly as well as one trained from scratch. Here nothing
+    but a linear map of the encoder's features trains, so the Dice it reaches measures the representation alone.
+
+    The encoder (:func:`swin_vit`, SwinUNETR's configuration, attribute ``swinViT`` so that every loader of this
+    collection fills it) is frozen for good: its parameters never require gradients, it runs without autograd, and it
+    stays in eval mode whatever ``train()`` says. Its five normalised feature maps (``swinViT(x, normalize=True)``:
+    ``f`` channels at ``s / 2``, ``2f`` at ``s / 4``, ``4f`` at ``s / 8``, ``8f`` at ``s / 16``, ``16f`` at
+    ``s / 32``, ``f`` the feature size) each go through a 1x1x1 convolution to ``out_channels`` logits (attribute
+    ``heads``), upsampled (trilinear, bilinear in 2D) to the input size and summed. Interpolation is linear, so this
+    is one linear classifier per voxel over the upsampled features of every scale.
+
+    Args:
+        in_channels: image channels.
+        out_channels: classes (logits per voxel).
+        feature_size: the encoder's embedding size (the pretrained weights' own, e.g. 48).
+        window_size, use_v2, depths, num_heads: the encoder's configuration, as for :func:`swin_vit`.
+        spatial_dims: 2 or 3.
+        use_checkpoint: activation checkpointing of the Swin blocks, accepted so that a ``SwinUNETR`` configuration
+            builds the probe; the encoder runs without autograd, so it saves no memory here.
+
+    Shapes:
+        input ``(B, in_channels, *spatial)``, spatial sizes best multiples of 32 (as for SwinUNETR); output
+        ``(B, out_channels, *spatial)``.
+
+    Raises:
+        ValueError: one line naming an argument out of range, or in ``forward`` an input of the wrong dimensions or
+            channels.
+
+    Example (a finetuning bundle's command line: ``--network_def#network '$components.LinearProbe'``, in single
+    quotes so that the shell leaves ``$components`` alone)::
+
+        >>> probe = LinearProbe(in_channels=1, out_channels=14, feature_size=48)
+        >>> probe(torch.rand(1, 1, 96, 96, 96)).shape
+        torch.Size([1, 14, 96, 96, 96])
+        >>> sum(p.numel() for p in probe.parameters() if p.requires_grad)  # 14 * (48 + 96 + 192 + 384 + 768 + 5)
+        20902
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        feature_size: int = 48,
+        window_size: int = DEFAULT_WINDOW,
+        use_v2: bool | str = False,
+        depths: Sequence[int] = DEFAULT_DEPTHS,
+        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
+        spatial_dims: int = 3,
+        use_checkpoint: bool = False,
+    ) -> None:
+        super().__init__()
+        sizes = {"in_channels": in_channels, "out_channels": out_channels, "feature_size": feature_size}
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise ValueError(f"LinearProbe: {name} must be a positive integer, got {value!r}.")
+        if spatial_dims not in _INTERPOLATION:
+            raise ValueError(
+                f"LinearProbe: spatial_dims must be one of {sorted(_INTERPOLATION)}, got {spatial_dims!r}."
+            )
+        self.in_channels, self.spatial_dims = int(in_channels), int(spatial_dims)
+        self.swinViT = swin_vit(self.in_channels, int(feature_size), self.spatial_dims, use_checkpoint=use_checkpoint,
+                                window_size=window_size, use_v2=use_v2, depths=depths, num_heads=num_heads)  # fmt: skip
+        self.swinViT.requires_grad_(False)
+        conv = Conv[Conv.CONV, self.spatial_dims]
+        self.heads = nn.ModuleList(
+            conv(int(feature_size) * 2**scale, int(out_channels), kernel_size=1) for scale in range(NUM_FEATURE_MAPS)
+        )
+        self.train()
+
+    def train(self, mode: bool = True) -> LinearProbe:
+        """Sets the heads' mode; the encoder stays in eval mode (no drop-path or dropout draws, ever)."""
+        super().train(mode)
+        self.swinViT.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, in_channels, *spatial)`` -> ``(B, out_channels, *spatial)`` logits."""
+        if x.ndim != self.spatial_dims + 2 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"LinearProbe: expected an input (B, {self.in_channels}, {', '.join(['S'] * self.spatial_dims)}), "
+                f"got shape {tuple(x.shape)}."
+            )
+        with torch.no_grad():
+            features = self.swinViT(x.contiguous(), normalize=True)
+        size, mode = x.shape[2:], _INTERPOLATION[self.spatial_dims]
+        logits = None
+        for head, feature in zip(self.heads, features):
+            scale_logits = F.interpolate(head(feature), size=size, mode=mode, align_corners=False)
+            logits = scale_logits if logits is None else logits + scale_logits
+        return logits

@@ -1,0 +1,24 @@
+"""Release: what turns a trained bundle into one a user downloads and reuses.
+
+- ``package``: ``package_bundle`` (the Model Zoo checks, the zip, its weights and their metrics), ``metadata_schema``.
+- ``download``: ``fetch`` / ``fetch_bundle`` with a hash check, ``extract_zip_safely``.
+- ``export``: ``export_network`` / ``load_exported`` (``torch.export`` programs bound to their checkpoint).
+- ``conversion``: ``convert_checkpoint`` (a published encoder into the layout the bundles load).
+- ``origin``: ``report_origin``: which ``components`` code a bundle runs, refused when two bundles' code differ.
+
+The names are re-exported here and in ``components``, imported on first use.
+"""
+
+from __future__ import annotations
+
+from ..lazy import lazy_names
+
+# module -> the public names it provides here
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "conversion": ("convert_checkpoint",),
+    "download": ("HashMismatchError", "UnsafeArchiveError", "extract_zip_safely", "fetch", "fetch_bundle"),
+    "export": ("ExportedModule", "export_network", "load_exported"),
+    "origin": ("report_origin",),
+    "package": ("metadata_schema", "package_bundle", "schema_path"),
+}
+__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

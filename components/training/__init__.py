@@ -1,0 +1,41 @@
+"""Training: the recipe-agnostic trainer and evaluator and what every training run shares.
+
+- ``engine``: ``PretrainingTrainer`` / ``PretrainingEvaluator`` (one MONAI trainer for every recipe), the ``Recipe``
+  protocol, ``StopOnNonFiniteLoss``, ``ReseedEachEpoch``, ``log_filter``.
+- ``loader``: ``PersistentWorkerLoader`` (workers kept for the run, reseeded per epoch), ``default_num_workers``.
+- ``encoder_lr``: ``encoder_param_groups`` (layer-wise rates of the encoder), ``FreezeEncoder``.
+- ``compilation``: ``CompileMonitor``; ``allocator``: ``tune_allocator``.
+- ``settings``: ``check_settings`` (a run's settings before any data is read), ``rotation_axes``.
+- ``progress``: ``StatsWithEta``, ``VolumeProgress``; ``quiet``: the log filters every process installs.
+- ``rankme``: ``EmbeddingRankHandler`` (RankMe of the encoder on fixed crops).
+- ``segmentation``: the finetuning bundles' ``PerClassMetrics``, class weights and BraTS labels.
+
+The names are re-exported here and in ``components``, imported on first use.
+"""
+
+from __future__ import annotations
+
+from ..lazy import lazy_names
+
+# module -> the public names it provides here
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "allocator": ("tune_allocator",),
+    "compilation": ("CompileMonitor", "compiled_graphs"),
+    "encoder_lr": ("FreezeEncoder", "encoder_param_groups"),
+    "engine": (
+        "NonFiniteLossError",
+        "PretrainingEvaluator",
+        "PretrainingTrainer",
+        "Recipe",
+        "ReseedEachEpoch",
+        "StopOnNonFiniteLoss",
+        "log_filter",
+    ),
+    "loader": ("PersistentWorkerLoader", "default_num_workers"),
+    "progress": ("StatsWithEta", "VolumeProgress"),
+    "quiet": ("install_filters", "log_from_rank_zero"),
+    "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
+    "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
+    "settings": ("check_settings", "rotation_axes"),
+}
+__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
