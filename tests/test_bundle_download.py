@@ -212,7 +212,7 @@ def downloads(venv, tmp_path_factory) -> Downloads:
     weights and runs verify_metadata in its folder."""
     dist, folder = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("downloads")
     releases, steps = {}, [["start_in", str(folder)]]
-    schemas = ["components/schema/bundle_metadata.schema.json"] + ([str(PUBLISHED_SCHEMA)] if PUBLISHED_SCHEMA.is_file() else [])
+    schemas = ["components/release/schema/bundle_metadata.schema.json"] + ([str(PUBLISHED_SCHEMA)] if PUBLISHED_SCHEMA.is_file() else [])
     for name in BUNDLES:
         root = _copy_bundle(name, tmp_path_factory.mktemp("src"))
         (root / "models").mkdir()

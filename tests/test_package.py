@@ -220,7 +220,7 @@ def test_package_carries_the_running_components_source(packaged):
                    if n.startswith(f"{SSL}/components/") and not n.endswith("/")}  # fmt: skip
     package = Path(components.__file__).resolve().parent
     assert sorted(carried) == package_source(package)
-    assert {"__init__.py", "origin.py", "package.py", "schema/bundle_metadata.schema.json"} <= set(carried)
+    assert {"__init__.py", "release/origin.py", "release/package.py", "release/schema/bundle_metadata.schema.json"} <= set(carried)
     assert {"checkpoint/__init__.py", "recipes/self_distillation/__init__.py"} <= set(carried)  # sub-packages too
     assert not [n for n in carried if "__pycache__" in n or n.endswith(".pyc") or "/." in f"/{n}"]
     different = [n for n, data in carried.items() if data != (package / n).read_bytes()]
