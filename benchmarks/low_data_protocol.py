@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +18,12 @@ import numpy as np
 
 from components import atomic_write, sha256_file
 from components.data import synthetic
-from components.demo.run import CT_BUNDLE, SSL_BUNDLE, DemoBudget
+from components.demo.run import CT_BUNDLE, DINO_BUNDLE, MIM_BUNDLE, SSL_BUNDLE, DemoBudget
 from components.release.origin import PACKAGE_DIR, source_digest
 from components.demo.runner import BUNDLES_DIR
 from low_data_arms import DEFAULT_ARMS
 
 REPO = Path(__file__).resolve().parents[1]
-DINO_BUNDLE = "swin_unetr_dino_pretrain"
-MIM_BUNDLE = "swin_unetr_mim_pretrain"
 # the configs each bundle run of the protocol reads (--config_file): the finetuning trains and then evaluates
 BUNDLE_CONFIGS = {CT_BUNDLE: ("train.json", "evaluate.json"), SSL_BUNDLE: ("train.json",), DINO_BUNDLE: ("train.json",),
                   MIM_BUNDLE: ("train.json",)}  # fmt: skip
@@ -43,6 +41,13 @@ DISJOINT = (("val", "corpus"), ("held", "corpus"), ("shifted", "corpus"), ("pool
 class DatalistError(ValueError):
     """A user's datalist that cannot serve the protocol (unreadable, missing files, too short, overlapping another):
     raised before any run, its message one line."""
+
+
+#: the pretraining and finetuning sizes of the protocol, fixed here: the demo's defaults when the protocol was fixed,
+#: written out so that tuning the demo (components.demo.run.BUDGETS) leaves the protocol as it is
+PROTOCOL_BUDGET = DemoBudget(num_labeled=10, num_unlabeled=48, ssl_epochs=12, ssl_batch=2, ssl_learning_rate=4e-4,
+                             ssl_warmup_iterations=20, finetune_epochs=70, finetune_crops=1, finetune_learning_rate=3e-3,
+                             val_interval=10, feature_size=12)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ class Plan:
     finetune_iterations: int = 200
     val_every: int = 40
     rankme_crops: int = 256
-    budget: DemoBudget = DemoBudget()
+    budget: DemoBudget = PROTOCOL_BUDGET
     arms: tuple[str, ...] = DEFAULT_ARMS
     pretrain_overrides: dict = field(default_factory=dict)
     finetune_overrides: dict = field(default_factory=dict)
@@ -76,9 +81,9 @@ PLANS = {
     "cpu": Plan(),
     # one GPU: seeds added up to 20 where the t-interval is wide, a longer budget and k up to 8
     "cuda": Plan(ks=(1, 2, 4, 8), max_seeds=20, finetune_iterations=400,
-                 budget=DemoBudget(num_unlabeled=64, ssl_epochs=60, ssl_batch=4, finetune_crops=2)),
+                 budget=replace(PROTOCOL_BUDGET, num_unlabeled=64, ssl_epochs=60, ssl_batch=4, finetune_crops=2)),
     "small": Plan(ks=(1,), pool_size=2, num_in_domain=1, num_shifted=1, min_seeds=1, max_seeds=1, finetune_iterations=2,
-                  val_every=1, rankme_crops=8, budget=DemoBudget(num_unlabeled=6, ssl_epochs=1)),
+                  val_every=1, rankme_crops=8, budget=replace(PROTOCOL_BUDGET, num_unlabeled=6, ssl_epochs=1)),
 }  # fmt: skip
 
 

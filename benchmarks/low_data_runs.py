@@ -20,38 +20,21 @@ import monai
 import torch
 
 from components import atomic_write
-from components.demo.run import CT_BUNDLE, SSL_BUNDLE, DemoBudget, finetune_overrides, ssl_overrides, training_class_weights
+from components.demo.run import CT_BUNDLE, RECIPES, finetune_overrides, training_class_weights
 from components.demo.runner import fresh_run_dir, read_scalars, run_bundle
 from low_data_arms import ARMS, BASELINES, PROBE_NETWORK, plan_contrasts
 from low_data_docs import plots
 from low_data_rankme import encoder_rankme, rankme_agreement
 from low_data_protocol import (
-    DINO_BUNDLE, HELD_OUT_SETS, MIM_BUNDLE, Data, Plan, code_state, digest, sha256_file, pool_for, run_code, synthetic_data,
+    HELD_OUT_SETS, Data, Plan, code_state, digest, sha256_file, pool_for, run_code, synthetic_data,
     user_data, write_datalist, write_json,
 )
 from low_data_stats import convergence, coverage, needs_more_seeds, paired, populations, table
 from machine import git_commit, machine_info
 
 
-def dino_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict:
-    """Command-line overrides of the self-distillation bundle for a run of the SSL arm's size: the SSL arm's data,
-    device, volumes per iteration, epochs, feature size, attention window and folders; 32^3 global and local crops
-    from 64^3 regions and a small head."""
-    ssl = ssl_overrides(budget, data_dir, run_dir, device, seed)
-    shared = ("dataset_dir", "device", "feature_size", "network_def#window_size", "batch_size", "loader#num_workers", "speed#amp",
-              "speed#use_checkpoint", "training#seed", "training#log_interval", "max_epochs", "output_dir", "ckpt_dir",
-              "checkpointing#auto_resume")  # fmt: skip
-    return {
-        **{key: ssl[key] for key in shared}, "roi_size": [32, 32, 32], "training#context_size": [64, 64, 64],
-        "training#local_size": [32, 32, 32], "training#num_local_crops": 2, "training#prototypes": 1024,
-        "training#head_hidden_dim": 256, "training#head_bottleneck_dim": 64, "training#warmup_epochs": 1,
-        "training#teacher_temperature_warmup_epochs": 1,
-        "training#val_interval": ssl["training#val_interval"], "training#num_samples": 2,
-    }  # fmt: skip
-
-
-# the masked image run takes the SSL run's overrides: all are ids of its bundle, whose 16^3 mask blocks tile the 64x32x32 crop
-PRETRAINING = {"ssl": (SSL_BUNDLE, ssl_overrides), "dino": (DINO_BUNDLE, dino_overrides), "mim": (MIM_BUNDLE, ssl_overrides)}
+# each recipe's pretraining bundle and the overrides of its run, as the demo runs it (the plan's budget sizes it)
+PRETRAINING = {recipe: (spec.bundle, spec.overrides) for recipe, spec in RECIPES.items()}
 
 
 def _portable(overrides: dict, out: Path) -> dict:

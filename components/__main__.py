@@ -61,17 +61,21 @@ def convert_checkpoint(
     print(f"wrote {dst}")
 
 
-def demo(out: str = "demo_out", seed: int = 0, compare: bool = False, device: str | None = None, budget: str | None = None) -> None:
-    """Shows what SSL pretraining is for, each step a real ``monai.bundle run``: synthesises labeled (5 organs)
-    and unlabeled CT, pretrains the Swin ViT encoder with the SSL bundle on the unlabeled volumes, finetunes the
-    CT bundle from those weights, evaluates it on held-out volumes and segments one. Writes summary.txt,
-    summary.json and pictures (segmentations, SSL losses, SSL views, Dice curves) under OUT. SEED changes every
-    random draw; --compare adds the from-scratch arm with the same budget (always on with CUDA); --device
-    cpu|cuda (default: CUDA where present); --budget cpu|cuda|quick (default: by device; quick learns nothing)."""
-    from .demo.run import run_demo
+def demo(
+    out: str = "demo_out", seed: int = 0, compare: bool = False, device: str | None = None, budget: str | None = None,
+    recipe: str = "ssl",
+) -> None:
+    """Shows what pretraining is for, each step a real ``monai.bundle run``: synthesises labeled (5 organs) and
+    unlabeled CT, pretrains the Swin ViT encoder on the unlabeled volumes, finetunes the CT bundle from those
+    weights, evaluates it on held-out volumes and segments one. Writes summary.txt, summary.json and pictures
+    (segmentations, pretraining losses, the recipe's views, Dice curves) under OUT. SEED changes every random
+    draw; --compare adds the from-scratch arm with the same budget (always on with CUDA); --device cpu|cuda
+    (default: CUDA where present); --budget cpu|cuda|quick (default: by device; quick learns nothing); --recipe
+    ssl|dino|mim (the SSL, self-distillation or masked image bundle; default ssl)."""
     from .config.values import as_bool
+    from .demo.run import run_demo
 
-    run_demo(out=out, seed=seed, compare=as_bool(compare, "compare"), device=device, budget=budget)
+    run_demo(out=out, seed=seed, compare=as_bool(compare, "compare"), device=device, budget=budget, recipe=recipe)
 
 
 def check_data(

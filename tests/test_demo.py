@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from components.demo.run import BUDGETS, DemoBudget, run_demo
+from components.demo.run import BUDGETS, RECIPES, DemoBudget, run_demo
 from components.data.synthetic import DEMO_ORGANS
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -92,6 +92,8 @@ def test_budgets_and_arguments_are_checked(tmp_path):
         run_demo(tmp_path, budget="huge")
     with pytest.raises(ValueError, match="device must be"):
         run_demo(tmp_path, device="tpu")
+    with pytest.raises(ValueError, match=r"recipe must be one of \['dino', 'mim', 'ssl'\], got 'mae'"):
+        run_demo(tmp_path, recipe="mae")
     assert not any(tmp_path.iterdir())  # nothing written before the arguments are known to be good
 
 
@@ -109,3 +111,40 @@ def test_overrides_start_fresh_and_match_the_labels(tmp_path):
     assert ssl["roi_size"][1] == ssl["roi_size"][2]  # the rotation views need the last two axes equal
     assert ssl["network_def#window_size"] == fine["network_def#window_size"]  # pretrained weights load only into the same window
     assert fine["training#flip_prob"] == fine["training#rotate90_prob"] == 0.0  # mirroring would swap the kidneys' sides
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_each_recipe_runs_its_own_bundle_with_ids_it_defines(recipe, tmp_path):
+    """``--recipe`` picks the pretraining bundle; every override the demo gives it is an id of that bundle (MONAI would
+    add an unknown one silently), and it fits the finetuning network the demo loads its weights into."""
+    from components.config.overrides import _unknown_override
+    from components.demo.run import finetune_overrides, pretraining_overrides
+    from components.demo.runner import bundle_dir
+    from monai.bundle import ConfigParser
+
+    budget = BUDGETS["cpu"]
+    overrides = pretraining_overrides(recipe, budget, tmp_path / "unlabeled", tmp_path / "run", "cpu", 0)
+    config_file = bundle_dir(RECIPES[recipe].bundle) / "configs" / "train.json"
+    config = ConfigParser.load_config_files([str(config_file)])
+    assert {k: _unknown_override(k, config, str(config_file)) for k in overrides} == dict.fromkeys(overrides)
+    fine = finetune_overrides(budget, tmp_path / "labeled" / "dataset.json", tmp_path / "ft", "cpu", 1, None)
+    for key in ("feature_size", "network_def#window_size", "device"):
+        assert overrides[key] == fine[key], key
+    assert overrides["checkpointing#auto_resume"] is False and overrides["training#rankme_crops"] == 64
+
+
+@pytest.mark.slow
+def test_the_masked_image_demo_pretrains_with_its_bundle_and_finetunes_from_it(tmp_path):
+    """``demo --recipe mim`` (quick budget): the masked image bundle pretrains, the CT bundle loads its encoder, the
+    pictures are the recipe's own."""
+    result = subprocess.run(
+        [sys.executable, "-m", "components", "demo", "--out", str(tmp_path), "--budget", "quick", "--recipe", "mim"],
+        capture_output=True, text=True, timeout=1200,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["recipe"] == "mim" and set(summary["arms"]) == {"masked image init"}
+    pretraining = next(s["command"] for s in summary["steps"] if s["step"] == "masked image pretraining")
+    assert "swin_unetr_mim_pretrain" in " ".join(pretraining)
+    assert "loaded 126/126 encoder tensors" in (tmp_path / "finetune_mim" / "train.log").read_text()
+    assert summary["pictures"] == ["dice_curves.png", "mim_losses.png", "mim_views.png", "segmentations.png"]

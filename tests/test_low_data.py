@@ -332,7 +332,7 @@ def test_a_pretraining_is_continued_from_the_results_folder_alone(tmp_path, monk
     assert kept.read_bytes() == (run_dir / "models" / "model.pt").read_bytes() and first["model"] == str(run_dir / "models" / "model.pt")
     fresh = tmp_path / "machine2" / "pretrain" / "ssl_k"  # another machine: no run folder
     again = runner.run_pretraining("ssl", "k", {"output_dir": str(fresh / "eval"), "ckpt_dir": str(fresh / "models")}, results, None)
-    assert bundles == [runner.SSL_BUNDLE] and again == {**first, "model": str(kept)}
+    assert bundles == [runner.PRETRAINING["ssl"][0]] and again == {**first, "model": str(kept)}
     kept.write_bytes(b"other weights")
     third = runner.run_pretraining("ssl", "k", {"output_dir": str(fresh / "eval"), "ckpt_dir": str(fresh / "models")}, results, None)
     assert len(bundles) == 2 and third["sha256"] != first["sha256"] and third["model"] == str(fresh / "models" / "model.pt")

@@ -4,11 +4,11 @@ with matplotlib's file-only Agg backend (no display needed)."""
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["last_image", "pyplot", "save_plot", "plot_ssl_losses", "plot_views", "plot_dice_curves", "plot_segmentations"]
+__all__ = ["last_image", "pyplot", "save_plot", "plot_losses", "plot_views", "plot_dice_curves", "plot_segmentations"]
 
 
 def last_image(events_dir: Path, tag: str) -> Any:
@@ -47,28 +47,27 @@ def save_plot(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: st
     pyplot().close(fig)
 
 
-def plot_ssl_losses(scalars: Mapping[str, list[tuple[int, float]]], path: Path) -> None:
-    """The pretraining loss and its parts (rotation, contrastive, reconstruction) per iteration."""
+def plot_losses(scalars: Mapping[str, list[tuple[int, float]]], names: Mapping[str, str], path: Path, title: str) -> None:
+    """A pretraining's loss and its parts per iteration: each scalar tag of ``names`` that was logged, with its legend."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
-    for tag, name in (("loss", "total"), ("loss_rot", "rotation (CE)"), ("loss_contrast", "contrastive (NT-Xent)"),
-                      ("loss_recon", "reconstruction (L1)")):
+    for tag, name in names.items():
         if scalars.get(tag):
             ax.plot(*zip(*scalars[tag]), label=name)
-    save_plot(fig, ax, path, "iteration", "loss", "SSL pretraining on unlabeled synthetic CT")
+    save_plot(fig, ax, path, "iteration", "loss", title)
 
 
-def plot_views(grid: Any, path: Path) -> None:
-    """The SSL bundle's validation view grid (middle slices: clean crop, two corrupted rotated views and their
-    reconstructions, one row per crop) with the columns named."""
+def plot_views(grid: Any, columns: Sequence[str], title: str, path: Path) -> None:
+    """A pretraining bundle's validation picture (middle slices, one row per crop, one column per entry of
+    ``columns``) with the columns named."""
     plt = pyplot()
-    titles = ["clean crop", "view 1 (rotated, cut out)", "view 2", "reconstruction 1", "reconstruction 2"]
-    fig, ax = plt.subplots(figsize=(12, 3.2 * grid.shape[0] / (grid.shape[1] / 5)))
+    n = len(columns)
+    fig, ax = plt.subplots(figsize=(2.4 * n, 3.2 * grid.shape[0] / (grid.shape[1] / n)))
     ax.imshow(grid[..., 0] if grid.ndim == 3 else grid, cmap="gray", vmin=0, vmax=1)
-    width = grid.shape[1] / 5
-    ax.set_xticks([width * (i + 0.5) for i in range(5)], titles)
+    width = grid.shape[1] / n
+    ax.set_xticks([width * (i + 0.5) for i in range(n)], columns)
     ax.set_yticks([])
-    ax.set_title("What SSL learns: restore cut-out boxes (validation crops after pretraining)")
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

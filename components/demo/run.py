@@ -1,4 +1,5 @@
-"""The demo: SSL pretraining on unlabeled synthetic CT, then finetuning a segmentation from those weights.
+"""The demo: pretraining on unlabeled synthetic CT (SSL by default; self-distillation or masked image modelling by
+``recipe``), then finetuning a segmentation from those weights.
 
 Every training, evaluation and inference step is a real ``python -m monai.bundle run`` of the shipped bundles
 with command-line overrides only (:mod:`components.demo.runner`). The task is made small enough for a CPU: five
@@ -9,15 +10,16 @@ The unlabeled pretraining set is larger and more varied than the labeled one (fi
 lesions). Mean Dice is measured on held-out volumes (the datalist's ``test`` list) that neither training nor
 model selection saw.
 
-On a CPU the demo finetunes from the SSL weights only: a one-seed comparison with random initialisation at a
+On a CPU the demo finetunes from the pretrained weights only: a one-seed comparison with random initialisation at a
 few minutes' budget is noise. ``compare=True`` adds the from-scratch arm with the same budget; on CUDA both arms
-run, with a larger budget. ``benchmarks/low_data.py`` measures the SSL effect over seeds and label counts.
+run, with a larger budget. ``benchmarks/low_data.py`` measures each recipe's effect over seeds and label counts.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,14 +29,16 @@ import torch
 from ..data import synthetic
 from .runner import bundle_command, fresh_run_dir, read_scalars, run_bundle
 from ..training.segmentation import balanced_class_weights
-from .plots import last_image, plot_dice_curves, plot_segmentations, plot_ssl_losses, plot_views
+from .plots import last_image, plot_dice_curves, plot_losses, plot_segmentations, plot_views
 
 __all__ = [
-    "DemoBudget", "BUDGETS", "SSL_BUNDLE", "CT_BUNDLE", "finetune_overrides", "ssl_overrides", "training_class_weights",
-    "run_demo",
+    "DemoBudget", "BUDGETS", "DemoRecipe", "RECIPES", "SSL_BUNDLE", "DINO_BUNDLE", "MIM_BUNDLE", "CT_BUNDLE",
+    "dino_overrides", "finetune_overrides", "pretraining_overrides", "ssl_overrides", "training_class_weights", "run_demo",
 ]
 
 SSL_BUNDLE = "swin_unetr_ssl_pretrain"
+DINO_BUNDLE = "swin_unetr_dino_pretrain"
+MIM_BUNDLE = "swin_unetr_mim_pretrain"
 CT_BUNDLE = "swin_unetr_btcv_finetune"
 
 
@@ -76,6 +80,9 @@ _WINDOW = 4
 # the recipe's random flips and 90-degree rotations swap left and right, which tell the kidneys apart
 _NO_MIRRORING = {"training#flip_prob": 0.0, "training#rotate90_prob": 0.0}
 _LABEL_NAMES = ["background", *synthetic.DEMO_ORGANS]
+# the pretrainings log RankMe of the encoder on this many validation crops (the bundles' 256 would cost a pretraining
+# of this size about a tenth of its time; RankMe is bounded by the crops and by the embedding size, 192 at feature 12)
+_RANKME_CROPS = 64
 # every run starts fresh: a demo run again into the same folder must not resume the last one
 _FRESH_RUN = {"checkpointing#auto_resume": False}
 
@@ -88,9 +95,68 @@ def ssl_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str
         "batch_size": budget.ssl_batch, "training#num_samples": 1, "loader#num_workers": 0, "speed#amp": device == "cuda",
         "speed#use_checkpoint": False, "training#seed": seed, "training#log_interval": 1, "max_epochs": budget.ssl_epochs,
         "learning_rate": budget.ssl_learning_rate, "training#warmup_iterations": budget.ssl_warmup_iterations,
-        "training#val_interval": budget.ssl_epochs,
+        "training#val_interval": budget.ssl_epochs, "training#rankme_crops": _RANKME_CROPS,
         "output_dir": str(run_dir / "eval"), "ckpt_dir": str(run_dir / "models"), **_FRESH_RUN,
     }
+
+
+def dino_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
+    """Command-line overrides of the self-distillation bundle for a run of the SSL run's size: its data, device,
+    volumes per iteration, epochs, feature size, attention window and folders; 32^3 global and local crops from 64^3
+    regions and a small head."""
+    ssl = ssl_overrides(budget, data_dir, run_dir, device, seed)
+    shared = ("dataset_dir", "device", "feature_size", "network_def#window_size", "batch_size", "loader#num_workers", "speed#amp",
+              "speed#use_checkpoint", "training#seed", "training#log_interval", "max_epochs", "training#rankme_crops",
+              "output_dir", "ckpt_dir", "checkpointing#auto_resume")  # fmt: skip
+    return {
+        **{key: ssl[key] for key in shared}, "roi_size": [32, 32, 32], "training#context_size": [64, 64, 64],
+        "training#local_size": [32, 32, 32], "training#num_local_crops": 2, "training#prototypes": 1024,
+        "training#head_hidden_dim": 256, "training#head_bottleneck_dim": 64, "training#warmup_epochs": 1,
+        "training#teacher_temperature_warmup_epochs": 1,
+        "training#val_interval": ssl["training#val_interval"], "training#num_samples": 2,
+    }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DemoRecipe:
+    """A pretraining recipe as the demo runs and draws it: its bundle, the overrides of a demo-sized run, the name
+    of its arm, its loss parts (scalar tag -> legend) and its validation picture (TensorBoard tag, column titles,
+    title; no picture when ``views_tag`` is None)."""
+
+    bundle: str
+    overrides: Callable[[DemoBudget, Path, Path, str, int], dict[str, Any]]
+    name: str
+    losses: Mapping[str, str]
+    views_tag: str | None = None
+    view_columns: tuple[str, ...] = ()
+    views_title: str = ""
+
+
+RECIPES: dict[str, DemoRecipe] = {
+    "ssl": DemoRecipe(
+        SSL_BUNDLE, ssl_overrides, "SSL",
+        {"loss": "total", "loss_rot": "rotation (CE)", "loss_contrast": "contrastive (NT-Xent)", "loss_recon": "reconstruction (L1)"},
+        "ssl_views", ("clean crop", "view 1 (rotated, cut out)", "view 2", "reconstruction 1", "reconstruction 2"),
+        "What SSL learns: restore cut-out boxes (validation crops after pretraining)",
+    ),
+    "dino": DemoRecipe(
+        DINO_BUNDLE, dino_overrides, "self-distillation",
+        {"loss": "total", "loss_dino": "self-distillation (CE)", "loss_koleo": "KoLeo"},
+    ),
+    # the SSL run's overrides are all ids of the masked image bundle, whose 16^3 mask blocks tile the 64x32x32 crop
+    "mim": DemoRecipe(
+        MIM_BUNDLE, ssl_overrides, "masked image",
+        {"loss": "total", "loss_recon": "masked voxels (L1)", "loss_distill": "masked-token distillation"},
+        "masked_views", ("crop", "masked input", "reconstruction", "target"),
+        "What masked image modelling learns: restore the masked blocks (validation crops after pretraining)",
+    ),
+}  # fmt: skip
+"""The recipes ``run_demo(recipe=...)`` pretrains with: ``ssl`` (the default), ``dino``, ``mim``."""
+
+
+def pretraining_overrides(recipe: str, budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
+    """Command-line overrides of ``recipe``'s pretraining bundle (:data:`RECIPES`) for a demo-sized run."""
+    return RECIPES[recipe].overrides(budget, data_dir, run_dir, device, seed)
 
 
 def finetune_overrides(
@@ -131,14 +197,16 @@ def run_demo(
     compare: bool = False,
     device: str | None = None,
     budget: str | DemoBudget | None = None,
+    recipe: str = "ssl",
 ) -> dict[str, Any]:
     """Runs the demo and returns its summary (also written to ``out/summary.json``).
 
     Steps: synthesise a labeled five-organ CT set and a larger, varied unlabeled set; pretrain the Swin ViT
-    encoder with the SSL bundle on the unlabeled set; finetune the CT bundle from those weights (and, with
+    encoder with the recipe's bundle on the unlabeled set; finetune the CT bundle from those weights (and, with
     ``compare`` or on CUDA, from scratch with the same budget and seed); evaluate each on the held-out ``test``
     list; segment one held-out volume; draw the pictures. ``out`` receives ``summary.txt``, ``summary.json``,
-    ``segmentations.png``, ``ssl_losses.png``, ``ssl_views.png``, ``dice_curves.png`` and one folder per step.
+    ``segmentations.png``, ``<recipe>_losses.png``, ``<recipe>_views.png`` (SSL and masked image),
+    ``dice_curves.png`` and one folder per step.
 
     Args:
         out: output folder (created).
@@ -146,10 +214,14 @@ def run_demo(
         compare: add the from-scratch arm on a CPU (always on with CUDA).
         device: ``"cuda"`` or ``"cpu"``; default CUDA where present.
         budget: a name of :data:`BUDGETS` or a :class:`DemoBudget`; default by device.
+        recipe: the pretraining recipe, a name of :data:`RECIPES`: ``ssl`` (default), ``dino``, ``mim``.
 
     Raises:
-        ValueError: for an unknown device or budget name; RuntimeError when a bundle run fails (with its log).
+        ValueError: for an unknown device, budget or recipe name; RuntimeError when a bundle run fails (with its log).
     """
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}.")
+    chosen = RECIPES[recipe]
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}.")
@@ -164,7 +236,8 @@ def run_demo(
     out_dir = Path(out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    arms = {"SSL init": "finetune_ssl", **({"random init": "finetune_scratch"} if compare else {})}
+    pretrained_arm = f"{chosen.name} init"
+    arms = {pretrained_arm: f"finetune_{recipe}", **({"random init": "finetune_scratch"} if compare else {})}
     titles: list[str] = []
     steps: list[dict[str, Any]] = []
 
@@ -185,19 +258,19 @@ def run_demo(
     synthetic.write_dataset(unlabeled, num=budget.num_unlabeled, seed=seed, varied=True, labels=False)
     steps.append({"step": "synthesise", "seconds": round(time.perf_counter() - start, 1)})
 
-    ssl_dir = fresh_run_dir(out_dir / "ssl_pretrain")
-    announce(f"SSL pretraining ({SSL_BUNDLE}), {budget.ssl_epochs} epochs on {device} -> {ssl_dir}")
-    bundle_step("SSL pretraining", SSL_BUNDLE, ("train.json",), ssl_overrides(budget, unlabeled, ssl_dir, device, seed),
-                ssl_dir / "train.log")
+    pretrain_dir = fresh_run_dir(out_dir / f"{recipe}_pretrain")
+    announce(f"{chosen.name} pretraining ({chosen.bundle}), {budget.ssl_epochs} epochs on {device} -> {pretrain_dir}")
+    bundle_step(f"{chosen.name} pretraining", chosen.bundle, ("train.json",),
+                pretraining_overrides(recipe, budget, unlabeled, pretrain_dir, device, seed), pretrain_dir / "train.log")
 
     # one finetuning seed for both arms: the same decoder initialisation, crops and order; only the encoder's
-    # starting weights differ (and it differs from the seed that initialised the SSL encoder)
+    # starting weights differ (and it differs from the seed that initialised the pretrained encoder)
     finetune_seed = seed + 1
     class_weights = training_class_weights(datalist)
     results: dict[str, dict[str, Any]] = {}
     for arm, folder in arms.items():
         run_dir = fresh_run_dir(out_dir / folder)
-        pretrained = ssl_dir / "models" / "model.pt" if arm == "SSL init" else None
+        pretrained = pretrain_dir / "models" / "model.pt" if arm == pretrained_arm else None
         overrides = finetune_overrides(budget, datalist, run_dir, device, finetune_seed, pretrained, class_weights)
         announce(f"finetuning {CT_BUNDLE}, {arm}, {budget.finetune_epochs} epochs; held-out evaluation -> {run_dir}")
         seconds = bundle_step(f"finetune, {arm}", CT_BUNDLE, ("train.json",), overrides, run_dir / "train.log")
@@ -212,10 +285,11 @@ def run_demo(
 
     announce("pictures")
     start = time.perf_counter()
-    plot_ssl_losses(read_scalars(ssl_dir / "eval"), out_dir / "ssl_losses.png")
-    grid = last_image(ssl_dir / "eval", "ssl_views")
+    plot_losses(read_scalars(pretrain_dir / "eval"), chosen.losses, out_dir / f"{recipe}_losses.png",
+                f"{chosen.name} pretraining on unlabeled synthetic CT")
+    grid = last_image(pretrain_dir / "eval", chosen.views_tag) if chosen.views_tag else None
     if grid is not None:
-        plot_views(grid, out_dir / "ssl_views.png")
+        plot_views(grid, chosen.view_columns, chosen.views_title, out_dir / f"{recipe}_views.png")
     curves = {}
     for arm, r in results.items():
         scalars = read_scalars(out_dir / r["folder"] / "eval")
@@ -232,6 +306,7 @@ def run_demo(
     summary = {
         "device": device,
         "seed": seed,
+        "recipe": recipe,
         "total_seconds": round(time.perf_counter() - started, 1),
         "settings": {"budget": asdict(budget), "organs": list(synthetic.DEMO_ORGANS), "roi_size": _ROI,
                      "spacing": _SPACING, "ssl_roi_size": _SSL_ROI, "window_size": _WINDOW,
@@ -251,6 +326,6 @@ def run_demo(
     (out_dir / "summary.txt").write_text(table + "\n")
     print(f"\n{table}\n\npictures: {', '.join(str(out_dir / p) for p in summary['pictures'])}", flush=True)
     if len(results) == 1:
-        print("SSL vs random initialisation is measured over seeds and label counts by benchmarks/low_data.py "
+        print("Pretrained vs random initialisation is measured over seeds and label counts by benchmarks/low_data.py "
               "(--compare adds a one-seed scratch arm here).", flush=True)
     return summary
