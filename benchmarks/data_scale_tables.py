@@ -102,6 +102,39 @@ def workers_table(result: dict) -> list[str]:
             *_table(["recipe", "batch x crops", "measured GPU step", *(f"{ms} ms step" for ms in steps)], rows)]
 
 
+#: the corpora and machines the sizing table computes for: volumes, preprocessing cores, ranks (GPUs) per node
+SIZING_VOLUMES = (10_000, 50_000, 160_000)
+SIZING_CORES = (16, 64)
+SIZING_RANKS_PER_NODE = 8
+
+
+def _bytes(value: float) -> str:
+    return f"{value / 1e12:.2f} TB" if value >= 1e12 else f"{value / 1e9:.0f} GB"
+
+
+def sizing_table(result: dict) -> list[str]:
+    """What a corpus of N volumes like the benchmark's needs, computed from the measured figures of the largest
+    corpus: the store on disk (stored bytes per volume), preprocessing hours on C cores (core-seconds per volume),
+    host memory per node with the disk store (the largest measured peak per rank times the ranks; loader workers
+    not included), and loader workers per GPU (the SSL recipe at each step time of the workers table)."""
+    largest = max(result["preprocess"], key=int)
+    run = result["preprocess"][largest]
+    disk_memory = max(result["memory"][size]["disk"]["peak_rank_pss_gb"] for size in result["memory"])
+    ssl = result["workers"].get("ssl")
+    workers = ", ".join(f"{ms} ms: {need['workers_disk']}" for ms, need in ssl["by_step_ms"].items()) if ssl else "not measured"
+    rows = [[f"{n:,}", _bytes(n * run["store_bytes_per_volume"]),
+             *(f"{n * run['core_s_per_volume'] / cores / 3600:.1f} h" for cores in SIZING_CORES),
+             f"{SIZING_RANKS_PER_NODE * disk_memory:.1f} GiB", workers] for n in SIZING_VOLUMES]  # fmt: skip
+    shape = "x".join(str(n) for n in result["corpus"]["shape"])
+    return [f"Sizing, computed from the figures above (the {int(largest):,}-volume corpus: "
+            f"{_mb(run['store_bytes_per_volume'])} MB and {run['core_s_per_volume']:.2f} core-seconds per {shape} "
+            f"volume; {disk_memory:.2f} GiB per rank with the disk store, at most over the sizes; the SSL recipe's "
+            "loader workers per GPU by step time). Scale the store and the hours by your volumes' voxels; memory per "
+            "rank does not grow with N:", "",
+            *_table(["volumes", "store on disk", *(f"preprocess on {c} cores" for c in SIZING_CORES),
+                     f"host memory, {SIZING_RANKS_PER_NODE} ranks (no workers)", "SSL loader workers per GPU"], rows)]
+
+
 def goals_lines(result: dict) -> list[str]:
     goals, targets = result["goals"], result["goals"]["targets"]
 
@@ -126,7 +159,7 @@ def markdown_tables(result: dict) -> str:
             f"{machine['load_avg_1_5_15'][0]:.1f} at the start, {machine['load_avg_1_5_15_at_end'][0]:.1f} at the end; "
             f"{result['wall_s'] / 3600:.2f} h.")  # fmt: skip
     lines = [head, "", *corpus_table(result), *memory_table(result), *crops_table(result), *workers_table(result),
-             *goals_lines(result)]  # fmt: skip
+             *goals_lines(result), *sizing_table(result)]  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -138,7 +138,7 @@ def test_the_markdown_renders_and_fills_a_document_block(small_run, tmp_path):
     _, out, _, _ = small_run
     text = _run("--markdown", str(out)).stdout
     for expected in ("| none |", "| disk |", "| smart |", "| full |", "extrapolated from 4", "| ssl |", "| dino |",
-                     "| finetune |", "not measured", "Goals:"):  # fmt: skip
+                     "| finetune |", "not measured", "Goals:", "| 160,000 |"):  # fmt: skip
         assert expected in text, expected
     from data_scale_tables import DOC_BLOCK, DOC_BLOCK_END
 
@@ -168,3 +168,21 @@ def test_the_estimate_adds_the_measured_memory_per_cached_volume_to_the_cacheles
     assert guess == {"from_sizes": [100], "peak_rank_pss_gb": 6.1, "peak_rank_pss_gb_at_start_line": 5.9,
                      "start_line_s": 259.0, "first_iteration_s": 260.0}  # fmt: skip
     assert workers_needed(4, 200, 5.0) == 4 and workers_needed(4, 200, 4.9) == 5
+
+
+def test_the_sizing_table_scales_the_largest_corpus_figures():
+    """10,000 volumes of 20 MB and 3.6 core-seconds each: 200 GB, 0.6 h on 16 cores; memory is the largest peak per
+    rank times 8 ranks; the workers are the SSL recipe's by step time."""
+    from data_scale_tables import sizing_table
+
+    result = {
+        "corpus": {"shape": [256, 256, 160]},
+        "preprocess": {"100": {"store_bytes_per_volume": 1e9, "core_s_per_volume": 99.0},
+                       "1000": {"store_bytes_per_volume": 20e6, "core_s_per_volume": 3.6}},
+        "memory": {"100": {"disk": {"peak_rank_pss_gb": 1.5}}, "1000": {"disk": {"peak_rank_pss_gb": 1.25}}},
+        "workers": {"ssl": {"by_step_ms": {"100": {"workers_disk": 9}, "400": {"workers_disk": 3}}}},
+    }  # fmt: skip
+    lines = sizing_table(result)
+    row = next(line for line in lines if line.startswith("| 10,000 |"))
+    assert row == "| 10,000 | 200 GB | 0.6 h | 0.2 h | 12.0 GiB | 100 ms: 9, 400 ms: 3 |"
+    assert next(line for line in lines if line.startswith("| 160,000 |")).split(" | ")[1] == "3.20 TB"
