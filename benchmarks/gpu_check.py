@@ -38,10 +38,8 @@ happens, and printed on stdout at the end.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
-import math
 import os
 import re
 import signal
@@ -49,11 +47,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from gpu_timing import (
+    Record, autocast_for, device_in_use, one_line, peak_gib, ratio, release, reset_peak, significant, synchronizer, time_loop,
+    time_trainer,
+)
 from machine import git_commit, machine_info
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,162 +98,6 @@ SETTINGS = {
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# timing helpers shared by the parts
-# ---------------------------------------------------------------------------------------------------------------
-def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _sync(device: torch.device) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak_gib(device: torch.device) -> float | None:
-    """Peak GPU memory allocated since the last reset, GiB; None on the CPU."""
-    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None
-
-
-def _release(device: torch.device) -> None:
-    """Frees what the previous measurement left (an ignite engine holds reference cycles) before the next one."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-def _significant(value: float, digits: int = 4) -> float:
-    return float(f"{value:.{digits}g}")
-
-
-def step_figures(seconds: float, flops: int, device: torch.device, peak_gib: float | None) -> dict:
-    """ms per step, FLOPs, TFLOP/s (and its share of the device's datasheet bf16 peak where known), peak GiB."""
-    from ssl_step import bf16_peak_tflops
-
-    tflops = flops / seconds / 1e12
-    peak_tflops, _ = bf16_peak_tflops(device)
-    return {
-        "ms_per_step": round(seconds * 1000, 2),
-        "flops_per_step": flops,
-        "tflops_per_s": _significant(tflops),
-        "share_of_bf16_peak": _significant(tflops / peak_tflops) if peak_tflops else None,
-        "peak_gpu_memory_gib": peak_gib,
-    }
-
-
-def time_loop(step: Callable[[], None], device: torch.device, warmup: int, iters: int, deadline: float) -> dict:
-    """A plain loop: its first step counted for its FLOPs, ``warmup - 1`` more untimed steps, then up to ``iters``
-    timed ones (at least one; fewer when ``deadline``, a ``time.time()``, comes first)."""
-    from ssl_step import count_flops
-
-    sync = _sync(device)
-    flops = count_flops(step)
-    for _ in range(warmup - 1):
-        step()
-    sync()
-    _reset_peak(device)
-    start, steps = time.perf_counter(), 0
-    while steps < iters and (steps == 0 or time.time() < deadline):
-        step()
-        steps += 1
-    sync()
-    seconds = (time.perf_counter() - start) / steps
-    figures = step_figures(seconds, flops, device, _peak_gib(device))
-    return {**figures, "warmup_steps": max(warmup, 1), "steps_timed": steps}
-
-
-def time_trainer(trainer, warmup: int, iters: int) -> dict:
-    """A bundle's ignite trainer run free for ``warmup + iters`` iterations (``warmup`` >= 1), timed over the last
-    ``iters`` from the end of iteration ``warmup``; its first iteration is counted for its FLOPs."""
-    from ignite.engine import Events
-    from ssl_step import _checkpointing_applied
-    from torch.utils.flop_counter import FlopCounterMode
-
-    device = torch.device(trainer.state.device)
-    sync = _sync(device)
-    counter = FlopCounterMode(display=False)
-    marks: dict[str, float] = {}
-    last = warmup + iters
-
-    def started(engine) -> None:  # added last: after the bundle's own ITERATION_STARTED handlers
-        if engine.state.iteration == 1:
-            counter.__enter__()
-
-    def completed(engine) -> None:  # added last: after the bundle's own ITERATION_COMPLETED handlers
-        iteration = engine.state.iteration
-        if iteration == 1:
-            counter.__exit__(None, None, None)
-        if iteration == warmup:
-            sync()
-            _reset_peak(device)
-            marks["start"] = time.perf_counter()
-        elif iteration == last:
-            sync()
-            marks["end"], marks["peak"] = time.perf_counter(), _peak_gib(device)
-            engine.terminate()
-
-    trainer.add_event_handler(Events.ITERATION_STARTED, started)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, completed)
-    trainer.state.max_epochs = math.ceil(last / len(trainer.data_loader)) + 1
-    trainer.run()
-    seconds = (marks["end"] - marks["start"]) / iters
-    figures = step_figures(seconds, int(counter.get_total_flops()), device, marks["peak"])
-    loader = trainer.data_loader
-    return {**figures, "warmup_steps": warmup, "steps_timed": iters, "iterations_per_epoch": len(loader),
-            "num_workers": loader.num_workers, "use_checkpoint_applied": _checkpointing_applied(trainer.network)}
-
-
-def _autocast(device: torch.device) -> Callable:
-    """The research code's ``torch.cuda.amp.autocast()``: float16 on CUDA, nothing on a CPU."""
-    return lambda: torch.autocast(device.type, dtype=torch.float16, enabled=device.type == "cuda")
-
-
-def _ratio(reference: dict, bundle: dict) -> float:
-    return round(reference["ms_per_step"] / bundle["ms_per_step"], 3)
-
-
-def _one_line(err: BaseException) -> str:
-    """The innermost cause of ``err`` in one line (MONAI's config parser wraps the error of a component it builds)."""
-    while err.__cause__ is not None:
-        err = err.__cause__
-    return f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
-
-
-class Record:
-    """A part's figures so far, rewritten to its file at every change: a part killed at the end of its share leaves
-    what it had measured. ``errors``: what failed, one line each."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.figures, self.errors = path, {}, []
-
-    def __setitem__(self, key: str, value) -> None:
-        from components import atomic_write
-
-        self.figures[key] = value
-        with atomic_write(self.path, "w") as f:
-            f.write(json.dumps(self.figures))
-
-    def fail(self, reason: str) -> None:
-        self.errors.append(reason)
-        self["errors"] = self.errors
-
-    def measure(self, key: str, measurement: Callable[[], dict]) -> dict | None:
-        """``measurement()`` recorded under ``key``; an exception is recorded in one line (its traceback logged) and
-        the part goes on: a bundle step that fails still leaves the reference's figures."""
-        try:
-            value = measurement()
-        except Exception as err:
-            logging.getLogger("gpu_check").exception("%s failed", key)
-            self.fail(f"{key}: {_one_line(err)}")
-            return None
-        self[key] = value
-        return value
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # the parts (each runs in its own process)
 # ---------------------------------------------------------------------------------------------------------------
 def reference_ssl_loop(size: dict, device: torch.device, warmup: int, iters: int, deadline: float) -> dict:
@@ -269,7 +114,7 @@ def reference_ssl_loop(size: dict, device: torch.device, warmup: int, iters: int
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
     crops = torch.rand(size["batch_size"] * size["num_samples"], 1, *size["roi_size"], device=device)
     rotation, reconstruction = torch.nn.CrossEntropyLoss(), torch.nn.L1Loss()
-    contrast, rng, autocast = ContrastiveLoss(temperature=0.5), np.random.RandomState(0), _autocast(device)
+    contrast, rng, autocast = ContrastiveLoss(temperature=0.5), np.random.RandomState(0), autocast_for(device)
 
     def step() -> None:
         inputs, labels, targets = reference_ssl_views(crops, rng)
@@ -293,7 +138,7 @@ def ssl_step_part(settings: dict, record: Record, deadline: float) -> None:
     """The SSL bundle's step (ssl_step.py's ``measure_size``, shipped settings) and the research code's loop."""
     import ssl_step
 
-    device = _device()
+    device = device_in_use()
     size = ssl_step.SIZES[settings["size"]]
     crops = size["batch_size"] * size["num_samples"]
     record["step"] = (
@@ -310,11 +155,11 @@ def ssl_step_part(settings: dict, record: Record, deadline: float) -> None:
     bundle = record.measure("bundle", lambda: ssl_step.measure_size(
         settings["size"], size, settings["iters"], settings["warmup"], settings["num_workers"],
         amp=device.type == "cuda", config=ssl_step.CONFIGS["bundle"], tune=False))  # fmt: skip
-    _release(device)
+    release(device)
     reference = record.measure("reference", lambda: reference_ssl_loop(size, device, settings["warmup"],
                                                                        settings["iters"], deadline))  # fmt: skip
     if bundle and reference:
-        record["reference_over_bundle"] = _ratio(reference, bundle)
+        record["reference_over_bundle"] = ratio(reference, bundle)
 
 
 def reference_finetune_loop(size: dict, device: torch.device, warmup: int, iters: int, deadline: float) -> dict:
@@ -327,7 +172,7 @@ def reference_finetune_loop(size: dict, device: torch.device, warmup: int, iters
                         window_size=size["network_def#window_size"], use_checkpoint=True).to(device)  # fmt: skip
     optimizer = torch.optim.AdamW(network.parameters(), lr=1e-4, weight_decay=1e-5)
     scaler = torch.amp.GradScaler(device.type, enabled=device.type == "cuda")
-    loss_function, autocast = DiceCELoss(to_onehot_y=True, softmax=True), _autocast(device)
+    loss_function, autocast = DiceCELoss(to_onehot_y=True, softmax=True), autocast_for(device)
     shape = (size["training#num_samples"], 1, *size["roi_size"])
     image, label = torch.rand(shape, device=device), torch.randint(0, BTCV_CLASSES, shape, device=device)
 
@@ -346,7 +191,7 @@ def finetune_step_part(settings: dict, record: Record, deadline: float) -> None:
     """The BTCV bundle's step (finetune_step.py's trainer, shipped settings) and the research code's loop."""
     import finetune_step
 
-    device = _device()
+    device = device_in_use()
     size = finetune_step.SIZES[settings["size"]]
     crops = size["training#num_samples"]
     record["step"] = (
@@ -366,11 +211,11 @@ def finetune_step_part(settings: dict, record: Record, deadline: float) -> None:
             return {**time_trainer(trainer, settings["warmup"], settings["iters"]), "crops_per_step": crops}
 
     bundle = record.measure("bundle", bundle_step)
-    _release(device)
+    release(device)
     reference = record.measure("reference", lambda: reference_finetune_loop(size, device, settings["warmup"],
                                                                             settings["iters"], deadline))  # fmt: skip
     if bundle and reference:
-        record["reference_over_bundle"] = _ratio(reference, bundle)
+        record["reference_over_bundle"] = ratio(reference, bundle)
 
 
 def self_distillation_step_part(settings: dict, record: Record, deadline: float) -> None:
@@ -378,7 +223,7 @@ def self_distillation_step_part(settings: dict, record: Record, deadline: float)
     import components
     from machine import bundle_parser
 
-    device, bundle = _device(), BUNDLES / "swin_unetr_dino_pretrain"
+    device, bundle = device_in_use(), BUNDLES / "swin_unetr_dino_pretrain"
     with tempfile.TemporaryDirectory(prefix="gpu_check_dino_") as tmp:
         data = components.write_dataset(Path(tmp) / "data", kind="ct", num=settings["volumes"], seed=0).parent
         overrides = {"bundle_root": str(bundle), "dataset_dir": str(data), "output_dir": str(Path(tmp) / "eval"),
@@ -400,14 +245,14 @@ def self_distillation_step_part(settings: dict, record: Record, deadline: float)
         trainer = parser.get_parsed_content("train#trainer")
         record["bundle"] = time_trainer(trainer, settings["warmup"], settings["iters"])
         del trainer
-    _release(device)
+    release(device)
 
 
 def sliding_window_part(settings: dict, record: Record, deadline: float) -> None:
     """One volume through the BTCV inference config's sliding-window inferer and network (no weights: random)."""
     from machine import bundle_parser
 
-    device, bundle = _device(), BUNDLES / "swin_unetr_btcv_finetune"
+    device, bundle = device_in_use(), BUNDLES / "swin_unetr_btcv_finetune"
     parser = bundle_parser(bundle, {"bundle_root": str(bundle), "network_def#pretrained_path": None,
                                     **settings["overrides"]}, config="inference.json")  # fmt: skip
     parser.get_parsed_content("initialize")
@@ -416,7 +261,7 @@ def sliding_window_part(settings: dict, record: Record, deadline: float) -> None
     volume = torch.rand(1, parser.get_parsed_content("in_channels"), *settings["shape"], device=device)
     windows = [0]
     network.register_forward_pre_hook(lambda module, args: windows.__setitem__(0, windows[0] + args[0].shape[0]))
-    sync = _sync(device)
+    sync = synchronizer(device)
 
     def infer() -> torch.Tensor:
         with torch.no_grad(), torch.autocast(device.type, enabled=amp):  # MONAI's evaluator: float16 on CUDA
@@ -428,7 +273,7 @@ def sliding_window_part(settings: dict, record: Record, deadline: float) -> None
                        "output": list(out.shape)}  # fmt: skip
     del out
     sync()
-    _reset_peak(device)
+    reset_peak(device)
     times: list[float] = []
     while len(times) < settings["runs"] and (not times or time.time() + times[-1] < deadline):
         start = time.perf_counter()
@@ -437,7 +282,7 @@ def sliding_window_part(settings: dict, record: Record, deadline: float) -> None
         times.append(time.perf_counter() - start)
     record["inference"] = {"ms_per_volume": round(sorted(times)[len(times) // 2] * 1000, 1), "runs": len(times),
                            "ms_per_run": [round(t * 1000, 1) for t in times],
-                           "peak_gpu_memory_gib": _peak_gib(device)}  # fmt: skip
+                           "peak_gpu_memory_gib": peak_gib(device)}  # fmt: skip
 
 
 def _write_volumes(folder: Path, count: int, shape: list[int]) -> Path:
@@ -474,7 +319,7 @@ def _crops_per_s(dataset, workers: int, batch_size: int, seconds: float) -> dict
         count += 1
     elapsed = time.perf_counter() - start
     del batches  # ends the workers
-    return {"crops_per_s": _significant(crops / elapsed), "crops": crops, "batches": count,
+    return {"crops_per_s": significant(crops / elapsed), "crops": crops, "batches": count,
             "seconds": round(elapsed, 2), "first_batch_s": round(first, 3)}  # fmt: skip
 
 
@@ -576,7 +421,7 @@ def run_child(name: str, small: bool, partial: Path, deadline: float) -> None:
     try:
         PART_FUNCTIONS[name](SETTINGS["small" if small else "recipe"][name], record, deadline)
     except Exception as err:
-        record.fail(_one_line(err))
+        record.fail(one_line(err))
         raise
     if record.errors:
         sys.exit(1)
