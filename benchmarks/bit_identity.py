@@ -1,4 +1,4 @@
-"""Do two revisions train the same weights? Tiny SSL, self-distillation and BTCV runs, bit for bit.
+"""Do two revisions train the same weights? Tiny SSL, self-distillation, masked image and BTCV runs, bit for bit.
 
 A refactor that should not change behaviour (moving modules, regrouping config ids) is checked here: every
 bundle below trains for a few iterations on the same synthetic CT, once with the code and configs of ``--before``
@@ -73,6 +73,8 @@ RUNS: dict[str, dict] = {
         "training#warmup_epochs": 1,
         "training#teacher_temperature_warmup_epochs": 1,
     },
+    "swin_unetr_mim_pretrain": {**_COMMON, "roi_size": [64, 32, 32], "training#num_samples": 1, "training#warmup_iterations": 2,
+                                "training#rankme_crops": 8},
     "swin_unetr_btcv_finetune": {**_COMMON, "roi_size": [64, 32, 32], "spacing": [3.0, 3.0, 4.0], "training#num_samples": 1},
 }
 
