@@ -75,6 +75,7 @@ NONE_RUN = {
     "docs/demo.md": "the demo is run by tests/test_demo.py",
     "docs/testing.md": "its commands are the test suite itself",
 }
+README_LIMIT = 8000  # characters: the README says what this is and how to pretrain on your data; the rest is in docs/
 
 
 @dataclass(frozen=True)
@@ -354,6 +355,44 @@ def test_the_multi_rank_example_has_a_validation_volume_per_rank():
             assert split_sizes(num)[1] >= int(match.group(1)), (
                 f"{command.id}: {match.group(1)} ranks but `synth --num {num}` gives {split_sizes(num)[1]} validation volumes"
             )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the README and the pages it leads to
+
+PAGES = sorted(REPO.glob("docs/*.md"))
+
+
+def test_the_readme_is_short_and_links_every_docs_page():
+    """README.md holds what this is and how to pretrain on your data, within README_LIMIT characters; everything
+    else is on a page under docs/, and every page is linked from it."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text) <= README_LIMIT, f"README.md has {len(text)} characters (at most {README_LIMIT}): move the rest to docs/"
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)(?:#[^)\s]*)?\)", text))
+    pages = {p.relative_to(REPO).as_posix() for p in PAGES}
+    assert pages <= linked, f"docs pages not linked from README.md: {sorted(pages - linked)}"
+
+
+def _anchors(doc: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file (lower case, punctuation dropped, spaces to '-')."""
+    titles = re.findall(r"^#{1,6} (.*)$", doc.read_text(encoding="utf-8"), re.M)
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-") for title in titles}
+
+
+@pytest.mark.parametrize("doc", [REPO / "README.md", *PAGES], ids=lambda d: d.relative_to(REPO).as_posix())
+def test_the_links_of_the_readme_and_the_docs_pages_resolve(doc):
+    """Every relative link of README.md and docs/*.md names a file of the repository, and its #anchor a heading there."""
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path).resolve() if path else doc
+        if not file.exists():
+            bad.append(f"{target}: no file {file}")
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            bad.append(f"{target}: no heading with the anchor #{anchor} in {file.relative_to(REPO)}")
+    assert not bad, f"{doc.relative_to(REPO)}:\n" + "\n".join(bad)
 
 
 # ------------------------------------------------------------------------------------------------------------
