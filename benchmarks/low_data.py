@@ -77,7 +77,7 @@ Every training and evaluation step is a real ``python -m monai.bundle run`` with
     python benchmarks/low_data.py --report_only          # the summary of the finished runs, running nothing
     python benchmarks/low_data.py --small                # CI: one k, one seed, a few iterations (learns nothing)
     python benchmarks/low_data.py --labeled my_labeled.json --unlabeled my_corpus.json [--shifted other_site.json]
-    python benchmarks/low_data.py --markdown SUMMARY.json --write_docs README.md ...  # the docs' generated blocks
+    python benchmarks/low_data.py --markdown SUMMARY.json --write_docs docs/measuring.md ...  # the docs' generated blocks
     python benchmarks/low_data.py --coverage SUMMARY.json --results RECORDS/  # add the intervals' coverage to a summary
 
 Prints one JSON object (also written to ``--json``): the settings (with the code and numerics) and their hash, the

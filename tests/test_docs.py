@@ -2,9 +2,10 @@
 
 What counts as a command: a line of a code block (fenced ```bash, or indented by 4 spaces) that starts with
 ``python``, ``torchrun``, ``srun`` or ``pip``, with its ``\\`` continuation lines joined. Where it runs: the
-repository root for README.md and the bundle's folder for a bundle's docs, switched by the prose before a block
-(README: "(from `bundles/NAME/`)"; any doc: "repository root" switches to the root, "this folder" / "bundle's
-folder" back to the bundle), as the docs tell a reader.
+repository root for README.md and docs/*.md and the bundle's folder for a bundle's docs, switched by the prose before
+a block (README.md and docs/*.md: "from `bundles/NAME/`"; any doc: "repository root" switches to the root, "this
+folder" / "bundle's folder" back to the bundle), as the docs tell a reader; a heading switches back to the doc's home.
+Every doc holds a command the suite runs, but those named in ``NO_COMMANDS`` and ``NONE_RUN`` with the reason.
 
 Checked for every command (fast): it is valid bash; ``python -m components`` commands and flags exist;
 ``monai.bundle run`` config files exist where the command runs and every ``--id`` is an id of those configs;
@@ -13,12 +14,14 @@ bundle names and versions in zip names and ``--version`` equal ``configs/metadat
 command runs, into the repository or into a folder an earlier documented command writes.
 
 Run (slow: minutes of CPU): every command that needs no GPU, no real dataset, no network and no cluster, in a copy
-of the repository, doc by doc and in the docs' order, as written, with these mechanical substitutions only:
+of the repository (one per doc), doc by doc and in the docs' order, as written, with these mechanical substitutions
+only:
 
 - a training, evaluation or inference run that sets no ``--max_epochs`` gets its doc's ``TINY`` settings
   appended (the docs' GPU-sized defaults would run for hours);
 - a file the docs expect the reader to bring is provided: ``model_swinvit.pt`` (the CVPR release layout, feature
-  size 48), and for the finetuning docs the tiny SSL model that the SSL docs' tiny run writes (feature size 12);
+  size 48), and for every doc but those whose own tiny SSL run writes it (``WRITES_SSL_MODEL``) the tiny SSL model
+  that run writes (feature size 12), which the finetuning docs start from;
 - ``python -m components demo`` is run by tests/test_demo.py (quick budget; the default budget takes 8 minutes).
 
 Commands that cannot run here are listed by ``not_runnable`` with the reason and are still checked above.
@@ -59,6 +62,20 @@ TINY_COMMON = ["--max_epochs", "2", "--loader#num_workers", "0", "--device", "cp
                "--speed#use_checkpoint", "false", "--network_def#window_size", "4"]  # the window of the docs' tiny runs, which later commands load
 USER_FILES = {"model_swinvit.pt"}  # files the docs expect the reader to bring
 COVERED_ELSEWHERE = {"python -m components demo": "tests/test_demo.py"}
+# the docs whose own tiny SSL run writes bundles/swin_unetr_ssl_pretrain/models/model.pt: every other doc is given it
+WRITES_SSL_MODEL = {"docs/pretraining.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md"}
+# docs with no command, and docs none of whose commands the suite runs: named, so a doc whose commands stop being
+# found or run fails
+NO_COMMANDS = {
+    "docs/components.md": "a reference of the package's modules",
+    "docs/speed.md": "the speed settings and where they are measured",
+}
+NONE_RUN = {
+    "README.md": "its commands install packages or need a GPU, a real dataset or a cluster (the demo: tests/test_demo.py)",
+    "docs/demo.md": "the demo is run by tests/test_demo.py",
+    "docs/testing.md": "its commands are the test suite itself",
+}
+README_LIMIT = 8000  # characters: the README says what this is and how to pretrain on your data; the rest is in docs/
 
 
 @dataclass(frozen=True)
@@ -226,9 +243,12 @@ def not_runnable(command: DocCommand) -> str | None:
 
 def test_the_docs_have_commands_and_every_one_is_classified():
     assert len(ALL) >= 30, [c.id for c in ALL]
+    docs = {d.relative_to(REPO).as_posix() for d in DOCS}
+    assert set(NO_COMMANDS) | set(NONE_RUN) <= docs, "a doc named in NO_COMMANDS or NONE_RUN does not exist"
     by_doc = {c.doc for c in ALL}
-    assert by_doc == {d.relative_to(REPO).as_posix() for d in DOCS}
+    assert by_doc == docs - set(NO_COMMANDS)
     runnable = [c for c in ALL if not_runnable(c) is None]
+    assert {c.doc for c in runnable} == docs - set(NO_COMMANDS) - set(NONE_RUN)
     assert any("nproc_per_node=2" in c.text for c in runnable), "the two-process example must be run"
     for test in COVERED_ELSEWHERE.values():
         assert (REPO / test).is_file(), test
@@ -338,6 +358,44 @@ def test_the_multi_rank_example_has_a_validation_volume_per_rank():
 
 
 # ------------------------------------------------------------------------------------------------------------
+# the README and the pages it leads to
+
+PAGES = sorted(REPO.glob("docs/*.md"))
+
+
+def test_the_readme_is_short_and_links_every_docs_page():
+    """README.md holds what this is and how to pretrain on your data, within README_LIMIT characters; everything
+    else is on a page under docs/, and every page is linked from it."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text) <= README_LIMIT, f"README.md has {len(text)} characters (at most {README_LIMIT}): move the rest to docs/"
+    linked = set(re.findall(r"\]\((docs/[\w.-]+\.md)(?:#[^)\s]*)?\)", text))
+    pages = {p.relative_to(REPO).as_posix() for p in PAGES}
+    assert pages <= linked, f"docs pages not linked from README.md: {sorted(pages - linked)}"
+
+
+def _anchors(doc: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file (lower case, punctuation dropped, spaces to '-')."""
+    titles = re.findall(r"^#{1,6} (.*)$", doc.read_text(encoding="utf-8"), re.M)
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-") for title in titles}
+
+
+@pytest.mark.parametrize("doc", [REPO / "README.md", *PAGES], ids=lambda d: d.relative_to(REPO).as_posix())
+def test_the_links_of_the_readme_and_the_docs_pages_resolve(doc):
+    """Every relative link of README.md and docs/*.md names a file of the repository, and its #anchor a heading there."""
+    bad = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (doc.parent / path).resolve() if path else doc
+        if not file.exists():
+            bad.append(f"{target}: no file {file}")
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            bad.append(f"{target}: no heading with the anchor #{anchor} in {file.relative_to(REPO)}")
+    assert not bad, f"{doc.relative_to(REPO)}:\n" + "\n".join(bad)
+
+
+# ------------------------------------------------------------------------------------------------------------
 # running them
 
 
@@ -354,9 +412,10 @@ def _model_swinvit(path: Path) -> None:
 
 
 def _sandbox(tmp: Path) -> Path:
-    """A copy of the repository's files (components, bundles, tests, configuration), as a reader's clone."""
+    """A copy of the repository's files (components, bundles, benchmarks, docs, tests, configuration), as a reader's
+    clone."""
     root = tmp / "repo"
-    for name in ("components", "bundles", "tests"):
+    for name in ("components", "bundles", "benchmarks", "docs", "tests"):
         shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "models", "eval", "data", "dist"))
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
     return root
@@ -375,7 +434,7 @@ def _command_line(command: DocCommand) -> str:
 def _run_doc(doc: Path, tmp: Path) -> list[str]:
     root = _sandbox(tmp)
     commands = [c for c in doc_commands(doc) if not_runnable(c) is None]
-    if doc.parent != REPO and doc.parent.parent.name != "swin_unetr_ssl_pretrain":
+    if doc.relative_to(REPO).as_posix() not in WRITES_SSL_MODEL:
         import torch
 
         from components import SSLHead
@@ -397,8 +456,11 @@ def _run_doc(doc: Path, tmp: Path) -> list[str]:
     return ran
 
 
+RUN_DOCS = [d for d in DOCS if d.relative_to(REPO).as_posix() not in {**NO_COMMANDS, **NONE_RUN}]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("doc", DOCS, ids=[d.relative_to(REPO).as_posix() for d in DOCS])
+@pytest.mark.parametrize("doc", RUN_DOCS, ids=[d.relative_to(REPO).as_posix() for d in RUN_DOCS])
 def test_documented_commands_run(doc, tmp_path):
     ran = _run_doc(doc, tmp_path)
     assert ran, f"no runnable command in {doc}"

@@ -514,7 +514,7 @@ def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
     assert Path(result["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-PROTOCOL_DOCS = ["README.md", "benchmarks/README.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md",
+PROTOCOL_DOCS = ["docs/measuring.md", "benchmarks/README.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md",
                  "bundles/swin_unetr_dino_pretrain/docs/README.md", "bundles/swin_unetr_mim_pretrain/docs/README.md"]
 PLAN_SUMMARY = "benchmarks/results/low_data_cpu_protocol2.json"
 SUMMARY_PLANS = {  # the new protocol's summaries (written when its plans run): their plan and the folder of their records
@@ -540,9 +540,9 @@ def _blocks(doc: str) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("doc", PROTOCOL_DOCS)
 def test_every_generated_block_is_what_its_summary_gives(doc, tmp_path):
-    """README.md, benchmarks/README.md and the three pretraining bundles' docs show the new protocol's tables, which
-    say that it has not been measured at this commit while its summary does not exist; no block shows the tables of
-    a summary of the old protocol; the coverage table is the 9-seed summary's."""
+    """docs/measuring.md, benchmarks/README.md and the three pretraining bundles' docs show the new protocol's tables,
+    which say that it has not been measured at this commit while its summary does not exist; no block shows the tables
+    of a summary of the old protocol; the coverage table is the 9-seed summary's."""
     blocks = _blocks(doc)
     assert ("tables", PLAN_SUMMARY) in blocks
     copy = tmp_path / "doc.md"
