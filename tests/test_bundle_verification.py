@@ -101,7 +101,7 @@ def test_version_and_changelog(bundle):
 
 @bundle_param
 def test_metadata_matches_the_project_schema_and_required_packages(bundle):
-    """The schema that ships with the project (components/schema): no network, no file outside the repository."""
+    """The schema that ships with the project (components/release/schema): no network, no file outside the repository."""
     verify_metadata(meta_file=str(bundle / "configs" / "metadata.json"), filepath=str(metadata_schema()))
     meta = _meta(bundle)
     required = meta["required_packages_version"]
