@@ -112,6 +112,11 @@ def _bytes(value: float) -> str:
     return f"{value / 1e12:.2f} TB" if value >= 1e12 else f"{value / 1e9:.0f} GB"
 
 
+def duration(seconds: float) -> str:
+    """``seconds`` as minutes below an hour, else hours: ``duration(540)`` is ``"9 min"``."""
+    return f"{seconds / 60:.0f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
 def sizing_table(result: dict) -> list[str]:
     """What a corpus of N volumes like the benchmark's needs, computed from the measured figures of the largest
     corpus: the store on disk (stored bytes per volume), preprocessing hours on C cores (core-seconds per volume),
@@ -123,13 +128,13 @@ def sizing_table(result: dict) -> list[str]:
     ssl = result["workers"].get("ssl")
     workers = ", ".join(f"{ms} ms: {need['workers_disk']}" for ms, need in ssl["by_step_ms"].items()) if ssl else "not measured"
     rows = [[f"{n:,}", _bytes(n * run["store_bytes_per_volume"]),
-             *(f"{n * run['core_s_per_volume'] / cores / 3600:.1f} h" for cores in SIZING_CORES),
+             *(duration(n * run['core_s_per_volume'] / cores) for cores in SIZING_CORES),
              f"{SIZING_RANKS_PER_NODE * disk_memory:.1f} GiB", workers] for n in SIZING_VOLUMES]  # fmt: skip
     shape = "x".join(str(n) for n in result["corpus"]["shape"])
     return [f"Sizing, computed from the figures above (the {int(largest):,}-volume corpus: "
             f"{_mb(run['store_bytes_per_volume'])} MB and {run['core_s_per_volume']:.2f} core-seconds per {shape} "
             f"volume; {disk_memory:.2f} GiB per rank with the disk store, at most over the sizes; the SSL recipe's "
-            "loader workers per GPU by step time). Scale the store and the hours by your volumes' voxels; memory per "
+            "loader workers per GPU by step time). Scale the store and the times by your volumes' voxels; memory per "
             "rank does not grow with N:", "",
             *_table(["volumes", "store on disk", *(f"preprocess on {c} cores" for c in SIZING_CORES),
                      f"host memory, {SIZING_RANKS_PER_NODE} ranks (no workers)", "SSL loader workers per GPU"], rows)]
