@@ -48,7 +48,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "resolve_resume",
         "save_atomic",
     ),
-    "config": ("as_bool", "check_overrides", "optional_path", "require_file"),
+    "config": ("as_bool", "check_overrides", "defined_overrides", "optional_path", "require_file"),
     "data": (  # datalists, partitioning, datasets, the compact cache, the data check, the on-disk store, synthetic data
         "CompactCropForegroundd",
         "DataCheckError",

@@ -31,7 +31,7 @@ import torch
 from monai.networks.nets import SwinUNETR
 
 import components
-from components import package as pkg
+from components.release import package as pkg
 from tests.test_bundle_download import FS, _env
 from tests.test_package import _copy_bundle, _fake_trained_state
 

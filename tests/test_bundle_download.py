@@ -44,7 +44,7 @@ import torch
 from monai.networks.nets import SwinUNETR
 
 import components
-from components import package as pkg
+from components.release import package as pkg
 from tests.test_package import _copy_bundle, _fake_trained_state
 
 pytestmark = pytest.mark.slow

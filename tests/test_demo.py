@@ -113,6 +113,26 @@ def test_overrides_start_fresh_and_match_the_labels(tmp_path):
     assert fine["training#flip_prob"] == fine["training#rotate90_prob"] == 0.0  # mirroring would swap the kidneys' sides
 
 
+def test_the_segmentation_step_passes_only_ids_of_the_inference_config(tmp_path):
+    """The held-out segmentation runs inference.json with the finetuning run's network, data and checkpoints, but
+    none of its training knobs: inference.json does not define them, and its initialize stops on them."""
+    from components.config.running import RunningBundle
+    from components.config.overrides import check_overrides
+    from components.demo.run import CT_BUNDLE, finetune_overrides, inference_overrides
+    from components.demo.runner import bundle_dir
+
+    fine = finetune_overrides(BUDGETS["cpu"], tmp_path / "dataset.json", tmp_path / "ft", "cpu", 1, tmp_path / "m.pt")
+    inference = inference_overrides(fine, tmp_path / "ft")
+    inference_json = bundle_dir(CT_BUNDLE) / "configs" / "inference.json"
+    check_overrides(RunningBundle((inference_json,), inference))
+    with pytest.raises(ValueError, match="names no id"):
+        check_overrides(RunningBundle((inference_json,), fine))
+    kept = ("ckpt_dir", "datalist", "dataset_dir", "device", "feature_size", "network_def#window_size", "roi_size", "spacing")
+    assert {k: inference[k] for k in kept} == {k: fine[k] for k in kept}
+    assert inference["output_dir"] == str(tmp_path / "ft" / "segmentations")
+    assert "training#class_weights" not in inference and "max_epochs" not in inference
+
+
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_each_recipe_runs_its_own_bundle_with_ids_it_defines(recipe, tmp_path):
     """``--recipe`` picks the pretraining bundle; every override the demo gives it is an id of that bundle (MONAI would

@@ -24,8 +24,8 @@ import torch
 from monai.networks.nets import SwinUNETR
 
 import components
-from components import download as fetching
-from components import package as pkg
+from components.release import download as fetching
+from components.release import package as pkg
 from components.__main__ import COMMANDS
 from components.release.origin import package_source
 from components.demo.runner import BUNDLES_DIR, bundle_command

@@ -9,7 +9,7 @@ import pytest
 import torch
 from ignite.engine import Engine
 
-from components import progress
+from components.training import progress
 from components.training.progress import StatsWithEta, VolumeProgress, remaining_seconds
 
 

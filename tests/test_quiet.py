@@ -11,7 +11,7 @@ from ignite.engine import Engine
 from monai.transforms import Orientationd
 
 import components
-from components import quiet
+from components.training import quiet
 
 
 @pytest.fixture

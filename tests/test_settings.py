@@ -9,7 +9,7 @@ import pytest
 import torch
 from monai.bundle import ConfigParser
 
-from components import check_overrides, check_settings, rot_rand, rotation_axes
+from components import check_overrides, check_settings, defined_overrides, rot_rand, rotation_axes
 from components.config.running import RunningBundle, running_bundle
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,6 +114,14 @@ def test_overrides_of_defined_ids_and_component_arguments_pass():
     --network_def#depths) are what overrides are for."""
     _check({"max_epochs": 2, "training#seed": 1, "loader#cache": "none", "network_def#window_size": 4,
             "network_def#depths": [2, 2, 6, 2], "train#optimizer#lr": 1e-3})  # fmt: skip
+
+
+def test_defined_overrides_keep_the_ids_a_config_defines():
+    """One set of settings for a bundle's training and inference runs: each run gets the ids its configs define."""
+    inference = TRAIN.parents[2] / "swin_unetr_btcv_finetune" / "configs" / "inference.json"
+    overrides = {"device": "cpu", "network_def#depths": [2, 2, 2, 2], "max_epochs": 3, "training#class_weights": [1.0]}
+    assert defined_overrides(overrides, [inference]) == {"device": "cpu", "network_def#depths": [2, 2, 2, 2]}
+    assert defined_overrides(overrides, [inference.with_name("train.json")]) == overrides
 
 
 def test_ids_of_every_config_file_given_are_known():

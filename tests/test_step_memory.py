@@ -16,7 +16,7 @@ from monai.networks.nets import SwinUNETR
 from monai.networks.nets.swin_unetr import WindowAttention
 
 import components
-from components import step_memory
+from components.networks import step_memory
 
 BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
 GIB = 2**30

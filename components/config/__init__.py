@@ -2,7 +2,8 @@
 
 - ``values``: ``as_bool``, ``optional_path``, ``require_file`` (config values as the code needs them).
 - ``running``: ``running_bundle``: the config files and overrides of the bundle this process runs.
-- ``overrides``: ``check_overrides``: a command-line override of an id no config has is refused, not added.
+- ``overrides``: ``check_overrides``: a command-line override of an id no config has is refused, not added;
+  ``defined_overrides``: the overrides one config of a bundle takes.
 
 The names are re-exported here and in ``components``, imported on first use.
 """
@@ -13,7 +14,7 @@ from ..lazy import lazy_names
 
 # module -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "overrides": ("check_overrides",),
+    "overrides": ("check_overrides", "defined_overrides"),
     "running": ("RunningBundle", "running_bundle"),
     "values": ("as_bool", "optional_path", "require_file"),
 }

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from .running import RunningBundle, running_bundle
 
-__all__ = ["KNOB_GROUPS", "check_overrides"]
+__all__ = ["KNOB_GROUPS", "check_overrides", "defined_overrides"]
 
 #: the groups of knobs a user rarely touches; their members are checked like top-level ids (an override of a member
 #: of another id, such as ``network_def#depths``, is an argument of that component and may add one).
@@ -91,3 +92,19 @@ def check_overrides(bundle: RunningBundle | None = None) -> None:
         problem = _unknown_override(str(override), config, files)
         if problem is not None:
             raise ValueError(problem)
+
+
+def defined_overrides(overrides: Mapping[str, Any], config_files: list[str | Path]) -> dict[str, Any]:
+    """The members of ``overrides`` whose ids ``config_files`` define (as :func:`check_overrides` judges them).
+
+    For a driver that runs several configs of one bundle with one set of settings: the training run takes them all,
+    the inference run only those ``inference.json`` defines, since :func:`check_overrides` stops a run on the others.
+
+    Example::
+
+        defined_overrides({"device": "cpu", "max_epochs": 5}, ["configs/inference.json"])  # {"device": "cpu"}
+    """
+    from monai.bundle import ConfigParser
+
+    config = ConfigParser.load_config_files([str(f) for f in config_files])
+    return {k: v for k, v in overrides.items() if _unknown_override(str(k), config, "") is None}

@@ -27,13 +27,15 @@ from typing import Any
 import torch
 
 from ..data import synthetic
-from .runner import bundle_command, fresh_run_dir, read_scalars, run_bundle
+from ..config.overrides import defined_overrides
+from .runner import BUNDLES_DIR, bundle_command, fresh_run_dir, read_scalars, run_bundle
 from ..training.segmentation import balanced_class_weights
 from .plots import last_image, plot_dice_curves, plot_losses, plot_segmentations, plot_views
 
 __all__ = [
     "DemoBudget", "BUDGETS", "DemoRecipe", "RECIPES", "SSL_BUNDLE", "DINO_BUNDLE", "MIM_BUNDLE", "CT_BUNDLE",
-    "dino_overrides", "finetune_overrides", "pretraining_overrides", "ssl_overrides", "training_class_weights", "run_demo",
+    "dino_overrides", "finetune_overrides", "inference_overrides", "pretraining_overrides", "ssl_overrides",
+    "training_class_weights", "run_demo",
 ]
 
 SSL_BUNDLE = "swin_unetr_ssl_pretrain"
@@ -191,6 +193,14 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join([fmt.format(*header), "-+-".join("-" * w for w in widths)] + [fmt.format(*r) for r in rows])
 
 
+
+def inference_overrides(finetune: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The overrides of a finetuning run that the CT bundle's ``inference.json`` defines (its network, data and
+    checkpoint folder; not the training knobs, which that config would refuse), writing under ``run_dir``."""
+    inference = defined_overrides(finetune, [BUNDLES_DIR / CT_BUNDLE / "configs" / "inference.json"])
+    return {**inference, "output_dir": str(run_dir / "segmentations")}
+
+
 def run_demo(
     out: str | Path = "demo_out",
     seed: int = 0,
@@ -276,9 +286,8 @@ def run_demo(
         seconds = bundle_step(f"finetune, {arm}", CT_BUNDLE, ("train.json",), overrides, run_dir / "train.log")
         bundle_step(f"evaluate on held-out, {arm}", CT_BUNDLE, ("train.json", "evaluate.json"),
                     {**overrides, "eval_list": "test"}, run_dir / "evaluate.log")
-        inference = {k: v for k, v in overrides.items() if not k.startswith("checkpointing#")}  # no such group there
-        bundle_step(f"segment held-out, {arm}", CT_BUNDLE, ("inference.json",),
-                    {**inference, "output_dir": str(run_dir / "segmentations")}, run_dir / "inference.log")
+        bundle_step(f"segment held-out, {arm}", CT_BUNDLE, ("inference.json",), inference_overrides(overrides, run_dir),
+                    run_dir / "inference.log")
         metrics = json.loads((run_dir / "eval" / "metrics.json").read_text())
         results[arm] = {"folder": folder, "seconds": round(seconds, 1), "mean_dice": metrics["mean"],
                         "per_class_dice": metrics["per_class"], "num_images": metrics["num_images"]}
