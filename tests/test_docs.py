@@ -415,8 +415,10 @@ def _sandbox(tmp: Path) -> Path:
     """A copy of the repository's files (components, bundles, benchmarks, docs, tests, configuration), as a reader's
     clone."""
     root = tmp / "repo"
+    outputs = shutil.ignore_patterns("__pycache__", "models", "eval", "data", "dist")  # what runs left in a checkout
     for name in ("components", "bundles", "benchmarks", "docs", "tests"):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("__pycache__", "models", "eval", "data", "dist"))
+        ignore = shutil.ignore_patterns("__pycache__") if name == "components" else outputs  # components.data is code
+        shutil.copytree(REPO / name, root / name, ignore=ignore)
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
     return root
 

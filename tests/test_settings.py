@@ -163,6 +163,25 @@ def test_running_bundle_reads_the_files_and_overrides_monai_was_given(tmp_path):
     assert running_bundle() is None  # no workflow is being created now
 
 
+def test_running_bundle_keeps_the_tracking_settings_and_their_ids_pass(tmp_path):
+    """``--tracking mlflow --experiment_name e``: MONAI adds the tracking settings' ids (experiment_name, run_name,
+    ...) to the config, so the check knows them; without the tracking they name no id."""
+    from monai.bundle.scripts import create_workflow
+
+    config = {"imports": ["$import sys", "$from components.config.running import running_bundle"],
+              "output_dir": str(tmp_path / "eval"), "initialize": [f"$sys.modules[{__name__!r}].SEEN.append(running_bundle())"]}  # fmt: skip
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(config))
+    SEEN.clear()
+    create_workflow(config_file=str(path), workflow_type=None, logging_file=False, tracking="mlflow", experiment_name="e")
+    (bundle,) = SEEN
+    assert bundle.tracking == "mlflow" and dict(bundle.overrides) == {"experiment_name": "e"}
+    check_overrides(RunningBundle((TRAIN,), {"experiment_name": "e", "run_name": "r"}, "mlflow"))
+    check_overrides(RunningBundle((TRAIN,), {"experiment_name": "e"}, {"configs": {"experiment_name": "x"}}))
+    with pytest.raises(ValueError, match="^--experiment_name names no id"):
+        _check({"experiment_name": "e"})
+
+
 SEEN: list = []
 
 

@@ -64,6 +64,24 @@ def _unknown_override(override: str, config: Mapping[str, Any], files: str) -> s
     return head + hint
 
 
+def _tracking_ids(tracking: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ids the workflow's ``tracking`` settings add to the config (``--tracking mlflow --experiment_name x`` sets
+    one of them), as ``ConfigWorkflow`` patches them in: the ``configs`` that are not handlers."""
+    if tracking is None:
+        return {}
+    from monai.bundle import ConfigParser
+    from monai.bundle.utils import DEFAULT_EXP_MGMT_SETTINGS
+
+    if isinstance(tracking, str) and tracking in DEFAULT_EXP_MGMT_SETTINGS:
+        settings = DEFAULT_EXP_MGMT_SETTINGS[tracking]
+    elif isinstance(tracking, Mapping):
+        settings = tracking
+    else:
+        settings = ConfigParser.load_config_files(tracking)
+    handlers = settings.get("handlers_id", {})
+    return {k: v for k, v in settings.get("configs", {}).items() if k not in handlers}
+
+
 def check_overrides(bundle: RunningBundle | None = None) -> None:
     """Stops a run whose overrides name an id that its config files do not define (a misspelt or moved id), before
     any data is read. A bundle's ``initialize`` calls it without arguments: the config files and the overrides are
@@ -87,6 +105,8 @@ def check_overrides(bundle: RunningBundle | None = None) -> None:
     from monai.bundle import ConfigParser
 
     config = ConfigParser.load_config_files([str(f) for f in bundle.config_files])
+    for name, value in _tracking_ids(bundle.tracking).items():
+        config.setdefault(name, value)
     files = " + ".join(str(f) for f in bundle.config_files)
     for override in bundle.overrides:
         problem = _unknown_override(str(override), config, files)

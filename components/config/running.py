@@ -36,10 +36,13 @@ class RunningBundle:
         config_files: the config files, in the order MONAI merges them.
         overrides: the id-value pairs given besides the workflow's own arguments (``--training#seed 1`` gives
             ``{"training#seed": 1}``), from the command line or an ``--args_file``.
+        tracking: the workflow's ``tracking`` argument (``--tracking mlflow``, a settings file or dict), whose
+            ``configs`` MONAI adds to the config as ids (``experiment_name``, ``run_name``, ...); None without it.
     """
 
     config_files: tuple[Path, ...]
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    tracking: str | Mapping[str, Any] | None = None
 
     @property
     def folder(self) -> Path:
@@ -95,7 +98,7 @@ def running_bundle() -> RunningBundle | None:
     workflow_args = set(inspect.signature(ConfigWorkflow.__init__).parameters)
     merged = frame.f_locals.get("_args") or {}
     bundle = RunningBundle(_config_files(frame.f_locals["config_file"]),
-                           {k: v for k, v in merged.items() if k not in workflow_args})  # fmt: skip
+                           {k: v for k, v in merged.items() if k not in workflow_args}, merged.get("tracking"))  # fmt: skip
     created = frame.f_locals.get("workflow_")
     if created is not None:
         _SEEN[created] = bundle
