@@ -43,6 +43,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from components.__main__ import COMMANDS, _unknown_flags
+from components.config.overrides import defined_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted(REPO.glob("docs/*.md")), *sorted(REPO.glob("bundles/*/docs/README.md"))]
@@ -429,6 +430,9 @@ def _command_line(command: DocCommand) -> str:
     if bundle and bundle[0] == "run" and _flag(bundle, "max_epochs") is None:
         tiny = TINY[command.bundle] + TINY_COMMON
         pairs = [tiny[i : i + 2] for i in range(0, len(tiny), 2) if _flag(bundle, tiny[i][2:]) is None]  # the doc's own win
+        # only ids the command's configs define (inference.json has no max_epochs; the run would stop on it)
+        defined = defined_overrides({p[0][2:]: p[1] for p in pairs}, [REPO / command.cwd / f for f in _config_files(bundle)])
+        pairs = [p for p in pairs if p[0][2:] in defined]
         text += " " + " ".join(shlex.quote(w) for pair in pairs for w in pair)
     return text
 
