@@ -36,6 +36,7 @@ from monai.networks.nets import SwinUNETR
 
 import components
 from components.checkpoint import PATCH_EMBED_WEIGHT
+from components.config import defined_overrides
 from components.demo.runner import bundle_command
 from components.data.synthetic import CT_LABELS
 
@@ -60,7 +61,6 @@ TINY = {
 CT_TINY = {**TINY, "spacing": [3.0, 3.0, 4.0]}
 MRI_TINY = {**TINY, "spacing": [2.0, 2.0, 2.0]}
 TRAIN_TINY = {"max_epochs": 1, "training#val_interval": 1, "training#log_interval": 1}
-INFERENCE_UNKNOWN = ("speed#use_checkpoint", "training#num_samples", "batch_size")  # training ids of TINY
 
 SUMMARY = re.compile(
     r"layout=(\w+) target=(\w+): loaded (\d+)/(\d+) encoder tensors .*?\((\d+) encoder;.*?(\d+) adapted"
@@ -190,10 +190,9 @@ def ct_eval_ddp(work, ct_data, ct_train):
 def ct_infer(work, ct_data, ct_train):
     _ok(ct_train[0], "CT training")
     out = work / "ct_seg"
-    overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(out),
-                 "ckpt_dir": str(ct_train[1] / "models")}
-    for key in INFERENCE_UNKNOWN:
-        overrides.pop(key)  # not ids of inference.json: the run would stop on them (components.check_overrides)
+    # TINY's training ids (batch_size, training#num_samples, ...) would stop an inference run (check_overrides)
+    overrides = defined_overrides({**CT_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(out),
+                                   "ckpt_dir": str(ct_train[1] / "models")}, [CT / "configs" / "inference.json"])
     return _run(CT, ["inference.json"], overrides, work / "ct_infer.log"), out
 
 
@@ -218,10 +217,9 @@ def mri_eval(work, mri_data, mri_train):
 def mri_infer(work, mri_data, mri_train):
     _ok(mri_train[0], "MRI training")
     out = work / "mri_seg"
-    overrides = {**MRI_TINY, "dataset_dir": str(mri_data["root"]), "datalist": str(mri_data["test2"]),
-                 "output_dir": str(out), "ckpt_dir": str(mri_train[1] / "models")}
-    for key in INFERENCE_UNKNOWN:
-        overrides.pop(key)
+    overrides = defined_overrides({**MRI_TINY, "dataset_dir": str(mri_data["root"]), "datalist": str(mri_data["test2"]),
+                                   "output_dir": str(out), "ckpt_dir": str(mri_train[1] / "models")},
+                                  [MRI / "configs" / "inference.json"])
     return _run(MRI, ["inference.json"], overrides, work / "mri_infer.log"), out
 
 
