@@ -127,7 +127,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
     parser.add_argument("--report_only", action="store_true", help="run nothing: summarise the finished runs, list the missing")
     parser.add_argument("--stop_after_s", type=float, default=None,
                         help="start no run after this many seconds (default: the cuda plan's 420, none on CPU); run again to continue")
-    parser.add_argument("--markdown", default=None, help="print the Markdown tables of this summary JSON and exit")
+    parser.add_argument("--markdown", default=None, help="print the findings and Markdown tables of this summary JSON and exit")
     parser.add_argument("--write_docs", nargs="+", default=None, help="with --markdown: rewrite these files' blocks of it")
     parser.add_argument("--coverage", default=None,
                         help="add the intervals' simulated coverage to this summary JSON, from its records in --results, and exit")
@@ -165,11 +165,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.markdown:
         path = Path(args.markdown)
+        missing = [doc for doc in args.write_docs or () if not Path(doc).is_file()]
+        if missing:
+            parser.error(f"--write_docs: no such file: {', '.join(missing)}")
         try:
             for doc in args.write_docs or ():
                 print(f"{doc}: {'updated' if write_doc_tables(Path(doc), path) else 'unchanged'}")
             if not args.write_docs:
-                print(block_content("tables", path, args.markdown), end="")
+                kinds = ("findings", "tables") if path.is_file() else ("tables",)  # else one not-measured line
+                print("\n".join(block_content(kind, path, args.markdown) for kind in kinds), end="")
         except ValueError as err:
             parser.error(str(err))
         return

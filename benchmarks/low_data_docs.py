@@ -1,5 +1,5 @@
-"""The low-data protocol's Markdown tables (both models), the docs' generated blocks (the tables, the intervals'
-coverage, or a sentence while a summary is not measured), and the plots."""
+"""The low-data protocol's Markdown tables (both models) and findings, the docs' generated blocks (the tables, the
+findings, the intervals' coverage, or a sentence while a summary is not measured), and the plots."""
 
 from __future__ import annotations
 
@@ -56,6 +56,60 @@ def markdown_tables(result: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _cell_name(k: str, held_out: str, model: str) -> str:
+    return f"k = {k} {held_out.replace('_', '-')} {model}"
+
+
+def _beyond(result: dict, contrast: str) -> tuple[list[str], list[str], int, int]:
+    """A contrast's cells (k, held-out set, model) whose 95 % t-interval lies above 0 and below 0 (named with the mean
+    and interval), the number of cells with a t-interval and of all its cells."""
+    above, below, with_t, cells = [], [], 0, 0
+    for held_out in HELD_OUT_SETS:
+        for model in MODELS:
+            for k, entry in result["paired"].get(held_out, {}).get(model, {}).get(contrast, {}).items():
+                cells += 1
+                if entry["interval_kind"] != "t95":
+                    continue
+                with_t += 1
+                low, high = entry["interval"]
+                named = f"{_cell_name(k, held_out, model)} {_signed(entry['mean'])} [{_signed(low)}, {_signed(high)}]"
+                if low > 0:
+                    above.append(named)
+                elif high < 0:
+                    below.append(named)
+    return above, below, with_t, cells
+
+
+def findings_markdown(result: dict) -> str:
+    """What the summary finds, one sentence per baseline (finetuning against ``scratch``, the linear probes against
+    ``probe_random``, the frozen arms against theirs when they ran): which pretrained arms are above (or below) their
+    baseline beyond the 95 % t-interval of the paired differences, in which cells (k, held-out set, model), and in
+    how many cells each stays within its interval. Cells below :data:`~low_data_stats.T_MIN_PAIRS` pairs have no
+    stated coverage and are counted, never ranked. Generated, so that the docs' verdict is the JSON's."""
+    by_baseline: dict[str, list[str]] = {}
+    for contrast in next(iter(next(iter(result["paired"].values())).values())):
+        by_baseline.setdefault(contrast.split(" - ")[1], []).append(contrast)
+    ns = sorted({e["n"] for h in result["paired"].values() for m in h.values() for c in m.values() for e in c.values()})
+    seeds = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+    sentences = []
+    for baseline, contrasts in by_baseline.items():
+        parts, winners = [], []
+        for contrast in contrasts:
+            arm = contrast.split(" - ")[0]
+            above, below, with_t, cells = _beyond(result, contrast)
+            winners += [arm] if above else []
+            said = ([f"above in {', '.join(above)}"] if above else []) + ([f"below in {', '.join(below)}"] if below else [])
+            within = with_t - len(above) - len(below)
+            if within or with_t < cells or not said:
+                said.append(f"within its interval in {'the other ' if said else ''}{within} of {cells} cells"
+                            + (f" ({cells - with_t} without a t-interval)" if with_t < cells else ""))
+            parts.append(f"{arm}: {'; '.join(said)}")
+        lead = (f"{' and '.join(winners)} beat{'s' if len(winners) == 1 else ''} {baseline} beyond the 95 % t-interval"
+                if winners else f"No arm beats {baseline} beyond its 95 % t-interval")
+        sentences.append(f"{lead} ({seeds} paired seeds per cell) -- {'; '.join(parts)}.")
+    return " ".join(sentences) + "\n"
+
+
 _COVERAGE_ROWS = {
     "bootstrap95": "percentile bootstrap (the old protocol's, called 95 %)",
     "t95": f"Student t, 95 % (from {T_MIN_PAIRS} pairs)",
@@ -87,23 +141,24 @@ def not_measured(name: str) -> str:
 
 TABLES_BLOCK = "<!-- low_data tables: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
 COVERAGE_BLOCK = "<!-- low_data coverage: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
-BLOCKS = {"tables": TABLES_BLOCK, "coverage": COVERAGE_BLOCK}
+FINDINGS_BLOCK = "<!-- low_data findings: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
+BLOCKS = {"tables": TABLES_BLOCK, "coverage": COVERAGE_BLOCK, "findings": FINDINGS_BLOCK}
 
 
 def block_end(kind: str) -> str:
-    """The line that ends a generated block of ``kind`` ("tables" or "coverage")."""
+    """The line that ends a generated block of ``kind`` ("tables", "coverage" or "findings")."""
     return f"<!-- /low_data {kind} -->"
 
 
 def block_content(kind: str, summary: Path, name: str) -> str:
-    """What a block of ``kind`` shows for ``summary`` (called ``name`` in the docs): its tables (both models), or
-    :func:`not_measured` while it does not exist; or its coverage table.
+    """What a block of ``kind`` shows for ``summary`` (called ``name`` in the docs): its tables (both models) or its
+    findings (:func:`findings_markdown`), either :func:`not_measured` while it does not exist; or its coverage table.
 
     Raises:
         ValueError: for the tables of a summary marked superseded (never shown as current) or not complete (a piece of
             its plan), or a coverage block of a summary without ``coverage``.
     """
-    if kind == "tables" and not summary.is_file():
+    if kind in ("tables", "findings") and not summary.is_file():
         return not_measured(name)
     result = json.loads(summary.read_text())
     if kind == "coverage":
@@ -114,7 +169,7 @@ def block_content(kind: str, summary: Path, name: str) -> str:
         raise ValueError(f"{name} is superseded ({result['superseded']}): its tables are not shown as current.")
     if not result["complete"]:
         raise ValueError(f"{name} is not complete ({len(result['missing_runs'])} runs missing): run its plan to the end first.")
-    return markdown_tables(result)
+    return findings_markdown(result) if kind == "findings" else markdown_tables(result)
 
 
 def write_doc_tables(doc: Path, summary: Path) -> bool:

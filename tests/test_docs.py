@@ -420,7 +420,8 @@ def _sandbox(tmp: Path) -> Path:
     for name in ("components", "bundles", "benchmarks", "docs", "tests"):
         ignore = shutil.ignore_patterns("__pycache__") if name == "components" else outputs  # components.data is code
         shutil.copytree(REPO / name, root / name, ignore=ignore)
-    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, root / name)
     return root
 
 

@@ -531,20 +531,20 @@ OLD_PROTOCOL = {  # summaries of the earlier protocol: the folder of their recor
     "benchmarks/results/low_data_cuda/pieces/1.json": None,
     "benchmarks/results/low_data_cuda/pieces/2.json": None,
 }
-BLOCK = re.compile(r"<!-- low_data (tables|coverage): python benchmarks/low_data.py --markdown (\S+) --write_docs \.\.\. -->")
+BLOCK = re.compile(r"<!-- low_data (tables|coverage|findings): python benchmarks/low_data.py --markdown (\S+) --write_docs \.\.\. -->")
 
 
 def _blocks(doc: str) -> list[tuple[str, str]]:
     return BLOCK.findall((REPO / doc).read_text())
 
 
-@pytest.mark.parametrize("doc", PROTOCOL_DOCS)
+@pytest.mark.parametrize("doc", [*PROTOCOL_DOCS, "README.md"])
 def test_every_generated_block_is_what_its_summary_gives(doc, tmp_path):
     """docs/measuring.md, benchmarks/README.md and the three pretraining bundles' docs show the new protocol's tables,
-    which say that it has not been measured at this commit while its summary does not exist; no block shows the tables
-    of a summary of the old protocol; the coverage table is the 9-seed summary's."""
+    README.md its findings, which say that it has not been measured at this commit while its summary does not exist;
+    no block shows the tables of a summary of the old protocol; the coverage table is the 9-seed summary's."""
     blocks = _blocks(doc)
-    assert ("tables", PLAN_SUMMARY) in blocks
+    assert ("findings" if doc == "README.md" else "tables", PLAN_SUMMARY) in blocks
     copy = tmp_path / "doc.md"
     copy.write_text((REPO / doc).read_text())
     for kind, summary in blocks:

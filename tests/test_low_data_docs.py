@@ -86,3 +86,52 @@ def test_a_tables_block_shows_both_models_or_says_the_summary_is_not_measured(tm
     summary.write_text(json.dumps({**written, "superseded": "by the protocol of a later commit"}))
     with pytest.raises(ValueError, match="superseded \\(by the protocol of a later commit\\)"):
         docs.write_doc_tables(doc, summary)
+
+
+def _findings_summary() -> dict:
+    """Two contrasts per baseline at k = 1 and 2: ssl above scratch (t-interval above 0) on the in-domain set's
+    selected models only, mim below it on the shifted set's last models, the probes within their intervals but for
+    three pairs at k = 2 (a range: no stated coverage)."""
+    above, below = stats.paired_entry([0.04, 0.05, 0.06, 0.05, 0.05]), stats.paired_entry([-0.04, -0.05, -0.06, -0.05, -0.05])
+    within, short = stats.paired_entry([-0.05, 0.05, 0.0, 0.02, -0.02]), stats.paired_entry([0.04, 0.05, 0.06])
+    paired = {}
+    for held_out in ("in_domain", "shifted"):
+        for model in ("selected", "last"):
+            ssl = above if (held_out, model) == ("in_domain", "selected") else within
+            mim = below if (held_out, model) == ("shifted", "last") else within
+            paired.setdefault(held_out, {})[model] = {
+                "ssl - scratch": {"1": ssl, "2": within}, "mim - scratch": {"1": within, "2": mim},
+                "probe_ssl - probe_random": {"1": within, "2": short}, "probe_mim - probe_random": {"1": within, "2": within}}
+    return {"paired": paired}
+
+
+def test_the_findings_name_the_arms_beyond_their_interval_and_count_the_rest():
+    text = docs.findings_markdown(_findings_summary())
+    finetuned, probes = text.rstrip("\n").split(". ", 1)
+    assert finetuned.startswith("ssl beats scratch beyond the 95 % t-interval (3-5 paired seeds per cell) -- ")
+    assert "ssl: above in k = 1 in-domain selected +0.050 [+0.041, +0.059]; within its interval in the other 7 of 8 cells" in finetuned
+    assert "mim: below in k = 2 shifted last -0.050 [-0.059, -0.041]; within its interval in the other 7 of 8 cells" in finetuned
+    assert probes.startswith("No arm beats probe_random beyond its 95 % t-interval (3-5 paired seeds per cell) -- ")
+    assert "probe_ssl: within its interval in 4 of 8 cells (4 without a t-interval)" in probes
+    assert probes.endswith("probe_mim: within its interval in 8 of 8 cells.")
+
+
+def test_a_findings_block_says_not_measured_then_shows_the_summarys_findings(tmp_path):
+    summary = tmp_path / "plan.json"
+    begin = docs.FINDINGS_BLOCK.format(summary=summary.as_posix())
+    doc = tmp_path / "README.md"
+    doc.write_text(f"## What pretraining buys\n\n{begin}\nold\n{docs.block_end('findings')}\n")
+    docs.write_doc_tables(doc, summary)
+    assert doc.read_text().count(docs.not_measured(summary.as_posix())) == 1
+    summary.write_text(json.dumps({**_findings_summary(), "complete": True, "missing_runs": []}))
+    assert docs.write_doc_tables(doc, summary)
+    assert f"{begin}\n\n{docs.findings_markdown(_findings_summary()).rstrip()}\n\n{docs.block_end('findings')}" in doc.read_text()
+
+
+def test_write_docs_names_a_missing_document_before_writing_any(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"{docs.TABLES_BLOCK.format(summary='x.json')}\nold\n{docs.block_end('tables')}\n")
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "low_data.py"), "--markdown", "x.json", "--write_docs",
+                           str(doc), str(tmp_path / "README.md")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith(f"--write_docs: no such file: {tmp_path / 'README.md'}")
+    assert "old" in doc.read_text()  # nothing written
