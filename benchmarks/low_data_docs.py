@@ -56,36 +56,37 @@ def markdown_tables(result: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _cell_name(k: str, held_out: str, model: str) -> str:
-    return f"k = {k} {held_out.replace('_', '-')} {model}"
-
-
-def _beyond(result: dict, contrast: str) -> tuple[list[str], list[str], int, int]:
-    """A contrast's cells (k, held-out set, model) whose 95 % t-interval lies above 0 and below 0 (named with the mean
-    and interval), the number of cells with a t-interval and of all its cells."""
+def _cells(result: dict, contrast: str) -> tuple[list[tuple], list[tuple], int, int]:
+    """A contrast's cells (k, held-out set, model) whose 95 % t-interval lies above 0 and below 0, the number of its
+    cells with a t-interval and of all its cells."""
     above, below, with_t, cells = [], [], 0, 0
     for held_out in HELD_OUT_SETS:
         for model in MODELS:
             for k, entry in result["paired"].get(held_out, {}).get(model, {}).get(contrast, {}).items():
                 cells += 1
-                if entry["interval_kind"] != "t95":
-                    continue
-                with_t += 1
-                low, high = entry["interval"]
-                named = f"{_cell_name(k, held_out, model)} {_signed(entry['mean'])} [{_signed(low)}, {_signed(high)}]"
-                if low > 0:
-                    above.append(named)
-                elif high < 0:
-                    below.append(named)
+                if entry["interval_kind"] == "t95":
+                    with_t += 1
+                    low, high = entry["interval"]
+                    (above if low > 0 else below if high < 0 else []).append((k, held_out, model))
     return above, below, with_t, cells
+
+
+def _where(found: list[tuple], cells: int) -> str:
+    """``found`` cells out of ``cells``, grouped by k: "in 2 of 8 cells (k = 1: in-domain selected, shifted last)"."""
+    if len(found) == cells:
+        return f"in all {cells} cells"
+    by_k: dict[str, list[str]] = {}
+    for k, held_out, model in found:
+        by_k.setdefault(k, []).append(f"{held_out.replace('_', '-')} {model}")
+    return f"in {len(found)} of {cells} cells ({'; '.join(f'k = {k}: ' + ', '.join(v) for k, v in sorted(by_k.items()))})"
 
 
 def findings_markdown(result: dict) -> str:
     """What the summary finds, one sentence per baseline (finetuning against ``scratch``, the linear probes against
     ``probe_random``, the frozen arms against theirs when they ran): which pretrained arms are above (or below) their
-    baseline beyond the 95 % t-interval of the paired differences, in which cells (k, held-out set, model), and in
-    how many cells each stays within its interval. Cells below :data:`~low_data_stats.T_MIN_PAIRS` pairs have no
-    stated coverage and are counted, never ranked. Generated, so that the docs' verdict is the JSON's."""
+    baseline beyond the 95 % t-interval of the paired differences, in which cells (k, held-out set, model; the tables
+    give the numbers), and in how many each stays within it. Cells below :data:`~low_data_stats.T_MIN_PAIRS` pairs
+    have no stated coverage and are counted, never ranked. Generated, so that the docs' verdict is the JSON's."""
     by_baseline: dict[str, list[str]] = {}
     for contrast in next(iter(next(iter(result["paired"].values())).values())):
         by_baseline.setdefault(contrast.split(" - ")[1], []).append(contrast)
@@ -96,17 +97,19 @@ def findings_markdown(result: dict) -> str:
         parts, winners = [], []
         for contrast in contrasts:
             arm = contrast.split(" - ")[0]
-            above, below, with_t, cells = _beyond(result, contrast)
+            above, below, with_t, cells = _cells(result, contrast)
             winners += [arm] if above else []
-            said = ([f"above in {', '.join(above)}"] if above else []) + ([f"below in {', '.join(below)}"] if below else [])
+            said = ([f"above {_where(above, cells)}"] if above else []) + ([f"below {_where(below, cells)}"] if below else [])
             within = with_t - len(above) - len(below)
-            if within or with_t < cells or not said:
-                said.append(f"within its interval in {'the other ' if said else ''}{within} of {cells} cells"
-                            + (f" ({cells - with_t} without a t-interval)" if with_t < cells else ""))
-            parts.append(f"{arm}: {'; '.join(said)}")
-        lead = (f"{' and '.join(winners)} beat{'s' if len(winners) == 1 else ''} {baseline} beyond the 95 % t-interval"
+            if not said:
+                said.append(f"within its interval in {'all ' if within == cells else f'{within} of '}{cells} cells")
+            if with_t < cells:
+                said.append(f"{cells - with_t} without a t-interval")
+            parts.append(f"{arm} {', '.join(said)}")
+        names = ", ".join(winners[:-1]) + " and " + winners[-1] if len(winners) > 1 else "".join(winners)
+        lead = (f"{names} beat{'s' if len(winners) == 1 else ''} {baseline} beyond the 95 % t-interval"
                 if winners else f"No arm beats {baseline} beyond its 95 % t-interval")
-        sentences.append(f"{lead} ({seeds} paired seeds per cell) -- {'; '.join(parts)}.")
+        sentences.append(f"{lead} ({seeds} paired seeds per cell): {'; '.join(parts)}.")
     return " ".join(sentences) + "\n"
 
 

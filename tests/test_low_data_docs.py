@@ -107,13 +107,15 @@ def _findings_summary() -> dict:
 
 def test_the_findings_name_the_arms_beyond_their_interval_and_count_the_rest():
     text = docs.findings_markdown(_findings_summary())
-    finetuned, probes = text.rstrip("\n").split(". ", 1)
-    assert finetuned.startswith("ssl beats scratch beyond the 95 % t-interval (3-5 paired seeds per cell) -- ")
-    assert "ssl: above in k = 1 in-domain selected +0.050 [+0.041, +0.059]; within its interval in the other 7 of 8 cells" in finetuned
-    assert "mim: below in k = 2 shifted last -0.050 [-0.059, -0.041]; within its interval in the other 7 of 8 cells" in finetuned
-    assert probes.startswith("No arm beats probe_random beyond its 95 % t-interval (3-5 paired seeds per cell) -- ")
-    assert "probe_ssl: within its interval in 4 of 8 cells (4 without a t-interval)" in probes
-    assert probes.endswith("probe_mim: within its interval in 8 of 8 cells.")
+    assert text == (
+        "ssl beats scratch beyond the 95 % t-interval (3-5 paired seeds per cell): ssl above in 1 of 8 cells "
+        "(k = 1: in-domain selected); mim below in 1 of 8 cells (k = 2: shifted last). "
+        "No arm beats probe_random beyond its 95 % t-interval (3-5 paired seeds per cell): probe_ssl within its interval "
+        "in 4 of 8 cells, 4 without a t-interval; probe_mim within its interval in all 8 cells.\n")
+    everywhere = {h: {m: {"ssl - scratch": {"1": stats.paired_entry([0.05] * 4 + [0.06])}} for m in ("selected", "last")}
+                  for h in ("in_domain", "shifted")}  # fmt: skip
+    assert docs.findings_markdown({"paired": everywhere}).startswith("ssl beats scratch beyond the 95 % t-interval "
+                                                                     "(5 paired seeds per cell): ssl above in all 4 cells.")
 
 
 def test_a_findings_block_says_not_measured_then_shows_the_summarys_findings(tmp_path):
