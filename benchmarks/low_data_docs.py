@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from components.demo.plots import pyplot, save_plot
+from low_data_arms import CONTRASTS
 from low_data_protocol import HELD_OUT_SETS, MODELS, REPO
 from low_data_stats import T_MIN_PAIRS, seeds_for_half_width
 
@@ -56,19 +57,23 @@ def markdown_tables(result: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _cells(result: dict, contrast: str) -> tuple[list[tuple], list[tuple], int, int]:
+def _cells(result: dict, contrast: str) -> tuple[list[tuple], list[tuple], int, list[int]]:
     """A contrast's cells (k, held-out set, model) whose 95 % t-interval lies above 0 and below 0, the number of its
-    cells with a t-interval and of all its cells."""
-    above, below, with_t, cells = [], [], 0, 0
+    cells with a t-interval, and every cell's number of pairs."""
+    above, below, with_t, pairs = [], [], 0, []
     for held_out in HELD_OUT_SETS:
         for model in MODELS:
             for k, entry in result["paired"].get(held_out, {}).get(model, {}).get(contrast, {}).items():
-                cells += 1
-                if entry["interval_kind"] == "t95":
-                    with_t += 1
-                    low, high = entry["interval"]
-                    (above if low > 0 else below if high < 0 else []).append((k, held_out, model))
-    return above, below, with_t, cells
+                pairs.append(entry["n"])
+                if entry["interval_kind"] != "t95":
+                    continue
+                with_t += 1
+                low, high = entry["interval"]
+                if low > 0:
+                    above.append((k, held_out, model))
+                elif high < 0:
+                    below.append((k, held_out, model))
+    return above, below, with_t, pairs
 
 
 def _where(found: list[tuple], cells: int) -> str:
@@ -87,17 +92,19 @@ def findings_markdown(result: dict) -> str:
     baseline beyond the 95 % t-interval of the paired differences, in which cells (k, held-out set, model; the tables
     give the numbers), and in how many each stays within it. Cells below :data:`~low_data_stats.T_MIN_PAIRS` pairs
     have no stated coverage and are counted, never ranked. Generated, so that the docs' verdict is the JSON's."""
-    by_baseline: dict[str, list[str]] = {}
-    for contrast in next(iter(next(iter(result["paired"].values())).values())):
-        by_baseline.setdefault(contrast.split(" - ")[1], []).append(contrast)
-    ns = sorted({e["n"] for h in result["paired"].values() for m in h.values() for c in m.values() for e in c.values()})
+    present = {contrast for per_model in result["paired"].values() for per_contrast in per_model.values()
+               for contrast in per_contrast}  # fmt: skip
+    by_baseline: dict[str, list[tuple[str, tuple]]] = {}
+    for contrast, (arm, baseline) in CONTRASTS.items():
+        if contrast in present:
+            by_baseline.setdefault(baseline, []).append((arm, _cells(result, contrast)))
+    ns = sorted({n for arms in by_baseline.values() for _, (*_, pairs) in arms for n in pairs})
     seeds = f"{ns[0]}" if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
     sentences = []
-    for baseline, contrasts in by_baseline.items():
+    for baseline, arms in by_baseline.items():
         parts, winners = [], []
-        for contrast in contrasts:
-            arm = contrast.split(" - ")[0]
-            above, below, with_t, cells = _cells(result, contrast)
+        for arm, (above, below, with_t, pairs) in arms:
+            cells = len(pairs)
             winners += [arm] if above else []
             said = ([f"above {_where(above, cells)}"] if above else []) + ([f"below {_where(below, cells)}"] if below else [])
             within = with_t - len(above) - len(below)
@@ -158,8 +165,8 @@ def block_content(kind: str, summary: Path, name: str) -> str:
     findings (:func:`findings_markdown`), either :func:`not_measured` while it does not exist; or its coverage table.
 
     Raises:
-        ValueError: for the tables of a summary marked superseded (never shown as current) or not complete (a piece of
-            its plan), or a coverage block of a summary without ``coverage``.
+        ValueError: for the tables or findings of a summary marked superseded (never shown as current) or not complete
+            (a piece of its plan), or a coverage block of a summary without ``coverage``.
     """
     if kind in ("tables", "findings") and not summary.is_file():
         return not_measured(name)
