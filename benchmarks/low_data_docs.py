@@ -47,14 +47,42 @@ def _difference_cell(entry: dict | None, target: float) -> str:
     return f"{_signed(entry['mean'])} {kind}[{_signed(low)}, {_signed(high)}] ({entry['n']}; ~{need})"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def measured_markdown(result: dict) -> str:
+    """Where and with what code a summary was measured, from the summary alone: its runs' commits, the machine, the
+    runs side by side; then its encoders' RankMe (on how many crops, its bound) and whether RankMe orders them as the
+    probes' Dice does at each k. Run times are left out: a plan that runs for hours in resumable pieces shares its
+    machine at times."""
+    machine, numerics = result["machine"], result["settings"]["numerics"]
+    where = numerics["device"].upper()
+    if numerics["device"] == "cpu":
+        where = f"{machine['cpu_model']}, {machine['cpu_count']} CPUs ({numerics['cpu_capability']})"
+    text = (f"Measured at commit {', '.join(c[:7] for c in result['commits'])} on {where}, torch {numerics['torch']}, "
+            f"MONAI {numerics['monai']}: {_count(len(result['pretraining']), 'pretraining')} and "
+            f"{_count(len(result['runs']), 'finetuning run')}, {machine['parallel_runs']} side by side with "
+            f"{_count(machine['threads_per_run'], 'thread')} each; the record of every run is committed beside the summary.")  # fmt: skip
+    rankme = result["rankme"]
+    if rankme["encoders"]:
+        values = ", ".join(f"{name} {entry['rankme']:.1f}" for name, entry in rankme["encoders"].items())
+        orders = "; ".join(f"k = {k}: {', '.join(a['rankme_order'])} by RankMe, {', '.join(a['probe_dice_order'])} by "
+                           f"the probes' Dice" for k, a in rankme["agreement_with_probe_arms"].items())  # fmt: skip
+        text += (f" RankMe of the encoders on {rankme['crops']} held-out crops (at most {rankme['bound']}): {values}. "
+                 f"Highest first, {orders}.")
+    return text + "\n"
+
+
 def markdown_tables(result: dict) -> str:
-    """The result's tables in Markdown, as the docs show them (a test compares them), for the selected models and then
-    for the last ones: per held-out set the held-out mean Dice per arm and k (mean +- sd, seeds), then the paired
-    differences with their 95 % t-interval (the range [min, max] below :data:`~low_data_stats.T_MIN_PAIRS` pairs) and
-    the seeds the target half-width would take (:func:`~low_data_stats.seeds_for_half_width`)."""
+    """The result's tables in Markdown, as the docs show them (a test compares them), after :func:`measured_markdown`:
+    for the selected models and then for the last ones, per held-out set the held-out mean Dice per arm and k (mean +-
+    sd, seeds), then the paired differences with their 95 % t-interval (the range [min, max] below
+    :data:`~low_data_stats.T_MIN_PAIRS` pairs) and the seeds the target half-width would take
+    (:func:`~low_data_stats.seeds_for_half_width`)."""
     ks = [str(k) for k in result["settings"]["ks"]]
     lines = [line for model in MODELS for line in _model_tables(result, model, ks, result["settings"]["target_half_width"])]
-    return "\n".join(lines).rstrip() + "\n"
+    return measured_markdown(result) + "\n" + "\n".join(lines).rstrip() + "\n"
 
 
 def _cells(result: dict, contrast: str) -> tuple[list[tuple], list[tuple], int, list[int]]:

@@ -50,9 +50,28 @@ def _summary_of(entry: dict) -> dict:
     table = {h: {m: {"ssl": {"1": {"mean": 0.5 - 0.1 * (m == "last"), "sd": 0.1, "n": 9}}} for m in ("selected", "last")}
              for h in ("in_domain", "shifted")}  # fmt: skip
     last = {**entry, "mean": entry["mean"] - 0.1}
-    return {"settings": {"ks": [1], "target_half_width": 0.03}, "table": table, "complete": True, "missing_runs": [],
-            "paired": {h: {"selected": {"ssl - scratch": {"1": entry}}, "last": {"ssl - scratch": {"1": last}}}
-                       for h in ("in_domain", "shifted")}}  # fmt: skip
+    numerics = {"device": "cpu", "torch": "2.13.0+cpu", "monai": "1.6.1", "cpu_capability": "AVX512"}
+    rankme = {"crops": 256, "bound": 192, "encoders": {"random": {"rankme": 6.39}, "ssl": {"rankme": 14.04}},
+              "agreement_with_probe_arms": {"1": {"rankme_order": ["ssl", "random"], "probe_dice_order": ["random", "ssl"]}}}
+    return {"settings": {"ks": [1], "target_half_width": 0.03, "numerics": numerics}, "table": table, "complete": True,
+            "missing_runs": [], "commits": ["97b568a647a103cd78936910f3bf824e58115691"], "pretraining": {"ssl": {}},
+            "runs": [{}] * 18, "machine": {"cpu_model": "AMD EPYC", "cpu_count": 2, "parallel_runs": 2, "threads_per_run": 1},
+            "rankme": rankme, "paired": {h: {"selected": {"ssl - scratch": {"1": entry}}, "last": {"ssl - scratch": {"1": last}}}
+                                         for h in ("in_domain", "shifted")}}  # fmt: skip
+
+
+def test_the_tables_say_where_and_with_what_code_they_were_measured_and_the_encoders_rankme():
+    summary = _summary_of(stats.paired_entry([0.01, 0.02, 0.03, 0.04, 0.05]))
+    first = docs.markdown_tables(summary).split("\n\n")[0]
+    assert first == ("Measured at commit 97b568a on AMD EPYC, 2 CPUs (AVX512), torch 2.13.0+cpu, MONAI 1.6.1: 1 pretraining "
+                     "and 18 finetuning runs, 2 side by side with 1 thread each; the record of every run is committed "
+                     "beside the summary. RankMe of the encoders on 256 held-out crops (at most 192): random 6.4, ssl 14.0. "
+                     "Highest first, k = 1: ssl, random by RankMe, random, ssl by the probes' Dice.")  # fmt: skip
+    gpu = {**summary, "settings": {**summary["settings"], "numerics": {"device": "cuda", "torch": "2.13.0", "monai": "1.6.1"}},
+           "rankme": {"crops": 0, "encoders": {}}}  # fmt: skip
+    assert docs.measured_markdown(gpu) == ("Measured at commit 97b568a on CUDA, torch 2.13.0, MONAI 1.6.1: 1 pretraining and 18 "
+                                           "finetuning runs, 2 side by side with 1 thread each; the record of every run is "
+                                           "committed beside the summary.\n")  # fmt: skip
 
 
 def test_every_table_is_shown_for_the_selected_and_the_last_model():
