@@ -75,14 +75,14 @@ def measured_markdown(result: dict) -> str:
 
 
 def markdown_tables(result: dict) -> str:
-    """The result's tables in Markdown, as the docs show them (a test compares them), after :func:`measured_markdown`:
-    for the selected models and then for the last ones, per held-out set the held-out mean Dice per arm and k (mean +-
+    """The result's tables in Markdown, as the docs show them after :func:`measured_markdown` (a test compares them),
+    for the selected models and then for the last ones: per held-out set the held-out mean Dice per arm and k (mean +-
     sd, seeds), then the paired differences with their 95 % t-interval (the range [min, max] below
     :data:`~low_data_stats.T_MIN_PAIRS` pairs) and the seeds the target half-width would take
     (:func:`~low_data_stats.seeds_for_half_width`)."""
     ks = [str(k) for k in result["settings"]["ks"]]
     lines = [line for model in MODELS for line in _model_tables(result, model, ks, result["settings"]["target_half_width"])]
-    return measured_markdown(result) + "\n" + "\n".join(lines).rstrip() + "\n"
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def _cells(result: dict, contrast: str) -> tuple[list[tuple], list[tuple], int, list[int]]:
@@ -189,8 +189,9 @@ def block_end(kind: str) -> str:
 
 
 def block_content(kind: str, summary: Path, name: str) -> str:
-    """What a block of ``kind`` shows for ``summary`` (called ``name`` in the docs): its tables (both models) or its
-    findings (:func:`findings_markdown`), either :func:`not_measured` while it does not exist; or its coverage table.
+    """What a block of ``kind`` shows for ``summary`` (called ``name`` in the docs): where it was measured
+    (:func:`measured_markdown`) and its tables (both models), or its findings (:func:`findings_markdown`), either
+    :func:`not_measured` while it does not exist; or its coverage table.
 
     Raises:
         ValueError: for the tables or findings of a summary marked superseded (never shown as current) or not complete
@@ -207,7 +208,7 @@ def block_content(kind: str, summary: Path, name: str) -> str:
         raise ValueError(f"{name} is superseded ({result['superseded']}): its tables are not shown as current.")
     if not result["complete"]:
         raise ValueError(f"{name} is not complete ({len(result['missing_runs'])} runs missing): run its plan to the end first.")
-    return findings_markdown(result) if kind == "findings" else markdown_tables(result)
+    return findings_markdown(result) if kind == "findings" else measured_markdown(result) + "\n" + markdown_tables(result)
 
 
 def write_doc_tables(doc: Path, summary: Path) -> bool:

@@ -62,11 +62,10 @@ def _summary_of(entry: dict) -> dict:
 
 def test_the_tables_say_where_and_with_what_code_they_were_measured_and_the_encoders_rankme():
     summary = _summary_of(stats.paired_entry([0.01, 0.02, 0.03, 0.04, 0.05]))
-    first = docs.markdown_tables(summary).split("\n\n")[0]
-    assert first == ("Measured at commit 97b568a on AMD EPYC, 2 CPUs (AVX512), torch 2.13.0+cpu, MONAI 1.6.1: 1 pretraining "
+    assert docs.measured_markdown(summary) == ("Measured at commit 97b568a on AMD EPYC, 2 CPUs (AVX512), torch 2.13.0+cpu, MONAI 1.6.1: 1 pretraining "
                      "and 18 finetuning runs, 2 side by side with 1 thread each; the record of every run is committed "
                      "beside the summary. RankMe of the encoders on 256 held-out crops (at most 192): random 6.4, ssl 14.0. "
-                     "Highest first, k = 1: ssl, random by RankMe, random, ssl by the probes' Dice.")  # fmt: skip
+                     "Highest first, k = 1: ssl, random by RankMe, random, ssl by the probes' Dice.\n")  # fmt: skip
     gpu = {**summary, "settings": {**summary["settings"], "numerics": {"device": "cuda", "torch": "2.13.0", "monai": "1.6.1"}},
            "rankme": {"crops": 0, "encoders": {}}}  # fmt: skip
     assert docs.measured_markdown(gpu) == ("Measured at commit 97b568a on CUDA, torch 2.13.0, MONAI 1.6.1: 1 pretraining and 18 "
@@ -97,8 +96,8 @@ def test_a_tables_block_shows_both_models_or_says_the_summary_is_not_measured(tm
     summary.parent.mkdir()
     summary.write_text(json.dumps(_summary_of(stats.paired_entry([0.01, 0.02, 0.03, 0.04, 0.05]))))
     assert docs.write_doc_tables(doc, summary)
-    assert docs.markdown_tables(json.loads(summary.read_text())) in doc.read_text()
     written = json.loads(summary.read_text())
+    assert f"{docs.measured_markdown(written)}\n{docs.markdown_tables(written)}" in doc.read_text()
     summary.write_text(json.dumps({**written, "complete": False, "missing_runs": ["ssl k=1 seed=8"]}))
     with pytest.raises(ValueError, match="is not complete \\(1 runs missing\\)"):
         docs.write_doc_tables(doc, summary)
