@@ -53,7 +53,8 @@ def _count(n: int, noun: str) -> str:
 
 def measured_markdown(result: dict) -> str:
     """Where and with what code a summary was measured, from the summary alone: its runs' commits, the machine, the
-    runs side by side; then its encoders' RankMe (on how many crops, its bound) and whether RankMe orders them as the
+    runs side by side; then its encoders' RankMe (on how many crops, its bound), their centred RankMe and the share of
+    the embeddings' norm their mean holds (``low_data_rankme.centred_rank``), and whether RankMe orders them as the
     probes' Dice does at each k. Run times are left out: a plan that runs for hours in resumable pieces shares its
     machine at times."""
     machine, numerics = result["machine"], result["settings"]["numerics"]
@@ -66,11 +67,15 @@ def measured_markdown(result: dict) -> str:
             f"{_count(machine['threads_per_run'], 'thread')} each; the record of every run is committed beside the summary.")  # fmt: skip
     rankme = result["rankme"]
     if rankme["encoders"]:
+        encoders = rankme["encoders"].values()
         values = ", ".join(f"{name} {entry['rankme']:.1f}" for name, entry in rankme["encoders"].items())
+        shares = ", ".join(f"{100 * entry['mean_share']:.0f} %" for entry in encoders)
+        centred = ", ".join(f"{entry['rankme_centred']:.1f}" for entry in encoders)
         orders = "; ".join(f"k = {k}: {', '.join(a['rankme_order'])} by RankMe, {', '.join(a['probe_dice_order'])} by "
                            f"the probes' Dice" for k, a in rankme["agreement_with_probe_arms"].items())  # fmt: skip
-        text += (f" RankMe of the encoders on {rankme['crops']} held-out crops (at most {rankme['bound']}): {values}. "
-                 f"Highest first, {orders}.")
+        text += (f" RankMe of the encoders on {rankme['crops']} held-out crops (at most {rankme['bound']}): {values}; "
+                 f"with the embeddings' mean removed (it holds {shares} of their squared norm): {centred}. Highest RankMe "
+                 f"first, {orders}.")
     return text + "\n"
 
 

@@ -56,9 +56,21 @@ def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int, 
         with torch.no_grad():
             embeddings = torch.cat([swin_embeddings(network, chunk.to(device)).cpu() for chunk in batch.split(16)])
         out.update(dims=embeddings.shape[1], bound=min(len(batch), embeddings.shape[1]))
-        out["encoders"][name] = {"rankme": effective_rank(embeddings),
+        out["encoders"][name] = {"rankme": effective_rank(embeddings), **centred_rank(embeddings),
                                  "logged_by_bundle": weights[recipe].get("logged_rankme") if recipe else None}  # fmt: skip
     return out
+
+
+def centred_rank(embeddings: torch.Tensor) -> dict[str, float]:
+    """RankMe after the embeddings' mean is removed (``rankme_centred``) and the share of their mean squared norm that
+    their mean holds (``mean_share``, 0-1). RankMe as published (and as the bundles log it) does not centre, so a
+    large common offset reads as collapse: on the CPU plan the masked image encoder's embeddings were 99.9996 % mean,
+    RankMe 1.1, and 51.5 centred, the highest of the four encoders."""
+    from components import effective_rank
+
+    mean = embeddings.mean(dim=0, keepdim=True)
+    share = float(mean.square().sum() / embeddings.square().sum(dim=1).mean())
+    return {"rankme_centred": effective_rank(embeddings - mean), "mean_share": share}
 
 
 def rankme_agreement(rankme: dict, intervals: dict, ks: tuple[int, ...]) -> dict:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -28,6 +29,17 @@ def test_rankme_embeds_the_plans_number_of_crops_from_every_held_out_volume(tmp_
     assert (few["crops"], few["dims"], few["bound"]) == (3, 192, 3) and set(few["encoders"]) == {"random"}
     assert 1.0 < few["encoders"]["random"]["rankme"] <= 3.0 + 1e-6
     assert rankme.encoder_rankme(data, {}, plan, 0) == few
+    assert 1.0 < few["encoders"]["random"]["rankme_centred"] <= 3.0 + 1e-6 and 0.0 < few["encoders"]["random"]["mean_share"] < 1.0
+
+
+def test_a_common_offset_lowers_rankme_but_not_the_centred_rank():
+    """Four orthogonal directions of equal weight (RankMe 4 centred) under an offset 100 times their size: RankMe sees
+    the offset almost alone (1.13), the centred rank the four directions, and the mean holds almost all of the norm."""
+    spread = torch.cat([torch.eye(4), -torch.eye(4)]) @ torch.eye(4, 16)
+    offset = torch.full((1, 16), 100.0 / 4)
+    result = rankme.centred_rank(spread + offset)
+    assert components.effective_rank(spread + offset) < 1.2  # 1.13: singular values, not their squares, are weighed
+    assert result["rankme_centred"] == pytest.approx(4.0, abs=1e-3) and result["mean_share"] == pytest.approx(1e4 / (1e4 + 1), rel=1e-6)
 
 
 @pytest.mark.slow
