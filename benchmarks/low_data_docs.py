@@ -61,7 +61,8 @@ def measured_markdown(result: dict) -> str:
     where = numerics["device"].upper()
     if numerics["device"] == "cpu":
         where = f"{machine['cpu_model']}, {machine['cpu_count']} CPUs ({numerics['cpu_capability']})"
-    text = (f"Measured at commit {', '.join(c[:7] for c in result['commits'])} on {where}, torch {numerics['torch']}, "
+    commits = ", ".join(f"{c[:7]}{c[40:]}" for c in result["commits"])  # "+changes": tracked files differed from it
+    text = (f"Measured at commit {commits} on {where}, torch {numerics['torch']}, "
             f"MONAI {numerics['monai']}: {_count(len(result['pretraining']), 'pretraining')} and "
             f"{_count(len(result['runs']), 'finetuning run')}, {machine['parallel_runs']} side by side with "
             f"{_count(machine['threads_per_run'], 'thread')} each; the record of every run is committed beside the summary.")  # fmt: skip

@@ -68,6 +68,8 @@ def test_the_tables_say_where_and_with_what_code_they_were_measured_and_the_enco
                      "beside the summary. RankMe of the encoders on 256 held-out crops (at most 192): random 6.4, ssl 14.0; with "
                      "the embeddings' mean removed (it holds 90 %, 23 % of their squared norm): 17.5, 4.4. Highest RankMe "
                      "first, k = 1: ssl, random by RankMe, random, ssl by the probes' Dice.\n")  # fmt: skip
+    dirty = {**summary, "commits": [*summary["commits"], summary["commits"][0] + "+changes"]}  # tracked files differed
+    assert docs.measured_markdown(dirty).startswith("Measured at commit 97b568a, 97b568a+changes on AMD EPYC")
     gpu = {**summary, "settings": {**summary["settings"], "numerics": {"device": "cuda", "torch": "2.13.0", "monai": "1.6.1"}},
            "rankme": {"crops": 0, "encoders": {}}}  # fmt: skip
     assert docs.measured_markdown(gpu) == ("Measured at commit 97b568a on CUDA, torch 2.13.0, MONAI 1.6.1: 1 pretraining and 18 "
