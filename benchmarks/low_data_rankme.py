@@ -64,8 +64,8 @@ def encoder_rankme(data: Data, weights: dict[str, dict], plan: Plan, seed: int, 
 def centred_rank(embeddings: torch.Tensor) -> dict[str, float]:
     """RankMe after the embeddings' mean is removed (``rankme_centred``) and the share of their mean squared norm that
     their mean holds (``mean_share``, 0-1). RankMe as published (and as the bundles log it) does not centre, so a
-    large common offset reads as collapse: on the CPU plan the masked image encoder's embeddings were 99.9996 % mean,
-    RankMe 1.1, and 51.5 centred, the highest of the four encoders."""
+    large common offset reads as collapse; these two tell the cases apart (a summary's ``rankme`` holds the measured
+    values, docs/measuring.md reads them)."""
     from components import effective_rank
 
     mean = embeddings.mean(dim=0, keepdim=True)
