@@ -36,7 +36,8 @@ the plan and its data seed, never by ``--ks`` or ``--seeds``):
   0.90, 0.91 and 0.93 of the time at n = 3, 5 and 9, the percentile bootstrap it replaces 0.71, 0.81 and 0.89.
 - **Records.** Every run writes its result as soon as it finishes, to ``<results>/<arm>_k<k>_seed<s>_<hash>.json``
   where the hash covers every setting of the run (its overrides, its datalist, the pretrained weights' sha256), the
-  code that ran (the ``components`` package's source digest and the sha256 of every bundle config the run reads:
+  code that ran (the ``components`` package's source digest, less the demo's driver ``demo/run.py``, which no
+  process of the protocol imports, and the sha256 of every bundle config the run reads:
   ``low_data_protocol.code_state``) and its numerics (device, torch and MONAI versions, the CPU's vector
   instructions: ``low_data_runs.run_numerics``). A re-run skips finished runs and never reads a result of other
   settings, code or numerics; a killed run leaves no result and is run again from its start. Each pretraining keeps
