@@ -32,7 +32,6 @@ import low_data_docs as docs  # noqa: E402
 import low_data_lever  # noqa: E402
 import low_data_protocol as protocol  # noqa: E402
 import low_data_runs as runner  # noqa: E402
-import low_data_stats as stats  # noqa: E402
 
 import components  # noqa: E402
 from components import sha256_file, write_dataset  # noqa: E402
