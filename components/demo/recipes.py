@@ -2,12 +2,13 @@
 is, as command-line overrides of each bundle.
 
 The demo (:mod:`components.demo.run`) and the low-data benchmark (``benchmarks/low_data.py``) both run the bundles
-with these overrides; the demo's own budgets, steps and pictures live in :mod:`~components.demo.run` and
-:mod:`~components.demo.plots`, so that tuning the demo leaves what the benchmark runs as it is. The task is made
-small enough for a CPU: five large organs (:data:`~components.data.synthetic.DEMO_ORGANS`), 1x1x2 mm voxels,
-64x64x32 crops, feature size 12 and 4^3 attention windows (the recipe's 7^3 would pad the first stage's tokens by
-half again). The finetuning loss is weighted by :func:`training_class_weights` and the crops are not mirrored (the
-kidneys differ only by side).
+with these overrides. The demo's own budgets, data split and steps live in :mod:`~components.demo.run`, which no
+process of the benchmark imports: tuning the demo leaves the benchmark's runs and result keys as they are.
+
+The task is made small enough for a CPU: five large organs (:data:`~components.data.synthetic.DEMO_ORGANS`), 1x1x2 mm
+voxels, 64x64x32 crops, feature size 12 and 4^3 attention windows (the recipe's 7^3 would pad the first stage's
+tokens by half again). The finetuning loss is weighted by :func:`training_class_weights` and the crops are not
+mirrored (the kidneys differ only by side).
 
 Example::
 
@@ -47,7 +48,7 @@ class DemoBudget:
     ``finetune_crops`` crops per iteration), validated every ``val_interval`` epochs. Pretraining uses the recipe's
     rate, 4e-4, after a short warm-up: at 1e-3 after 2 warm-up iterations the rotation loss jumped to 3.8 in the
     first epoch and the contrastive loss stayed at ln 3 (identical embeddings) from the third epoch on. The defaults
-    are the demo's CPU budget (:data:`components.demo.run.BUDGETS`)."""
+    size a run for a CPU; :data:`components.demo.run.BUDGETS` names the demo's budgets."""
 
     num_labeled: int = 14
     num_unlabeled: int = 48
