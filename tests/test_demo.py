@@ -68,6 +68,12 @@ def test_summary_json_and_pictures(quick_demo):
     assert summary["device"] == "cpu" and summary["seed"] == 3
     assert summary["settings"]["organs"] == list(DEMO_ORGANS) and summary["settings"]["budget"]["finetune_epochs"] == 1
     assert set(summary["arms"]) == {"SSL init", "random init"}
+    # the held-out and validation bodies lie inside the training sizes, and the datalist the runs read says so
+    areas = summary["settings"]["body_area_mm2"]
+    low, high = min(areas["training"]), max(areas["training"])
+    assert all(low < a < high for a in areas["validation"] + areas["test"]), areas
+    datalist = json.loads((out / "data" / "labeled" / "dataset.json").read_text())
+    assert [len(datalist[k]) for k in ("training", "validation", "test")] == [len(areas[k]) for k in ("training", "validation", "test")]
     # the loss weights come from the training labels: background down, the small organs up
     weights = summary["settings"]["class_weights"]
     assert len(weights) == len(DEMO_ORGANS) + 1 and weights[0] < 0.2 and min(weights[1:4]) > 1.0
