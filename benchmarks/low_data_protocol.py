@@ -44,7 +44,8 @@ class DatalistError(ValueError):
 
 
 #: the package's files that no process of the protocol imports (tests/test_low_data.py checks): the demo's driver, its
-#: budgets and steps (components.demo.run); the demo-sized runs it shares with the protocol are components.demo.recipes
+#: budgets, labeled-set split and steps (components.demo.run); the demo-sized runs it shares with the protocol are
+#: components.demo.recipes
 NOT_RUN = ("demo/run.py",)
 
 #: the pretraining and finetuning sizes of the protocol, fixed here: the demo's defaults when the protocol was fixed,
