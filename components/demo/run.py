@@ -81,9 +81,9 @@ def interior_positions(num: int, count: int) -> list[int]:
 def split_by_body_size(datalist: str | Path) -> dict[str, list[float]]:
     """Rewrites ``datalist`` (a :func:`~components.data.synthetic.write_dataset` ``dataset.json``, paths relative to
     its folder) so that its validation and test volumes lie strictly inside the training volumes' range of body
-    sizes (:func:`body_area_mm2`); the lists keep their lengths, and the volumes that train keep their order. Sorted by size, the
-    held-out volumes take evenly spread interior positions, alternately test and validation; the smallest and the
-    largest body always train. Returns each list's body areas (mm^2) in its new order.
+    sizes (:func:`body_area_mm2`); the lists keep their lengths, and the volumes that train keep their order. Sorted
+    by size, the held-out volumes take evenly spread interior positions, alternately test and validation; the smallest
+    and the largest body always train. Returns each list's body areas (mm^2) in its new order.
 
     Example::
 
@@ -98,7 +98,8 @@ def split_by_body_size(datalist: str | Path) -> dict[str, list[float]]:
     held = interior_positions(len(items), len(data["validation"]) + len(data["test"]))
     test = [order[p] for p in held[0::2]][: len(data["test"])]
     validation = [order[p] for p in held if order[p] not in test]
-    training = [i for i in range(len(items)) if i not in test and i not in validation]
+    held_out = {*test, *validation}
+    training = [i for i in range(len(items)) if i not in held_out]
     lists = {"training": training, "validation": validation, "test": test}
     data.update({name: [items[i] for i in chosen] for name, chosen in lists.items()})
     data["split"] = "components.demo.run.split_by_body_size: validation and test inside the training body sizes"
