@@ -543,6 +543,9 @@ SUMMARY_PLANS = {  # the new protocol's summaries (written when its plans run): 
     PLAN_SUMMARY: (protocol.PLANS["cpu"], "benchmarks/results/low_data_cpu_protocol2"),
     "benchmarks/results/low_data_cpu_protocol2_lever.json": (low_data_lever.lever_plan(protocol.PLANS["cpu"]),
                                                               "benchmarks/results/low_data_cpu_protocol2"),
+    # the GPU plan's first piece (--ks 1 --seeds 1 --parallel 8), run on an H100
+    "benchmarks/results/low_data_cuda_protocol2.json": (replace(protocol.PLANS["cuda"], ks=(1,), min_seeds=1, max_seeds=1),
+                                                        "benchmarks/results/low_data_cuda_protocol2"),
 }  # fmt: skip
 OLD_PROTOCOL = {  # summaries of the earlier protocol: the folder of their records (None: no finetuning run)
     "benchmarks/results/low_data_cpu.json": "benchmarks/results/low_data_cpu",
