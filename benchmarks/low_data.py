@@ -63,9 +63,9 @@ encoders at most 190 s. About 10,000 s (2.8 h) in all: within 6 hours of the VM,
 **The GPU plan** (``PLANS["cuda"]``): k = 1, 2, 4, 8; the eight arms; 9 seeds, up to 20 at k = 1, 2 by the seed rule;
 400 iterations of 2 crops; pretraining on 64 volumes for 60 epochs; 4 runs side by side, in pieces that start no run
 after 7 minutes. Its first piece (``--ks 1 --seeds 1 --parallel 8``) pretrains the three recipes side by side and
-finetunes (k = 1, seed 0) of all eight arms at once: about 6-7 minutes by the old GPU pieces' pretraining times
-(SSL 54-79 s, self-distillation 96-126 s on an H200), no GPU finetuning run having been timed; its records are the
-GPU plan's, which later pieces continue.
+finetunes (k = 1, seed 0) of all eight arms at once: 297 s on an H100 (benchmarks/README.md); its records are the
+GPU plan's, which later pieces continue. The device tool returns a few files a call: write the results folder, with
+the pretrained weights, into one archive under ``$OUT``.
 
 Every training and evaluation step is a real ``python -m monai.bundle run`` with command-line overrides.
 
