@@ -36,7 +36,8 @@ the plan and its data seed, never by ``--ks`` or ``--seeds``):
   0.90, 0.91 and 0.93 of the time at n = 3, 5 and 9, the percentile bootstrap it replaces 0.71, 0.81 and 0.89.
 - **Records.** Every run writes its result as soon as it finishes, to ``<results>/<arm>_k<k>_seed<s>_<hash>.json``
   where the hash covers every setting of the run (its overrides, its datalist, the pretrained weights' sha256), the
-  code that ran (the ``components`` package's source digest and the sha256 of every bundle config the run reads:
+  code that ran (the ``components`` package's source digest, less the demo's driver ``demo/run.py``, which no
+  process of the protocol imports, and the sha256 of every bundle config the run reads:
   ``low_data_protocol.code_state``) and its numerics (device, torch and MONAI versions, the CPU's vector
   instructions: ``low_data_runs.run_numerics``). A re-run skips finished runs and never reads a result of other
   settings, code or numerics; a killed run leaves no result and is run again from its start. Each pretraining keeps
@@ -62,9 +63,9 @@ encoders at most 190 s. About 10,000 s (2.8 h) in all: within 6 hours of the VM,
 **The GPU plan** (``PLANS["cuda"]``): k = 1, 2, 4, 8; the eight arms; 9 seeds, up to 20 at k = 1, 2 by the seed rule;
 400 iterations of 2 crops; pretraining on 64 volumes for 60 epochs; 4 runs side by side, in pieces that start no run
 after 7 minutes. Its first piece (``--ks 1 --seeds 1 --parallel 8``) pretrains the three recipes side by side and
-finetunes (k = 1, seed 0) of all eight arms at once: about 6-7 minutes by the old GPU pieces' pretraining times
-(SSL 54-79 s, self-distillation 96-126 s on an H200), no GPU finetuning run having been timed; its records are the
-GPU plan's, which later pieces continue.
+finetunes (k = 1, seed 0) of all eight arms at once: 297 s on an H100 (benchmarks/README.md); its records are the
+GPU plan's, which later pieces continue. The device tool returns a few files a call: write the results folder, with
+the pretrained weights, into one archive under ``$OUT``.
 
 Every training and evaluation step is a real ``python -m monai.bundle run`` with command-line overrides.
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from components import atomic_write, sha256_file
 from components.data import synthetic
-from components.demo.run import CT_BUNDLE, DINO_BUNDLE, MIM_BUNDLE, SSL_BUNDLE, DemoBudget
+from components.demo.recipes import CT_BUNDLE, DINO_BUNDLE, MIM_BUNDLE, SSL_BUNDLE, DemoBudget
 from components.release.origin import PACKAGE_DIR, source_digest
 from components.demo.runner import BUNDLES_DIR
 from low_data_arms import DEFAULT_ARMS
@@ -42,6 +42,11 @@ class DatalistError(ValueError):
     """A user's datalist that cannot serve the protocol (unreadable, missing files, too short, overlapping another):
     raised before any run, its message one line."""
 
+
+#: the package's files that no process of the protocol imports (tests/test_low_data.py checks): the demo's driver, its
+#: budgets, labeled-set split and steps (components.demo.run); the demo-sized runs it shares with the protocol are
+#: components.demo.recipes
+NOT_RUN = ("demo/run.py",)
 
 #: the pretraining and finetuning sizes of the protocol, fixed here: the demo's defaults when the protocol was fixed,
 #: written out so that tuning the demo (components.demo.run.BUDGETS) leaves the protocol as it is
@@ -94,10 +99,10 @@ def digest(value: Any) -> str:
 
 def code_state(package_dir: Path = PACKAGE_DIR) -> dict:
     """The code the runs execute besides their settings: the ``components`` package's source digest
-    (:func:`components.release.origin.source_digest`) and the sha256 of every bundle config a run of the protocol reads
-    (:data:`BUNDLE_CONFIGS`). Part of every result's key (:func:`run_code`), so that a changed loss, recipe or config
-    never reuses a record of the code before."""
-    return {"components": source_digest(package_dir),
+    (:func:`components.release.origin.source_digest`) less :data:`NOT_RUN`, and the sha256 of every bundle config a
+    run of the protocol reads (:data:`BUNDLE_CONFIGS`). Part of every result's key (:func:`run_code`), so that a
+    changed loss, recipe or config never reuses a record of the code before."""
+    return {"components": source_digest(package_dir, exclude=NOT_RUN),
             "configs": {f"{bundle}/{name}": sha256_file(BUNDLES_DIR / bundle / "configs" / name)
                         for bundle, names in BUNDLE_CONFIGS.items() for name in names}}  # fmt: skip
 

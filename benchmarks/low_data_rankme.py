@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from components.demo.run import CT_BUNDLE, finetune_overrides
+from components.demo.recipes import CT_BUNDLE, finetune_overrides
 from components.demo.runner import BUNDLES_DIR
 from low_data_arms import RECIPES
 from low_data_protocol import Data, Plan, write_datalist

@@ -20,7 +20,7 @@ import monai
 import torch
 
 from components import atomic_write
-from components.demo.run import CT_BUNDLE, RECIPES, finetune_overrides, training_class_weights
+from components.demo.recipes import CT_BUNDLE, RECIPES, finetune_overrides, training_class_weights
 from components.demo.runner import fresh_run_dir, read_scalars, run_bundle
 from low_data_arms import ARMS, BASELINES, PROBE_NETWORK, plan_contrasts
 from low_data_docs import plots
@@ -222,9 +222,10 @@ def _loaded_count(log: str) -> list[int] | None:
 
 
 RESULT_KEYS = ("a result's key is the sha256 of its run's overrides, datalist (or unlabeled corpus), pretrained "
-               "weights' sha256, the code that ran (the components package's source digest and the sha256 of every "
-               "bundle config the run reads: settings.code) and its numerics (device, torch and MONAI version, the "
-               "CPU's vector instructions: settings.numerics); a record of other code or numerics is never reused")
+               "weights' sha256, the code that ran (the components package's source digest less the demo's driver, "
+               "demo/run.py, and the sha256 of every bundle config the run reads: settings.code) and its numerics "
+               "(device, torch and MONAI version, the CPU's vector instructions: settings.numerics); a record of other "
+               "code or numerics is never reused")
 
 
 def plan_settings(plan: Plan, seed: int, numerics: dict, code: dict, data: str = "synthetic") -> dict:

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from components.demo.run import BUDGETS, RECIPES, DemoBudget, run_demo
+from components.demo.recipes import RECIPES
+from components.demo.run import BUDGETS, run_demo
 from components.data.synthetic import DEMO_ORGANS
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -67,6 +68,12 @@ def test_summary_json_and_pictures(quick_demo):
     assert summary["device"] == "cpu" and summary["seed"] == 3
     assert summary["settings"]["organs"] == list(DEMO_ORGANS) and summary["settings"]["budget"]["finetune_epochs"] == 1
     assert set(summary["arms"]) == {"SSL init", "random init"}
+    # the held-out and validation bodies lie inside the training sizes, and the datalist the runs read says so
+    areas = summary["settings"]["body_area_mm2"]
+    low, high = min(areas["training"]), max(areas["training"])
+    assert all(low < a < high for a in areas["validation"] + areas["test"]), areas
+    datalist = json.loads((out / "data" / "labeled" / "dataset.json").read_text())
+    assert [len(datalist[k]) for k in ("training", "validation", "test")] == [len(areas[k]) for k in ("training", "validation", "test")]
     # the loss weights come from the training labels: background down, the small organs up
     weights = summary["settings"]["class_weights"]
     assert len(weights) == len(DEMO_ORGANS) + 1 and weights[0] < 0.2 and min(weights[1:4]) > 1.0
@@ -87,7 +94,7 @@ def test_summary_json_and_pictures(quick_demo):
 
 
 def test_budgets_and_arguments_are_checked(tmp_path):
-    assert BUDGETS["cpu"] == DemoBudget() and BUDGETS["quick"].finetune_epochs < BUDGETS["cpu"].finetune_epochs
+    assert BUDGETS["quick"].finetune_epochs < BUDGETS["cpu"].finetune_epochs
     with pytest.raises(ValueError, match="budget must be one of"):
         run_demo(tmp_path, budget="huge")
     with pytest.raises(ValueError, match="device must be"):
@@ -100,7 +107,7 @@ def test_budgets_and_arguments_are_checked(tmp_path):
 def test_overrides_start_fresh_and_match_the_labels(tmp_path):
     """Every demo run starts fresh (running the demo again into a folder must not auto-resume the last run), and
     the finetuning head has one channel per label name."""
-    from components.demo.run import finetune_overrides, ssl_overrides
+    from components.demo.recipes import finetune_overrides, ssl_overrides
 
     budget = BUDGETS["cpu"]
     ssl = ssl_overrides(budget, tmp_path / "unlabeled", tmp_path / "ssl", "cpu", 0)
@@ -118,7 +125,7 @@ def test_the_segmentation_step_passes_only_ids_of_the_inference_config(tmp_path)
     none of its training knobs: inference.json does not define them, and its initialize stops on them."""
     from components.config.running import RunningBundle
     from components.config.overrides import check_overrides
-    from components.demo.run import CT_BUNDLE, finetune_overrides, inference_overrides
+    from components.demo.recipes import CT_BUNDLE, finetune_overrides, inference_overrides
     from components.demo.runner import bundle_dir
 
     fine = finetune_overrides(BUDGETS["cpu"], tmp_path / "dataset.json", tmp_path / "ft", "cpu", 1, tmp_path / "m.pt")
@@ -138,7 +145,7 @@ def test_each_recipe_runs_its_own_bundle_with_ids_it_defines(recipe, tmp_path):
     """``--recipe`` picks the pretraining bundle; every override the demo gives it is an id of that bundle (MONAI would
     add an unknown one silently), and it fits the finetuning network the demo loads its weights into."""
     from components.config.overrides import _unknown_override
-    from components.demo.run import finetune_overrides, pretraining_overrides
+    from components.demo.recipes import finetune_overrides, pretraining_overrides
     from components.demo.runner import bundle_dir
     from monai.bundle import ConfigParser
 

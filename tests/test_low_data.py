@@ -236,6 +236,29 @@ def test_a_result_is_keyed_by_every_setting_of_its_run_and_its_numerics(fake_pro
     assert not {c["key"] for c in fake_protocol} & set(keys.values()) and other["settings_hash"] != summary["settings_hash"]
 
 
+def test_the_key_leaves_out_the_demo_driver_alone_which_no_protocol_process_imports(tmp_path):
+    """Tuning the demo (its budgets and steps, components/demo/run.py) keeps every key; a change of the demo-sized
+    runs it shares with the protocol (components/demo/recipes.py) does not. The one file left out is one that neither
+    the benchmark's process (its run, protocol and RankMe modules) nor any bundle config imports."""
+    copy = tmp_path / "components"
+    shutil.copytree(PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    code = protocol.code_state(copy)
+    for rel, kept in (("demo/run.py", True), ("demo/recipes.py", False), ("demo/plots.py", False)):
+        path = copy / rel
+        original = path.read_text()
+        path.write_text(original + "\n# tuned\n")
+        assert (protocol.code_state(copy) == code) is kept, rel
+        path.write_text(original)
+    probe = ("import sys; sys.path[:0] = ['benchmarks', '.']; import low_data, low_data_runs, low_data_protocol, low_data_rankme, "
+             "low_data_lever; print(sorted(m for m in sys.modules if m.startswith('components.demo')))")
+    imported = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "'components.demo.recipes'" in imported and "'components.demo.run'" not in imported, imported
+    configs = [p for p in (REPO / "bundles").glob("*/configs/*.json") if "components.demo" in p.read_text()]
+    assert not configs, configs
+    with pytest.raises(ValueError, match="demo/driver.py"):
+        source_digest(copy, exclude=("demo/driver.py",))
+
+
 def test_a_result_is_keyed_by_the_monai_version_and_the_code_that_ran(fake_protocol, tmp_path, monkeypatch):
     """A changed loss (any byte of the components package) or bundle config, or another MONAI, gives every run a new
     key: no old record is reused; the summary's settings hold the code's digests and say what a key covers."""
@@ -243,7 +266,7 @@ def test_a_result_is_keyed_by_the_monai_version_and_the_code_that_ran(fake_proto
     keys = {(c["arm"], c["k"], c["seed"]): c["key"] for c in fake_protocol}
     code = protocol.code_state()
     assert summary["settings"]["code"] == code and summary["settings"]["numerics"]["monai"] == monai.__version__
-    assert code["components"] == source_digest(PACKAGE_DIR) and set(code["configs"]) == {
+    assert code["components"] == source_digest(PACKAGE_DIR, exclude=("demo/run.py",)) and set(code["configs"]) == {
         "swin_unetr_btcv_finetune/train.json", "swin_unetr_btcv_finetune/evaluate.json", "swin_unetr_ssl_pretrain/train.json",
         "swin_unetr_dino_pretrain/train.json", "swin_unetr_mim_pretrain/train.json"}
     assert "MONAI version" in summary["settings"]["result_keys"] and "components" in summary["settings"]["result_keys"]
@@ -520,6 +543,9 @@ SUMMARY_PLANS = {  # the new protocol's summaries (written when its plans run): 
     PLAN_SUMMARY: (protocol.PLANS["cpu"], "benchmarks/results/low_data_cpu_protocol2"),
     "benchmarks/results/low_data_cpu_protocol2_lever.json": (low_data_lever.lever_plan(protocol.PLANS["cpu"]),
                                                               "benchmarks/results/low_data_cpu_protocol2"),
+    # the GPU plan's first piece (--ks 1 --seeds 1 --parallel 8), run on an H100
+    "benchmarks/results/low_data_cuda_protocol2.json": (replace(protocol.PLANS["cuda"], ks=(1,), min_seeds=1, max_seeds=1),
+                                                        "benchmarks/results/low_data_cuda_protocol2"),
 }  # fmt: skip
 OLD_PROTOCOL = {  # summaries of the earlier protocol: the folder of their records (None: no finetuning run)
     "benchmarks/results/low_data_cpu.json": "benchmarks/results/low_data_cpu",

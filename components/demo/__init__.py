@@ -1,6 +1,9 @@
 """The demo: ``python -m components demo``.
 
-- ``run``: ``run_demo``: synthetic CT, SSL pretraining, finetuning and held-out evaluation, all real bundle runs.
+- ``run``: ``run_demo``: synthetic CT, SSL pretraining, finetuning and held-out evaluation, all real bundle runs;
+  ``BUDGETS``.
+- ``recipes``: the demo-sized runs of each bundle (``DemoBudget``, ``RECIPES``, ``finetune_overrides``, ...), which
+  the low-data benchmark runs too.
 - ``plots``: the demo's pictures (losses, views, Dice curves, segmentations).
 - ``runner``: ``run_bundle``: a ``python -m monai.bundle run`` of a named bundle with overrides, logged.
 
@@ -13,7 +16,8 @@ from ..lazy import lazy_names
 
 # module -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "run": ("BUDGETS", "CT_BUNDLE", "DemoBudget", "SSL_BUNDLE", "finetune_overrides", "run_demo", "ssl_overrides"),
+    "recipes": ("CT_BUNDLE", "DemoBudget", "RECIPES", "SSL_BUNDLE", "finetune_overrides", "ssl_overrides"),
+    "run": ("BUDGETS", "run_demo"),
     "runner": ("BUNDLES_DIR", "bundle_command", "bundle_dir", "fresh_run_dir", "read_scalars", "run_bundle"),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

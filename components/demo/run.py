@@ -2,13 +2,12 @@
 ``recipe``), then finetuning a segmentation from those weights.
 
 Every training, evaluation and inference step is a real ``python -m monai.bundle run`` of the shipped bundles
-with command-line overrides only (:mod:`components.demo.runner`). The task is made small enough for a CPU: five
-large organs (:data:`~components.data.synthetic.DEMO_ORGANS`), 1x1x2 mm voxels, 64x64x32 crops, feature size 12 and
-4^3 attention windows (the recipe's 7^3 would pad the first stage's tokens by half again). The finetuning loss is
-weighted by :func:`training_class_weights` and the crops are not mirrored (the kidneys differ only by side).
-The unlabeled pretraining set is larger and more varied than the labeled one (fields of view, contrast, noise,
+with command-line overrides only (:mod:`components.demo.runner`), sized for a CPU by :mod:`components.demo.recipes`.
+This module holds what is the demo's alone: its budgets, the split of its labeled set, its steps and summary. The
+unlabeled pretraining set is larger and more varied than the labeled one (fields of view, contrast, noise,
 lesions). Mean Dice is measured on held-out volumes (the datalist's ``test`` list) that neither training nor
-model selection saw.
+model selection saw; they and the validation volumes lie inside the training volumes' body sizes
+(:func:`split_by_body_size`).
 
 On a CPU the demo finetunes from the pretrained weights only: a one-seed comparison with random initialisation at a
 few minutes' budget is noise. ``compare=True`` adds the from-scratch arm with the same budget; on CUDA both arms
@@ -19,188 +18,99 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import nibabel as nib
+import numpy as np
 import torch
 
 from ..data import synthetic
-from ..config.overrides import defined_overrides
-from .runner import BUNDLES_DIR, bundle_command, fresh_run_dir, read_scalars, run_bundle
-from ..training.segmentation import balanced_class_weights
 from .plots import last_image, plot_dice_curves, plot_losses, plot_segmentations, plot_views
+from .recipes import (
+    CT_BUNDLE, LABEL_NAMES, NO_MIRRORING, RECIPES, ROI_SIZE, SPACING, SSL_ROI_SIZE, WINDOW_SIZE, DemoBudget,
+    finetune_overrides, inference_overrides, pretraining_overrides, training_class_weights,
+)  # fmt: skip
+from .runner import bundle_command, fresh_run_dir, read_scalars, run_bundle
 
-__all__ = [
-    "DemoBudget", "BUDGETS", "DemoRecipe", "RECIPES", "SSL_BUNDLE", "DINO_BUNDLE", "MIM_BUNDLE", "CT_BUNDLE",
-    "dino_overrides", "finetune_overrides", "inference_overrides", "pretraining_overrides", "ssl_overrides",
-    "training_class_weights", "run_demo",
-]
-
-SSL_BUNDLE = "swin_unetr_ssl_pretrain"
-DINO_BUNDLE = "swin_unetr_dino_pretrain"
-MIM_BUNDLE = "swin_unetr_mim_pretrain"
-CT_BUNDLE = "swin_unetr_btcv_finetune"
-
-
-@dataclass(frozen=True)
-class DemoBudget:
-    """How much the demo trains. ``ssl_epochs`` are epochs over the unlabeled training list (``ssl_batch``
-    volumes x 1 crop per iteration); ``finetune_epochs`` are epochs over the labeled training list (1 volume x
-    ``finetune_crops`` crops per iteration), validated every ``val_interval`` epochs. Pretraining uses the recipe's
-    rate, 4e-4, after a short warm-up: at 1e-3 after 2 warm-up iterations the rotation loss jumped to 3.8 in the
-    first epoch and the contrastive loss stayed at ln 3 (identical embeddings) from the third epoch on. The CPU
-    budget trains on 10 labeled volumes (2 more validate, 2 are held out) for 420 iterations: with 6 for 420 the
-    held-out Dice of seed 2 was 0.754 (the stomach 0.56); README.md gives seeds 0-4 at this budget."""
-
-    num_labeled: int = 14
-    num_unlabeled: int = 48
-    ssl_epochs: int = 10
-    ssl_batch: int = 2
-    ssl_learning_rate: float = 4e-4
-    ssl_warmup_iterations: int = 20
-    finetune_epochs: int = 42
-    finetune_crops: int = 1
-    finetune_learning_rate: float = 3e-3
-    val_interval: int = 6
-    feature_size: int = 12
-
+__all__ = ["BUDGETS", "body_area_mm2", "run_demo", "split_by_body_size"]
 
 BUDGETS: dict[str, DemoBudget] = {
-    "cpu": DemoBudget(),
+    "cpu": DemoBudget(num_labeled=24, finetune_epochs=36),
     "cuda": DemoBudget(num_unlabeled=48, ssl_epochs=60, ssl_batch=4, finetune_epochs=150, finetune_crops=2, val_interval=10),
     "quick": DemoBudget(num_labeled=4, num_unlabeled=6, ssl_epochs=1, finetune_epochs=1, val_interval=1),
 }
 """Budgets by name: ``cpu`` (the default on a CPU), ``cuda`` (the default where CUDA is present), ``quick`` (the
-test suite's smoke run, which learns nothing)."""
-
-_ROI = [64, 64, 32]
-_SPACING = [1.0, 1.0, 2.0]
-_SSL_ROI = [64, 32, 32]  # the smallest SSLHead input: the rotation views need the last two axes equal
-# a 4^3 attention window tiles the first stage's 32x32x16 (and the SSL crops' 32x16x16) tokens without padding;
-# the recipe's 7^3 pads them to 35x35x21 and costs about twice the time per iteration here
-_WINDOW = 4
-# the recipe's random flips and 90-degree rotations swap left and right, which tell the kidneys apart
-_NO_MIRRORING = {"training#flip_prob": 0.0, "training#rotate90_prob": 0.0}
-_LABEL_NAMES = ["background", *synthetic.DEMO_ORGANS]
-# the pretrainings log RankMe of the encoder on this many validation crops (the bundles' 256 would cost a pretraining
-# of this size about a tenth of its time; RankMe is bounded by the crops and by the embedding size, 192 at feature 12)
-_RANKME_CROPS = 64
-# every run starts fresh: a demo run again into the same folder must not resume the last one
-_FRESH_RUN = {"checkpointing#auto_resume": False}
+test suite's smoke run, which learns nothing). The CPU budget synthesises 24 labeled volumes (16 train, 4 validate,
+4 are held out: :func:`~components.data.synthetic.split_sizes`) and finetunes for 576 iterations; the budgets tried before it are in
+benchmarks/README.md ("What a CPU budget can learn") and README.md gives seeds 0-4 at this one."""
 
 
-def ssl_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
-    """Command-line overrides of the SSL pretraining bundle for a demo-sized run."""
-    return {
-        "dataset_dir": str(data_dir), "device": device, "feature_size": budget.feature_size, "network_def#window_size": _WINDOW,
-        "roi_size": _SSL_ROI,
-        "batch_size": budget.ssl_batch, "training#num_samples": 1, "loader#num_workers": 0, "speed#amp": device == "cuda",
-        "speed#use_checkpoint": False, "training#seed": seed, "training#log_interval": 1, "max_epochs": budget.ssl_epochs,
-        "learning_rate": budget.ssl_learning_rate, "training#warmup_iterations": budget.ssl_warmup_iterations,
-        "training#val_interval": budget.ssl_epochs, "training#rankme_crops": _RANKME_CROPS,
-        "output_dir": str(run_dir / "eval"), "ckpt_dir": str(run_dir / "models"), **_FRESH_RUN,
-    }
+# The synthetic bodies fill fields of view of 34-120 mm in-plane (components.data.synthetic.write_dataset), a wider
+# spread than adult abdomens after resampling. A held-out body wider or narrower than every training body tests
+# extrapolation, which a CPU budget does not teach (seeds 3 and 4 of the trials in benchmarks/README.md, "What a CPU
+# budget can learn"). The demo shows what training teaches, so its held-out and validation bodies lie inside the
+# training sizes; benchmarks/low_data.py tests shifted volumes on purpose. The split reads the images only.
+
+#: voxels above this many Hounsfield units are the body (fat is about -100, air -1000)
+BODY_HU = -500.0
 
 
-def dino_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
-    """Command-line overrides of the self-distillation bundle for a run of the SSL run's size: its data, device,
-    volumes per iteration, epochs, feature size, attention window and folders; 32^3 global and local crops from 64^3
-    regions and a small head."""
-    ssl = ssl_overrides(budget, data_dir, run_dir, device, seed)
-    shared = ("dataset_dir", "device", "feature_size", "network_def#window_size", "batch_size", "loader#num_workers", "speed#amp",
-              "speed#use_checkpoint", "training#seed", "training#log_interval", "max_epochs", "training#rankme_crops",
-              "output_dir", "ckpt_dir", "checkpointing#auto_resume")  # fmt: skip
-    return {
-        **{key: ssl[key] for key in shared}, "roi_size": [32, 32, 32], "training#context_size": [64, 64, 64],
-        "training#local_size": [32, 32, 32], "training#num_local_crops": 2, "training#prototypes": 1024,
-        "training#head_hidden_dim": 256, "training#head_bottleneck_dim": 64, "training#warmup_epochs": 1,
-        "training#teacher_temperature_warmup_epochs": 1,
-        "training#val_interval": ssl["training#val_interval"], "training#num_samples": 2,
-    }  # fmt: skip
+def body_area_mm2(image: str | Path, body_hu: float = BODY_HU) -> float:
+    """Mean axial cross-section (mm^2) of the body in a CT volume: voxels above ``body_hu``, on the slices that hold
+    any, in the volume's closest RAS orientation (the synthetic sets store LPS, RAS and permuted axes)."""
+    volume = nib.as_closest_canonical(nib.load(str(image)))
+    body = np.asarray(volume.dataobj) > body_hu
+    per_slice = body.sum(axis=(0, 1))
+    pixel = float(np.prod(volume.header.get_zooms()[:2]))
+    return float(per_slice[per_slice > 0].mean() * pixel) if per_slice.any() else 0.0
 
 
-@dataclass(frozen=True)
-class DemoRecipe:
-    """A pretraining recipe as the demo runs and draws it: its bundle, the overrides of a demo-sized run, the name
-    of its arm, its loss parts (scalar tag -> legend) and its validation picture (TensorBoard tag, column titles,
-    title; no picture when ``views_tag`` is None)."""
-
-    bundle: str
-    overrides: Callable[[DemoBudget, Path, Path, str, int], dict[str, Any]]
-    name: str
-    losses: Mapping[str, str]
-    views_tag: str | None = None
-    view_columns: tuple[str, ...] = ()
-    views_title: str = ""
+def interior_positions(num: int, count: int) -> list[int]:
+    """``count`` distinct positions spread evenly over ``1 .. num - 2`` of a sorted list of ``num``: never its first
+    or last. Raises ValueError when they do not fit (``num < count + 2``)."""
+    if num < count + 2:
+        raise ValueError(f"{count} interior positions need at least {count + 2} volumes, got {num}.")
+    positions = [round((i + 1) * (num - 1) / (count + 1)) for i in range(count)]
+    if len(set(positions)) != count:  # only when count is close to num - 2: take the interior in order
+        positions = list(range(1, count + 1))
+    return positions
 
 
-RECIPES: dict[str, DemoRecipe] = {
-    "ssl": DemoRecipe(
-        SSL_BUNDLE, ssl_overrides, "SSL",
-        {"loss": "total", "loss_rot": "rotation (CE)", "loss_contrast": "contrastive (NT-Xent)", "loss_recon": "reconstruction (L1)"},
-        "ssl_views", ("clean crop", "view 1 (rotated, cut out)", "view 2", "reconstruction 1", "reconstruction 2"),
-        "What SSL learns: restore cut-out boxes (validation crops after pretraining)",
-    ),
-    "dino": DemoRecipe(
-        DINO_BUNDLE, dino_overrides, "self-distillation",
-        {"loss": "total", "loss_dino": "self-distillation (CE)", "loss_koleo": "KoLeo"},
-    ),
-    # the SSL run's overrides are all ids of the masked image bundle, whose 16^3 mask blocks tile the 64x32x32 crop
-    "mim": DemoRecipe(
-        MIM_BUNDLE, ssl_overrides, "masked image",
-        {"loss": "total", "loss_recon": "masked voxels (L1)", "loss_distill": "masked-token distillation"},
-        "masked_views", ("crop", "masked input", "reconstruction", "target"),
-        "What masked image modelling learns: restore the masked blocks (validation crops after pretraining)",
-    ),
-}  # fmt: skip
-"""The recipes ``run_demo(recipe=...)`` pretrains with: ``ssl`` (the default), ``dino``, ``mim``."""
+def split_by_body_size(datalist: str | Path) -> dict[str, list[float]]:
+    """Rewrites ``datalist`` (a :func:`~components.data.synthetic.write_dataset` ``dataset.json``, paths relative to
+    its folder) so that its validation and test volumes lie strictly inside the training volumes' range of body
+    sizes (:func:`body_area_mm2`); the lists keep their lengths, and the volumes that train keep their order. Sorted
+    by size, the held-out volumes take evenly spread interior positions, alternately test and validation; the smallest
+    and the largest body always train. Returns each list's body areas (mm^2) in its new order.
 
+    Example::
 
-def pretraining_overrides(recipe: str, budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
-    """Command-line overrides of ``recipe``'s pretraining bundle (:data:`RECIPES`) for a demo-sized run."""
-    return RECIPES[recipe].overrides(budget, data_dir, run_dir, device, seed)
-
-
-def finetune_overrides(
-    budget: DemoBudget, datalist: Path, run_dir: Path, device: str, seed: int, pretrained: Path | None,
-    class_weights: list[float] | None = None,
-) -> dict[str, Any]:
-    """Command-line overrides of the CT finetuning bundle for the demo's five-organ task."""
-    return {
-        "dataset_dir": str(datalist.parent), "datalist": str(datalist), "device": device,
-        "feature_size": budget.feature_size, "network_def#window_size": _WINDOW, "training#class_weights": class_weights,
-        **_NO_MIRRORING, "label_names": _LABEL_NAMES,
-        "roi_size": _ROI, "spacing": _SPACING, "training#num_samples": budget.finetune_crops, "loader#num_workers": 0,
-        "speed#amp": device == "cuda", "speed#use_checkpoint": False, "training#seed": seed, "training#log_interval": 5,
-        "max_epochs": budget.finetune_epochs, "training#val_interval": budget.val_interval, "training#warmup_epochs": 1,
-        "learning_rate": budget.finetune_learning_rate, "pretrained_path": None if pretrained is None else str(pretrained),
-        "ckpt_dir": str(run_dir / "models"), "output_dir": str(run_dir / "eval"), **_FRESH_RUN,
-    }
-
-
-def training_class_weights(datalist: Path, label_names: list[str] | None = None) -> list[float]:
-    """The finetuning loss's class weights from the labels of the datalist's ``training`` list
-    (:func:`~components.training.segmentation.balanced_class_weights`) for ``label_names`` (default: the demo's): the organs
-    are 0.1-2 % of a volume each and the small ones stay at Dice 0 for the first hundreds of iterations with an
-    unweighted loss."""
-    items = json.loads(datalist.read_text())["training"]
-    return balanced_class_weights([datalist.parent / item["label"] for item in items], len(label_names or _LABEL_NAMES))
+        path = synthetic.write_dataset("data/labeled", num=20, seed=3, organs=synthetic.DEMO_ORGANS)
+        areas = split_by_body_size(path)   # min(areas["training"]) < every test area < max(areas["training"])
+    """
+    path = Path(datalist)
+    data = json.loads(path.read_text())
+    items = [*data["training"], *data["validation"], *data["test"]]
+    areas = [body_area_mm2(path.parent / item["image"]) for item in items]
+    order = sorted(range(len(items)), key=lambda i: (areas[i], i))
+    held = interior_positions(len(items), len(data["validation"]) + len(data["test"]))
+    test = [order[p] for p in held[0::2]][: len(data["test"])]
+    validation = [order[p] for p in held if order[p] not in test]
+    held_out = {*test, *validation}
+    training = [i for i in range(len(items)) if i not in held_out]
+    lists = {"training": training, "validation": validation, "test": test}
+    data.update({name: [items[i] for i in chosen] for name, chosen in lists.items()})
+    data["split"] = "components.demo.run.split_by_body_size: validation and test inside the training body sizes"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return {name: [round(areas[i], 1) for i in chosen] for name, chosen in lists.items()}
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     fmt = " | ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*header), "-+-".join("-" * w for w in widths)] + [fmt.format(*r) for r in rows])
-
-
-
-def inference_overrides(finetune: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """The overrides of a finetuning run that the CT bundle's ``inference.json`` defines (its network, data and
-    checkpoint folder; not the training knobs, which that config would refuse), writing under ``run_dir``."""
-    inference = defined_overrides(finetune, [BUNDLES_DIR / CT_BUNDLE / "configs" / "inference.json"])
-    return {**inference, "output_dir": str(run_dir / "segmentations")}
 
 
 def run_demo(
@@ -267,6 +177,7 @@ def run_demo(
              f"{budget.num_unlabeled} unlabeled CT volumes under {out_dir / 'data'}")
     start = time.perf_counter()
     datalist = synthetic.write_dataset(labeled, num=budget.num_labeled, seed=seed, organs=synthetic.DEMO_ORGANS)
+    body_areas = split_by_body_size(datalist)
     synthetic.write_dataset(unlabeled, num=budget.num_unlabeled, seed=seed, varied=True, labels=False)
     steps.append({"step": "synthesise", "seconds": round(time.perf_counter() - start, 1)})
 
@@ -311,7 +222,7 @@ def run_demo(
     image = labeled / test_case["image"]
     stem = image.name.split(".")[0]
     predictions = {arm: next((out_dir / r["folder"] / "segmentations").rglob(f"{stem}*seg*.nii.gz")) for arm, r in results.items()}
-    plot_segmentations(image, labeled / test_case["label"], predictions, _LABEL_NAMES, out_dir / "segmentations.png")
+    plot_segmentations(image, labeled / test_case["label"], predictions, LABEL_NAMES, out_dir / "segmentations.png")
     steps.append({"step": "pictures", "seconds": round(time.perf_counter() - start, 1)})
 
     summary = {
@@ -319,10 +230,11 @@ def run_demo(
         "seed": seed,
         "recipe": recipe,
         "total_seconds": round(time.perf_counter() - started, 1),
-        "settings": {"budget": asdict(budget), "organs": list(synthetic.DEMO_ORGANS), "roi_size": _ROI,
-                     "spacing": _SPACING, "ssl_roi_size": _SSL_ROI, "window_size": _WINDOW,
-                     "class_weights": class_weights, **_NO_MIRRORING, "finetune_seed": finetune_seed,
-                     "held_out": "the datalist's test list"},
+        "settings": {"budget": asdict(budget), "organs": list(synthetic.DEMO_ORGANS), "roi_size": ROI_SIZE,
+                     "spacing": SPACING, "ssl_roi_size": SSL_ROI_SIZE, "window_size": WINDOW_SIZE,
+                     "class_weights": class_weights, **NO_MIRRORING, "finetune_seed": finetune_seed,
+                     "held_out": "the datalist's test list, inside the training body sizes (split_by_body_size)",
+                     "body_area_mm2": body_areas},
         "steps": steps,
         "arms": results,
         "pictures": sorted(p.name for p in out_dir.glob("*.png")),

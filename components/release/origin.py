@@ -25,6 +25,7 @@ import ast
 import hashlib
 import logging
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from ..config.running import running_bundle
@@ -76,12 +77,19 @@ def declared_version(package_dir: str | os.PathLike) -> str | None:
     return None
 
 
-def source_digest(package_dir: str | os.PathLike) -> str:
+def source_digest(package_dir: str | os.PathLike, exclude: Collection[str] = ()) -> str:
     """The SHA-256 of a ``components`` package's source, :func:`package_source` (names and bytes): equal for two copies
-    of the same code wherever they are (a bundle's copy and the installed package it was packaged from)."""
+    of the same code wherever they are (a bundle's copy and the installed package it was packaged from). ``exclude``
+    names files (relative POSIX paths, e.g. ``"demo/run.py"``) left out, for a digest of the code a process runs;
+    raises ``ValueError`` for a name that is not one of the package's files (a renamed module would otherwise be
+    digested again silently)."""
     root = Path(package_dir)
+    files = package_source(root)
+    unknown = sorted(set(exclude) - set(files))
+    if unknown:
+        raise ValueError(f"exclude names {unknown}, not files of the package at {root}.")
     digest = hashlib.sha256()
-    for rel in package_source(root):
+    for rel in (f for f in files if f not in exclude):
         data = (root / rel).read_bytes()
         digest.update(f"{rel}\0{len(data)}\0".encode())
         digest.update(data)
