@@ -43,8 +43,8 @@ BUDGETS: dict[str, DemoBudget] = {
 }
 """Budgets by name: ``cpu`` (the default on a CPU), ``cuda`` (the default where CUDA is present), ``quick`` (the
 test suite's smoke run, which learns nothing). The CPU budget synthesises 24 labeled volumes (16 train, 4 validate,
-4 are held out: :func:`~components.data.synthetic.split_sizes`) and finetunes for 576 iterations; the budgets tried before it are in
-benchmarks/README.md ("What a CPU budget can learn") and README.md gives seeds 0-4 at this one."""
+4 are held out: :func:`~components.data.synthetic.split_sizes`) and finetunes for 576 iterations; the budgets tried
+before it are in benchmarks/README.md ("What a CPU budget can learn") and README.md gives seeds 0-4 at this one."""
 
 
 # The synthetic bodies fill fields of view of 34-120 mm in-plane (components.data.synthetic.write_dataset), a wider
