@@ -166,13 +166,16 @@ def test_swin_embeddings_pool_the_last_stage_of_a_real_encoder():
         components.swin_embeddings(torch.nn.Linear(2, 2), x)
 
 
-@pytest.mark.parametrize("bundle, network", [("swin_unetr_ssl_pretrain", "@network_def"), ("swin_unetr_dino_pretrain", "@train#teacher_encoder"),
-                                             ("swin_unetr_mim_pretrain", "@network_def")])  # fmt: skip
-def test_the_pretraining_bundles_rank_the_released_encoder_on_rankme_crops_before_their_stats_handlers(bundle, network):
+@pytest.mark.parametrize("bundle, embedder", [("swin_unetr_ssl_pretrain", "@network_def"), ("swin_unetr_dino_pretrain", "@train#teacher_encoder"),
+                                              ("swin_unetr_mim_pretrain", "@network_def")])  # fmt: skip
+def test_the_pretraining_bundles_rank_the_released_encoder_on_rankme_crops_before_their_stats_handlers(bundle, embedder):
+    """RankMe comes with the health report (components.HealthHandler), before the handlers that log the epoch's
+    metrics, on the encoder the bundle releases, with crops bounded by the run's size ("auto")."""
     config = json.loads((BUNDLES / bundle / "configs" / "train.json").read_text())
     handlers = config["train"]["handlers"]
     targets = [h["_target_"] for h in handlers]
-    rank = targets.index("components.EmbeddingRankHandler")
+    rank = targets.index("components.HealthHandler")
     assert rank < targets.index("components.StatsWithEta") and rank < targets.index("TensorBoardStatsHandler")
-    assert handlers[rank]["network"] == network and handlers[rank]["dataset"] == "@validate#dataset"
-    assert handlers[rank]["crops"] == "@training#rankme_crops" and config["training"]["rankme_crops"] == 256
+    assert handlers[rank].get("embed_network", handlers[rank]["network"]) == embedder
+    assert handlers[rank]["dataset"] == "@validate#dataset"
+    assert handlers[rank]["crops"] == "@training#rankme_crops" and config["training"]["rankme_crops"] == "auto"

@@ -8,6 +8,8 @@
 - ``settings``: ``check_settings`` (a run's settings before any data is read), ``rotation_axes``.
 - ``progress``: ``StatsWithEta``, ``VolumeProgress``; ``quiet``: the log filters every process installs.
 - ``rankme``: ``EmbeddingRankHandler`` (RankMe of the encoder on fixed crops).
+- ``health``: pretext and collapse signals beside their trivial answers, read together (``HealthReport``);
+  ``health_handler``: ``HealthHandler`` (a run's health at every validation), ``recipe_health``.
 - ``segmentation``: the finetuning bundles' ``PerClassMetrics``, class weights and BraTS labels.
 
 The names are re-exported here and in ``components``, imported on first use.
@@ -31,6 +33,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "StopOnNonFiniteLoss",
         "log_filter",
     ),
+    "health": ("HealthReport", "Signal", "embedding_signals"),
+    "health_handler": ("HealthHandler", "health_crops", "recipe_health"),
     "loader": ("PersistentWorkerLoader", "default_num_workers"),
     "progress": ("StatsWithEta", "VolumeProgress"),
     "quiet": ("install_filters", "log_from_rank_zero"),

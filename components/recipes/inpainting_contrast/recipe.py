@@ -7,17 +7,23 @@ and evaluator and its TensorBoard view of the reconstructions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from monai.utils import CommonKeys as Keys
 
 from ...training.engine import PretrainingEvaluator, PretrainingTrainer
+from ...training.health import Signal, accuracy_margin, accuracy_signal, collapse_signal, loss_signal, visible_fill_errors
 from ..pictures import ValidationPictures
+from .loss import nt_xent_loss
 from .views import ssl_views
 
 __all__ = ["InpaintingContrastRecipe", "SSLTrainer", "SSLEvaluator", "SSLViewsImageHandler"]
+
+_TEMPERATURE = 0.5  # the recipe's NT-Xent temperature, for a recipe built without its loss (an evaluator's)
 
 
 class _Views(NamedTuple):
@@ -62,6 +68,58 @@ class InpaintingContrastRecipe:
 
     def outputs(self, outputs: tuple, views: _Views) -> dict[str, Any]:
         return {Keys.IMAGE: views.image, "views": views.inputs, Keys.PRED: outputs[2].detach().float(), Keys.LABEL: views.targets}
+
+    def health(self, outputs: tuple, views: _Views) -> dict[str, tuple[Any, Any]]:
+        """This batch's pretext signals beside their trivial answers (see :meth:`health_signals`)."""
+        rot_logits, embeddings, recon = (output.float() for output in outputs)
+        labels = views.rot_labels
+        stats: dict[str, tuple[Any, Any]] = {
+            "rotation_accuracy": ((rot_logits.argmax(dim=1) == labels).float().mean(), 0.25),
+            "rotation_loss": (F.cross_entropy(rot_logits, labels), math.log(4)),
+        }
+        crops = embeddings.shape[0] // 2
+        if crops > 1:  # one crop has no negative: its positive is the only candidate
+            z = F.normalize(embeddings, dim=1)
+            similarity = (z @ z.T).fill_diagonal_(-2.0)
+            rows = torch.arange(crops, device=z.device)
+            positives = torch.cat([rows + crops, rows])
+            temperature = getattr(self.loss_function, "temperature", _TEMPERATURE)
+            stats["contrast_accuracy"] = ((similarity.argmax(dim=1) == positives).float().mean(), 1.0 / (2 * crops - 1))
+            stats["contrast_loss"] = (nt_xent_loss(*embeddings.chunk(2), temperature), math.log(2 * crops - 1))
+        targets = views.targets.float()
+        mean_fill, _ = visible_fill_errors(targets, views.inputs == views.targets, torch.ones_like(targets, dtype=torch.bool))
+        stats["inpainting_l1"] = ((recon - targets).abs().mean(), mean_fill)
+        return stats
+
+    def health_signals(self, means: dict[str, tuple[float, float]], crops: int) -> list[Signal]:
+        """The pretext signals from :meth:`health`'s means over ``crops`` validation crops (two views each):
+
+        - ``rotation_accuracy`` against chance (1/4) and ``rotation_loss`` against ``ln 4``;
+        - ``contrast_loss`` (NT-Xent) against ``ln(2B - 1)``, its value when the two views of a crop are as far apart
+          as the other crops' (B: crops per batch), and ``contrast_accuracy``, how often a view's nearest other view
+          (cosine) is its positive, a collapse signal: at chance, ``1 / (2B - 1)``, every view has the same
+          contrastive embedding. Above chance it says little on its own: a random encoder already puts the two
+          views of a crop, which share most voxels, nearer than other crops;
+        - ``inpainting_l1``: the reconstruction's L1 against filling each view with the mean of its voxels the cutout
+          left visible.
+        """
+        advice = {
+            "rotation": "rotation is at chance: train longer, or lower the learning rate if the loss jumped early",
+            "contrast": ("the two views of a crop are no closer than other crops: train longer, lower the "
+                         "temperature (ssl#temperature) at small batches, or raise the batch"),
+            "inpainting": "the reconstruction is no better than the visible mean: train longer",
+        }  # fmt: skip
+        signals = []
+        for name, (value, baseline) in means.items():
+            topic = name.split("_")[0]
+            if name == "contrast_accuracy":
+                line = accuracy_margin(baseline, 2 * crops)
+                signals.append(collapse_signal(name, value, line, advice[topic], baseline=baseline))
+            elif name.endswith("_accuracy"):
+                signals.append(accuracy_signal(name, value, baseline, 2 * crops, advice[topic]))
+            else:
+                signals.append(loss_signal(name, value, baseline, advice[topic]))
+        return signals
 
 
 class SSLTrainer(PretrainingTrainer):

@@ -9,6 +9,7 @@ and predicts.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -16,12 +17,19 @@ from ignite.engine import Engine
 from monai.utils import CommonKeys as Keys
 from torch import nn
 
+from ...training.health import Signal, collapse_signal, loss_signal, visible_fill_errors
 from ..pictures import ValidationPictures
 from .distillation import TOKEN_STRIDE, MaskedTokenDistillation
 from .loss import MaskedReconstructionLoss, normalise_blocks
 from .masks import MaskedViews, masked_views
 
 __all__ = ["MaskedImageRecipe", "MaskedViewsImageHandler"]
+
+#: the spread of the reconstructions across crops, as a share of the targets' own, at or below which every crop gets
+#: the same output
+COLLAPSED_SPREAD = 0.1
+_ADVICE = ("the reconstruction is no better than each crop's visible {fill}: train longer first (a masked model "
+           "predicts the average before any structure); then try smaller mask blocks, norm_target or a lower learning rate")  # fmt: skip
 
 
 class MaskedImageRecipe(nn.Module):
@@ -111,6 +119,47 @@ class MaskedImageRecipe(nn.Module):
             Keys.PRED: reconstruction[mask].unsqueeze(0),
             Keys.LABEL: target[mask].unsqueeze(0),
         }
+
+    def health(self, outputs: Any, views: MaskedViews) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """This batch's pretext signals beside their trivial answers (see :meth:`health_signals`)."""
+        reconstruction = (outputs[0] if isinstance(outputs, tuple) else outputs).float()
+        target = self.target(views.image).float()
+        mask = views.voxel_mask
+        kind = self.loss_function.loss if self.loss_function is not None else "l1"
+        error = (reconstruction - target).abs() if kind == "l1" else (reconstruction - target) ** 2
+        value = (error * mask).sum() / mask.expand_as(error).sum().clamp_min(1)
+        mean_fill, median_fill = visible_fill_errors(target, ~mask, mask, kind)
+        stats = {f"masked_{kind}": (value, mean_fill), f"masked_{kind}_median": (value, median_fill)}
+        if target.shape[0] > 1:
+            stats["reconstruction_spread"] = (reconstruction.std(dim=0).mean(), target.std(dim=0).mean())
+        if self.distillation is not None:
+            teacher = outputs[2].float() - self.distillation.center
+            log_targets = torch.log_softmax(teacher / self.distillation.teacher_temperature_at(self.distillation.step), dim=-1)
+            entropy = -(log_targets.exp() * log_targets).sum(dim=-1).mean()
+            stats["distill_teacher_entropy"] = (entropy, torch.tensor(math.log(teacher.shape[-1])))
+        return stats
+
+    def health_signals(self, means: dict[str, tuple[float, float]], crops: int) -> list[Signal]:
+        """The pretext signals from :meth:`health`'s means over the validation crops:
+
+        - ``masked_l1`` (or ``masked_mse``): the error on the masked voxels against filling each crop's masked voxels
+          with the mean of its visible ones, and ``masked_l1_median`` against its visible median;
+        - ``reconstruction_spread``: the reconstructions' standard deviation across the crops of a batch as a share
+          of the targets' own (collapsed at or below :data:`COLLAPSED_SPREAD`: every crop gets the same output);
+        - with the masked-token distillation, ``distill_teacher_entropy`` against ``ln K`` (uniform targets).
+        """
+        signals = []
+        for name, (value, baseline) in means.items():
+            if name.startswith("masked_"):
+                fill = "median" if name.endswith("_median") else "mean"
+                signals.append(loss_signal(name, value, baseline, _ADVICE.format(fill=fill)))
+            elif name == "reconstruction_spread":
+                signals.append(collapse_signal(name, value / baseline if baseline > 0 else 0.0, COLLAPSED_SPREAD,
+                                               "every crop gets nearly the same reconstruction: " + _ADVICE.format(fill="mean")))  # fmt: skip
+            elif name == "distill_teacher_entropy":
+                signals.append(loss_signal(name, value, baseline, "the teacher's targets are uniform over the "
+                                           "prototypes: lower masking#teacher_temperature or train longer"))  # fmt: skip
+        return signals
 
     def monitor(self, outputs: Any, views: MaskedViews) -> dict[str, Any]:
         if self.distillation is None:

@@ -16,6 +16,7 @@ import math
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from ignite.engine import Engine, Events
 from monai.engines.utils import IterationEvents
 from monai.networks.layers import DropPath
@@ -23,10 +24,17 @@ from monai.utils import CommonKeys as Keys
 from torch import nn
 
 from ...training.engine import unwrap
+from ...training.health import Signal, collapse_signal, loss_signal
 from .loss import SelfDistillationLoss
 from .views import MultiCrop, MultiCropViews
 
 __all__ = ["SelfDistillationRecipe", "cosine_schedule", "teacher_copy"]
+
+#: the student-teacher KL (nats) at or below which the student has nothing left to learn from the teacher: with
+#: uniform or one-prototype targets (DINO's two collapses, Caron et al. 2021, s5.3) it goes to 0
+COLLAPSED_KL = 0.01
+#: the prototypes in effective use over a batch at or below which one prototype takes every crop
+COLLAPSED_PROTOTYPES = 1.0
 
 
 def cosine_schedule(start: float, end: float, step: int, total: int) -> float:
@@ -188,6 +196,45 @@ class SelfDistillationRecipe(nn.Module):
 
     def outputs(self, outputs: _Outputs, views: MultiCropViews) -> dict[str, Any]:
         return {Keys.IMAGE: views.global_crops, Keys.PRED: outputs.student_embeddings.detach().float()}
+
+    def health(self, outputs: _Outputs, views: MultiCropViews) -> dict[str, tuple[Any, Any]]:
+        """This batch's signals beside their trivial answers, from the teacher's centred, sharpened targets of the
+        global crops and the student's outputs of every crop (the centre is read, never updated)."""
+        teacher = outputs.teacher_logits.float() - self.criterion.center
+        log_targets = F.log_softmax(teacher / self.teacher_temperature_at(self.step), dim=-1)
+        targets = log_targets.exp()
+        prototypes = teacher.shape[-1]
+        entropy = -(targets * log_targets).sum(dim=-1).mean()
+        batch_mean = targets.mean(dim=0)
+        in_use = torch.exp(-(batch_mean * torch.log(batch_mean.clamp_min(1e-12))).sum())
+        crops = teacher.shape[0] // self.multi_crop.num_global
+        log_probs = F.log_softmax(outputs.student_logits.float() / self.criterion.student_temperature, dim=-1).split(crops)
+        pairs = [(q * (log_q - log_probs[v])).sum(dim=-1).mean()
+                 for t, (q, log_q) in enumerate(zip(targets.split(crops), log_targets.split(crops)))
+                 for v in range(len(log_probs)) if v != t]  # fmt: skip
+        return {
+            "teacher_entropy": (entropy, math.log(prototypes)),
+            "student_teacher_kl": (torch.stack(pairs).mean(), 0.0),
+            "prototypes_in_use": (in_use, 1.0),
+        }
+
+    def health_signals(self, means: dict[str, tuple[float, float]], crops: int) -> list[Signal]:
+        """The signals from :meth:`health`'s means over the validation crops:
+
+        - ``teacher_entropy`` (nats) against ``ln K``, its value for uniform targets;
+        - ``student_teacher_kl`` (nats): collapsed at or below :data:`COLLAPSED_KL` (nothing left to learn);
+        - ``prototypes_in_use``: ``exp`` of the entropy of the teacher's mean target over a batch, collapsed at or
+          below :data:`COLLAPSED_PROTOTYPES` above 1 (one prototype takes every crop).
+        """
+        sharpen = ("the teacher's targets are near uniform: train longer, lower training#teacher_temperature, or "
+                   "raise training#center_momentum at small batches")  # fmt: skip
+        one = "one prototype takes every crop: raise the teacher temperature or lower the learning rate"
+        entropy, kl, in_use = means["teacher_entropy"], means["student_teacher_kl"], means["prototypes_in_use"]
+        return [
+            loss_signal("teacher_entropy", *entropy, sharpen),
+            collapse_signal("student_teacher_kl", kl[0], COLLAPSED_KL, sharpen + "; or " + one, baseline=kl[1]),
+            collapse_signal("prototypes_in_use", in_use[0], COLLAPSED_PROTOTYPES, one, baseline=in_use[1]),
+        ]
 
     @torch.no_grad()
     def after_step(self, engine: Engine) -> None:

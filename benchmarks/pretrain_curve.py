@@ -1,0 +1,233 @@
+"""At which budget does each pretraining recipe learn? Its health signals against their trivial answers, by budget and seed.
+
+Each point is a real run of the recipe's bundle at the CPU sizes the demo and the low-data plan use
+(:mod:`components.demo.recipes`: 64x32x32 crops, feature size 12, 2 volumes per iteration, the demo's unlabeled
+synthetic CT), for a budget of iterations and a pretraining seed; only ``max_epochs`` (and with it the schedules'
+length) and the seed change between the points of a recipe. Every run reports its health
+(:class:`components.HealthHandler`) on the same 64 validation crops four times along the run and at its end; the
+record keeps every report and the last training losses.
+
+    nice -n 19 python benchmarks/pretrain_curve.py run --work /work/bench-data/curve --budgets 200,1000,4000
+    python benchmarks/pretrain_curve.py summarise
+
+``run`` is resumable: a finished run's record (``benchmarks/results/pretrain_curve/<recipe>_<iterations>_seed<s>.json``)
+is kept and the run skipped; an unfinished one continues from its ``checkpoint.pt`` under ``--work`` (the bundles'
+auto-resume replays the uninterrupted run). Runs go budget by budget, smallest first, so that a stopped session leaves
+whole budgets. A record names the commit and the digest of ``components/`` and ``bundles/`` it ran with; ``summarise``
+refuses records of different code, so a curve is one code's. ``summarise`` writes
+``benchmarks/results/pretrain_curve.json`` (per recipe and budget: each signal's mean and standard deviation over the
+seeds, its baseline's, and whether the value beats the baseline beyond the seeds' spread) and the plot
+``docs/images/pretrain_curve.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from machine import REPO, git_commit, machine_info
+
+RESULTS = REPO / "benchmarks" / "results"
+RECORDS = RESULTS / "pretrain_curve"
+SUMMARY = RESULTS / "pretrain_curve.json"
+PLOT = REPO / "docs" / "images" / "pretrain_curve.png"
+RECIPES = ("ssl", "mim", "dino")
+#: validation crops of every report (the demo's RankMe crops): the same crops at every budget, so that RankMe and the
+#: spreads compare
+CROPS = 64
+#: reports along a run (and one at its end)
+REPORTS = 4
+DATA_SEED = 0
+
+
+def code_digest() -> str:
+    """sha256 over the files of ``components/`` and ``bundles/`` (paths and contents, sorted): what a run executed."""
+    digest = hashlib.sha256()
+    for root in ("components", "bundles"):
+        for path in sorted((REPO / root).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(REPO)).encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def corpus(work: Path) -> Path:
+    """The demo's unlabeled synthetic CT (its CPU budget's volume count, data seed 0), written once under ``work``."""
+    from components.data import synthetic
+    from components.demo.run import BUDGETS
+
+    folder = work / "data" / "unlabeled"
+    datalist = folder / "dataset.json"
+    if not datalist.is_file():
+        synthetic.write_dataset(folder, num=BUDGETS["cpu"].num_unlabeled, seed=DATA_SEED, varied=True, labels=False)
+    return folder
+
+
+def epochs_for(iterations: int, iterations_per_epoch: int) -> int:
+    """The whole epochs closest to ``iterations`` (at least one)."""
+    return max(1, round(iterations / iterations_per_epoch))
+
+
+def run_overrides(recipe: str, epochs: int, data: Path, run_dir: Path, seed: int) -> dict:
+    """The demo's overrides of ``recipe``'s bundle for ``epochs`` epochs, with reports along the run and resume on."""
+    from components.demo.recipes import pretraining_overrides
+    from components.demo.run import BUDGETS
+
+    budget = replace(BUDGETS["cpu"], ssl_epochs=epochs)
+    overrides = pretraining_overrides(recipe, budget, data, run_dir, "cpu", seed)
+    overrides.update({"training#val_interval": max(1, epochs // REPORTS), "training#rankme_crops": CROPS,
+                      "checkpointing#auto_resume": True, "training#log_interval": 10})  # fmt: skip
+    return overrides
+
+
+def run_point(recipe: str, budget: int, seed: int, work: Path, code: str) -> Path:
+    """Runs (or resumes, or reuses) one point; returns its record's path."""
+    from components.demo.recipes import RECIPES as DEMO_RECIPES
+    from components.demo.runner import read_scalars, run_bundle
+
+    data = corpus(work)
+    per_epoch = math.ceil(len(json.loads((data / "dataset.json").read_text())["training"]) / 2)
+    epochs = epochs_for(budget, per_epoch)
+    iterations = epochs * per_epoch
+    record_path = RECORDS / f"{recipe}_{iterations}_seed{seed}.json"
+    if record_path.is_file():
+        return record_path
+    run_dir = work / "runs" / f"{recipe}_{iterations}_seed{seed}"
+    overrides = run_overrides(recipe, epochs, data, run_dir, seed)
+    started = time.time()
+    seconds = run_bundle(DEMO_RECIPES[recipe].bundle, ("train.json",), overrides, log=run_dir / "train.log")
+    scalars = read_scalars(run_dir / "eval")
+    losses = {tag: points[-1][1] for tag, points in scalars.items() if tag.startswith("loss")}
+    record = {
+        "recipe": recipe, "budget": budget, "iterations": iterations, "epochs": epochs, "seed": seed,
+        "commit": git_commit(), "code": code, "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M"),
+        "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)), "machine": machine_info(),
+        "overrides": {k: v for k, v in overrides.items() if k not in ("output_dir", "ckpt_dir", "dataset_dir")},
+        "last_losses": losses, "health": json.loads((run_dir / "eval" / "health.json").read_text())["reports"],
+    }  # fmt: skip
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    record_path.write_text(json.dumps(record, indent=1) + "\n")
+    return record_path
+
+
+def run(work: str, budgets: str = "200,1000,4000", seeds: str = "0,1,2", recipes: str = ",".join(RECIPES)) -> None:
+    """Runs every (budget, recipe, seed) point not yet recorded, budget by budget."""
+    work_dir = Path(work).resolve()
+    code = code_digest()
+    for budget in (int(b) for b in budgets.split(",")):
+        for seed in (int(s) for s in seeds.split(",")):
+            for recipe in recipes.split(","):
+                path = run_point(recipe, budget, seed, work_dir, code)
+                print(f"{recipe} budget {budget} seed {seed}: {path.relative_to(REPO)}", flush=True)
+
+
+def _judge(values: list[float], baselines: list[float], better: str) -> dict:
+    """Mean and standard deviation of a signal and of its baseline over seeds; ``beyond_spread``: the value's mean
+    beats the baseline's by more than two standard deviations of their per-seed difference (at least 2 seeds)."""
+    gaps = [(b - v) if better == "lower" else (v - b) for v, b in zip(values, baselines)]
+    spread = statistics.stdev(gaps) if len(gaps) > 1 else float("nan")
+    return {
+        "value_mean": statistics.fmean(values), "value_sd": statistics.stdev(values) if len(values) > 1 else None,
+        "baseline_mean": statistics.fmean(baselines), "gap_mean": statistics.fmean(gaps),
+        "gap_sd": None if math.isnan(spread) else spread, "seeds": len(values),
+        "beyond_spread": bool(len(gaps) > 1 and statistics.fmean(gaps) > 2 * spread),
+    }  # fmt: skip
+
+
+def summarise() -> dict:
+    """Writes the summary JSON and the plot from every record; returns the summary.
+
+    Raises:
+        ValueError: records of different code (``code``) in the results folder.
+    """
+    records = [json.loads(p.read_text()) for p in sorted(RECORDS.glob("*.json"))]
+    codes = {r["code"] for r in records}
+    if len(codes) > 1:
+        raise ValueError(f"the records in {RECORDS} come from different code {sorted(codes)}: re-run the stale ones.")
+    points: dict[str, dict[int, list[dict]]] = {}
+    for r in records:
+        points.setdefault(r["recipe"], {}).setdefault(r["iterations"], []).append(r)
+    table = {}
+    for recipe, by_budget in sorted(points.items()):
+        table[recipe] = {}
+        for iterations, runs in sorted(by_budget.items()):
+            finals = [run["health"][-1] for run in runs]
+            names = list(finals[0]["signals"])
+            signals = {}
+            for name in names:
+                entries = [f["signals"][name] for f in finals]
+                signals[name] = {"kind": entries[0]["kind"], "better": entries[0]["better"],
+                                 "verdicts": [e["verdict"] for e in entries],
+                                 **_judge([e["value"] for e in entries], [e["baseline"] for e in entries], entries[0]["better"])}  # fmt: skip
+            table[recipe][str(iterations)] = {
+                "seeds": sorted(run["seed"] for run in runs), "verdicts": [f["verdict"] for f in finals],
+                "signals": signals, "rankme": [f["extra"]["rankme"] for f in finals],
+                "mean_share": [f["extra"]["mean_share"] for f in finals],
+                "seconds": [run["seconds"] for run in runs],
+            }  # fmt: skip
+    summary = {
+        "what": "health of each recipe's final encoder against each signal's trivial answer, by pretraining budget",
+        "settings": {"crops": CROPS, "reports_per_run": REPORTS, "data_seed": DATA_SEED,
+                     "sizes": "the demo's CPU pretraining overrides (components.demo.recipes), max_epochs by budget"},
+        "code": next(iter(codes), None), "commits": sorted({r["commit"] for r in records}),
+        "machine": records[0]["machine"] if records else None, "table": table,
+    }  # fmt: skip
+    SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
+    if records:
+        plot(table, PLOT)
+    return summary
+
+
+def plot(table: dict, path: Path) -> None:
+    """One panel per recipe: each pretext signal's value over its baseline (mean and seeds' range) by budget; the
+    dashed line at 1 is the trivial answer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(table), figsize=(5 * len(table), 4), squeeze=False)
+    for ax, (recipe, by_budget) in zip(axes[0], table.items()):
+        budgets = sorted(by_budget, key=int)
+        names = [n for n, s in by_budget[budgets[0]]["signals"].items() if s["kind"] == "pretext"]
+        for name in names:
+            ratios = [by_budget[b]["signals"][name]["value_mean"] / by_budget[b]["signals"][name]["baseline_mean"] for b in budgets]
+            ax.plot([int(b) for b in budgets], ratios, marker="o", label=name)
+        ax.axhline(1.0, color="k", linestyle="--", linewidth=1, label="trivial answer")
+        ax.set_xscale("log")
+        ax.set_xlabel("pretraining iterations")
+        ax.set_ylabel("value / trivial value")
+        ax.set_title(recipe)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run", help="run every point not yet recorded")
+    run_parser.add_argument("--work", required=True, help="folder for the corpus and the runs (outside the repository)")
+    run_parser.add_argument("--budgets", default="200,1000,4000")
+    run_parser.add_argument("--seeds", default="0,1,2")
+    run_parser.add_argument("--recipes", default=",".join(RECIPES))
+    commands.add_parser("summarise", help="write the summary JSON and the plot")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args.work, args.budgets, args.seeds, args.recipes)
+    else:
+        print(json.dumps(summarise()["table"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
