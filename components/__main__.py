@@ -233,6 +233,36 @@ def preprocess(
     print(summary.line())
 
 
+def health(
+    checkpoint: str, datalist: str, list_name: str = "validation", roi_size: list | None = None,
+    intensity_range: list | None = None, crops: int = 64, batch_size: int = 4, seed: int = 0, device: str = "cpu",
+    out: str | None = None,
+) -> None:
+    """Prints the health report of a saved encoder on crops of DATALIST's LIST_NAME list: each pretext signal beside
+    its trivial answer (checkpoints with the recipe's heads: the SSL and masked image bundles' model.pt) and the
+    embedding collapse signals (any encoder layout the loaders read), with a verdict: learning, at baseline,
+    collapsed. ROI_SIZE (default 96,96,96) and INTENSITY_RANGE (default -1000,1000 HU) as the pretraining bundle's;
+    CROPS crops drawn with SEED; OUT writes the report as JSON. Exits with status 1 when the verdict is collapsed."""
+    import json
+
+    from .release.health import checkpoint_health
+
+    kind, report = checkpoint_health(
+        checkpoint, datalist, list_name, roi_size or (96, 96, 96), intensity_range or (-1000.0, 1000.0), crops,
+        batch_size, seed, device,
+    )  # fmt: skip
+    heads = {"mim": "masked image heads", "ssl": "SSL heads", "encoder": "an encoder without pretext heads"}[kind]
+    print(f"{checkpoint}: {heads}; {report.embedded} crops of {datalist} ({list_name})")
+    print(report.line())
+    if report.warning():
+        print(report.warning())
+    if out:
+        with open(out, "w") as file:
+            json.dump({"checkpoint": checkpoint, "heads": kind, **report.as_dict()}, file, indent=1)
+    if report.verdict == "collapsed":
+        raise SystemExit(1)
+
+
 def _bundle_channels(bundle, overrides: dict | None) -> int | None:
     """The bundle's ``in_channels`` (what the data check expects of each image), None where it has none."""
     import json
@@ -251,6 +281,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "fetch": fetch,
     "export": export,
     "preprocess": preprocess,
+    "health": health,
 }
 
 _HELP_FLAGS = ("-h", "--help")

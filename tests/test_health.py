@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -235,3 +238,58 @@ def test_an_engine_without_a_recipe_gets_the_embedding_signals_alone(tmp_path):
     engine.add_event_handler(Events.COMPLETED, lambda e: None)
     engine.run([0], max_epochs=1)
     assert {k for k in engine.state.metrics if k.startswith("health_") and not k.endswith("_trivial")} == {"health_embedding_std"}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# python -m components health CHECKPOINT --datalist LIST, as a user runs it
+
+
+@pytest.fixture(scope="module")
+def ct_list(tmp_path_factory):
+    from components.data.synthetic import write_dataset
+
+    return write_dataset(tmp_path_factory.mktemp("ct"), num=4, seed=0)
+
+
+def _health_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "components", "health", *args], capture_output=True, text=True, timeout=300)
+
+
+def _published_swinvit(path: Path, feature_size: int = 12) -> None:
+    """An encoder in the CVPR release layout (``model_swinvit.pt``: ``module.`` keys, fc1/fc2, a final norm)."""
+    encoder = components.SSLHead(feature_size=feature_size).swinViT.state_dict()
+    state = {"module." + k.replace(".mlp.linear1.", ".mlp.fc1.").replace(".mlp.linear2.", ".mlp.fc2."): v for k, v in encoder.items()}
+    state["module.norm.weight"], state["module.norm.bias"] = torch.ones(16 * feature_size), torch.zeros(16 * feature_size)
+    torch.save({"state_dict": state}, path)
+
+
+def test_the_command_reports_the_pretext_signals_of_our_checkpoints_and_the_embedding_of_a_published_one(ct_list, tmp_path):
+    torch.manual_seed(0)
+    torch.save(components.SSLHead(feature_size=12, window_size=4).state_dict(), tmp_path / "ssl.pt")
+    torch.save({"model": _mim()[0].state_dict()}, tmp_path / "mim.pt")  # a checkpoint file holding the model
+    _published_swinvit(tmp_path / "model_swinvit.pt")
+    common = ["--datalist", str(ct_list), "--roi_size", "64,32,32", "--crops", "8"]
+    ssl = _health_cli(str(tmp_path / "ssl.pt"), *common, "--out", str(tmp_path / "ssl.json"))
+    assert ssl.returncode == 0, ssl.stderr
+    assert "SSL heads" in ssl.stdout and "health: at baseline | rotation_accuracy " in ssl.stdout
+    report = json.loads((tmp_path / "ssl.json").read_text())
+    assert report["heads"] == "ssl" and report["verdict"] == AT_BASELINE and report["embedded"] == 8
+    assert set(report["signals"]) == {"rotation_accuracy", "rotation_loss", "contrast_accuracy", "contrast_loss", "inpainting_l1", "embedding_std"}
+    mim = _health_cli(str(tmp_path / "mim.pt"), *common)
+    assert mim.returncode == 0 and "masked image heads" in mim.stdout and "masked_l1 " in mim.stdout, mim.stderr
+    published = _health_cli(str(tmp_path / "model_swinvit.pt"), *common)
+    assert published.returncode == 0, published.stderr
+    assert "an encoder without pretext heads" in published.stdout and "health: not collapsed | embedding_std " in published.stdout
+
+
+def test_the_command_exits_1_for_a_collapsed_encoder_and_names_a_bad_list_in_one_line(ct_list, tmp_path):
+    network = components.SSLHead(feature_size=12, window_size=4)
+    with torch.no_grad():
+        for parameter in network.parameters():
+            parameter.zero_()
+    torch.save(network.state_dict(), tmp_path / "constant.pt")
+    common = ["--datalist", str(ct_list), "--roi_size", "64,32,32", "--crops", "8"]
+    collapsed = _health_cli(str(tmp_path / "constant.pt"), *common)
+    assert collapsed.returncode == 1 and "health: collapsed" in collapsed.stdout
+    empty = _health_cli(str(tmp_path / "constant.pt"), *common[:-2], "--list_name", "nothing")
+    assert empty.returncode == 2 and empty.stderr.count("\n") == 1 and "has no 'nothing' l" in empty.stderr

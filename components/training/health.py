@@ -167,14 +167,14 @@ class HealthReport:
         return " | ".join([f"health: {self.verdict}", *(s.text() for s in self.signals), *extra])
 
     def warning(self) -> str:
-        """What a user should read when the run is not learning: every failing signal, its value, its baseline and
-        what to try; empty when the run is learning."""
+        """What a user should read when the run is not learning: every failing signal with its value and baseline,
+        then what to try (each piece of advice once); empty when the run is learning."""
         failing = self.failing()
         if not failing:
             return ""
-        parts = [f"{s.name} is {s.verdict} ({_number(s.value)} against {_number(s.baseline)})"
-                 + (f": {s.advice}" if s.advice else "") for s in failing]  # fmt: skip
-        return f"the encoder is {self.verdict}: " + "; ".join(parts)
+        named = ", ".join(f"{s.name} {s.verdict} ({_number(s.value)} against {_number(s.baseline)})" for s in failing)
+        advice = list(dict.fromkeys(s.advice for s in failing if s.advice))
+        return f"the encoder is {self.verdict}: {named}" + (". Try: " + "; ".join(advice) if advice else "")
 
     def as_dict(self) -> dict[str, Any]:
         return {

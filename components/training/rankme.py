@@ -27,7 +27,7 @@ from monai.utils import CommonKeys as Keys
 
 from .engine import unwrap
 
-__all__ = ["EmbeddingRankHandler", "effective_rank", "swin_embeddings"]
+__all__ = ["EmbeddingRankHandler", "draw_crops", "effective_rank", "swin_embeddings"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,33 @@ def swin_embeddings(network: torch.nn.Module, image: torch.Tensor) -> torch.Tens
 def _visit_seed(seed: int, visit: int) -> int:
     """The seed of the ``visit``-th draw of crops: a function of the run's seed and the draw's index alone."""
     return int(np.random.SeedSequence((seed, visit)).generate_state(1)[0])
+
+
+def draw_crops(dataset: Sequence, crops: int, seed: int) -> Iterator[torch.Tensor]:
+    """``crops`` crops of ``dataset``, one ``(C, *roi_size)`` tensor at a time: the volumes visited in order and cycled
+    over, each visit running the dataset's own (random) transforms reseeded from ``(seed, visit)``, so the same
+    crops every time, whatever the length of the list. The caller forks the random state if it must stay untouched.
+
+    Raises:
+        ValueError: an empty dataset.
+    """
+    volumes = len(dataset)
+    if volumes == 0:
+        raise ValueError("the RankMe dataset is empty: the validation list has no volume.")
+    transform = getattr(dataset, "transform", dataset)
+    drawn, visit = 0, 0
+    while True:
+        visit_seed = _visit_seed(seed, visit)
+        set_rnd(transform, visit_seed)
+        torch.manual_seed(visit_seed)
+        item = dataset[visit % volumes]
+        for sample in item if isinstance(item, list) else [item]:
+            image = sample[Keys.IMAGE]
+            yield image.as_tensor() if hasattr(image, "as_tensor") else torch.as_tensor(image)
+            drawn += 1
+            if drawn == crops:
+                return
+        visit += 1
 
 
 class EmbeddingRankHandler:
@@ -162,23 +189,7 @@ class EmbeddingRankHandler:
 
     def _drawn_crops(self) -> Iterator[torch.Tensor]:
         """The ``crops`` crops, one ``(C, *roi_size)`` tensor at a time, cycling over the volumes (see the class)."""
-        volumes = len(self.dataset)
-        if volumes == 0:
-            raise ValueError("the RankMe dataset is empty: the validation list has no volume.")
-        transform = getattr(self.dataset, "transform", self.dataset)
-        drawn, visit = 0, 0
-        while True:
-            seed = _visit_seed(self.seed, visit)
-            set_rnd(transform, seed)
-            torch.manual_seed(seed)
-            item = self.dataset[visit % volumes]
-            for sample in item if isinstance(item, list) else [item]:
-                image = sample[Keys.IMAGE]
-                yield image.as_tensor() if hasattr(image, "as_tensor") else torch.as_tensor(image)
-                drawn += 1
-                if drawn == self.crops:
-                    return
-            visit += 1
+        return draw_crops(self.dataset, self.crops, self.seed)
 
     def embeddings(self, device: torch.device) -> torch.Tensor:
         """The ``(crops, D)`` embeddings, on the CPU in float32."""
