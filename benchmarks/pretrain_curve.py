@@ -17,7 +17,7 @@ whole budgets. A record names the commit and the digest of ``components/`` and `
 refuses records of different code, so a curve is one code's. ``summarise`` writes
 ``benchmarks/results/pretrain_curve.json`` (per recipe and budget: each signal's mean and standard deviation over the
 seeds, its baseline's, and whether the value beats the baseline beyond the seeds' spread) and the plot
-``docs/images/pretrain_curve.png``.
+``docs/images/pretrain_curve.png``, and writes its table into ``docs/measuring.md``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ RESULTS = REPO / "benchmarks" / "results"
 RECORDS = RESULTS / "pretrain_curve"
 SUMMARY = RESULTS / "pretrain_curve.json"
 PLOT = REPO / "docs" / "images" / "pretrain_curve.png"
+DOC = REPO / "docs" / "measuring.md"
+BLOCK_BEGIN = "<!-- pretrain_curve table: python benchmarks/pretrain_curve.py summarise -->"
+BLOCK_END = "<!-- /pretrain_curve table -->"
 RECIPES = ("ssl", "mim", "dino")
 #: validation crops of every report (the demo's RankMe crops): the same crops at every budget, so that RankMe and the
 #: spreads compare
@@ -128,16 +131,17 @@ def run(work: str, budgets: str = "200,1000,4000", seeds: str = "0,1,2", recipes
                 print(f"{recipe} budget {budget} seed {seed}: {path.relative_to(REPO)}", flush=True)
 
 
-def _judge(values: list[float], baselines: list[float], better: str) -> dict:
-    """Mean and standard deviation of a signal and of its baseline over seeds; ``beyond_spread``: the value's mean
-    beats the baseline's by more than two standard deviations of their per-seed difference (at least 2 seeds)."""
+def _judge(values: list[float], baselines: list[float], better: str, margin: float) -> dict:
+    """Mean and standard deviation of a signal and of its baseline over seeds; ``beyond_spread``: the mean gap to the
+    baseline (in the better direction) exceeds the signal's ``margin`` (what counts as learning, or the collapse
+    line) by more than two standard deviations of the per-seed gaps (at least 2 seeds)."""
     gaps = [(b - v) if better == "lower" else (v - b) for v, b in zip(values, baselines)]
     spread = statistics.stdev(gaps) if len(gaps) > 1 else float("nan")
     return {
         "value_mean": statistics.fmean(values), "value_sd": statistics.stdev(values) if len(values) > 1 else None,
-        "baseline_mean": statistics.fmean(baselines), "gap_mean": statistics.fmean(gaps),
+        "baseline_mean": statistics.fmean(baselines), "margin": margin, "gap_mean": statistics.fmean(gaps),
         "gap_sd": None if math.isnan(spread) else spread, "seeds": len(values),
-        "beyond_spread": bool(len(gaps) > 1 and statistics.fmean(gaps) > 2 * spread),
+        "beyond_spread": bool(len(gaps) > 1 and statistics.fmean(gaps) - 2 * spread > margin),
     }  # fmt: skip
 
 
@@ -165,7 +169,8 @@ def summarise() -> dict:
                 entries = [f["signals"][name] for f in finals]
                 signals[name] = {"kind": entries[0]["kind"], "better": entries[0]["better"],
                                  "verdicts": [e["verdict"] for e in entries],
-                                 **_judge([e["value"] for e in entries], [e["baseline"] for e in entries], entries[0]["better"])}  # fmt: skip
+                                 **_judge([e["value"] for e in entries], [e["baseline"] for e in entries], entries[0]["better"],
+                                          statistics.fmean(e["margin"] for e in entries))}  # fmt: skip
             table[recipe][str(iterations)] = {
                 "seeds": sorted(run["seed"] for run in runs), "verdicts": [f["verdict"] for f in finals],
                 "signals": signals, "rankme": [f["extra"]["rankme"] for f in finals],
@@ -182,7 +187,42 @@ def summarise() -> dict:
     SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
     if records:
         plot(table, PLOT)
+        write_block(DOC, markdown(summary))
     return summary
+
+
+def write_block(doc: Path, table: str) -> None:
+    """Replaces what lies between :data:`BLOCK_BEGIN` and :data:`BLOCK_END` in ``doc`` by ``table``.
+
+    Raises:
+        ValueError: ``doc`` has no such block.
+    """
+    text = doc.read_text()
+    if BLOCK_BEGIN not in text or BLOCK_END not in text:
+        raise ValueError(f"{doc} has no block {BLOCK_BEGIN!r} ... {BLOCK_END!r}.")
+    head, rest = text.split(BLOCK_BEGIN, 1)
+    _, tail = rest.split(BLOCK_END, 1)
+    doc.write_text(f"{head}{BLOCK_BEGIN}\n\n{table.rstrip()}\n\n{BLOCK_END}{tail}")
+
+
+def markdown(summary: dict) -> str:
+    """The summary as the docs show it: per recipe and budget, the verdicts of the seeds, then each signal's mean
+    value against its trivial value's, the mean gap in the better direction +- its sd over seeds, and ``beyond`` when
+    the gap exceeds the signal's margin by more than twice that sd (see :func:`_judge`)."""
+    lines = [f"Measured at code {summary['code']} (commits {', '.join(summary['commits'])}) on "
+             f"{summary['machine']['cpu_model']}, torch {summary['machine']['torch']}: the final report of each run, "
+             f"{summary['settings']['crops']} validation crops.", ""]  # fmt: skip
+    lines += ["| recipe | iterations | verdicts (seeds) | signal: value vs trivial, gap +- sd |", "| --- | --- | --- | --- |"]
+    for recipe, by_budget in summary["table"].items():
+        for iterations, point in sorted(by_budget.items(), key=lambda item: int(item[0])):
+            cells = []
+            for name, s in point["signals"].items():
+                sd = f" +- {s['gap_sd']:.3g}" if s["gap_sd"] is not None else ""
+                cells.append(f"{name} {s['value_mean']:.3g} vs {s['baseline_mean']:.3g}, {s['gap_mean']:+.3g}{sd}"
+                             + (" beyond" if s["beyond_spread"] else ""))  # fmt: skip
+            verdicts = ", ".join(f"{v} ({seed})" for v, seed in zip(point["verdicts"], point["seeds"]))
+            lines.append(f"| {recipe} | {iterations} | {verdicts} | {'; '.join(cells)} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot(table: dict, path: Path) -> None:
@@ -220,12 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--budgets", default="200,1000,4000")
     run_parser.add_argument("--seeds", default="0,1,2")
     run_parser.add_argument("--recipes", default=",".join(RECIPES))
-    commands.add_parser("summarise", help="write the summary JSON and the plot")
+    commands.add_parser("summarise", help="write the summary JSON and the plot; print the table the docs show")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.work, args.budgets, args.seeds, args.recipes)
     else:
-        print(json.dumps(summarise()["table"], indent=1))
+        print(markdown(summarise()))
     return 0
 
 

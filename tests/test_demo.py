@@ -91,6 +91,15 @@ def test_summary_json_and_pictures(quick_demo):
         assert (out / picture).read_bytes()[:8] == PNG
     table = (out / "summary.txt").read_text()
     assert "held-out Dice, SSL init" in table and "held-out Dice, random init" in table and table in stdout
+    # the pretraining's health: the SSL run's last report, in the summary and its table (one epoch learns nothing)
+    health = summary["pretraining_health"]
+    reported = json.loads((out / "ssl_pretrain" / "eval" / "health.json").read_text())["reports"][-1]
+    assert health == reported and health["verdict"] in ("at baseline", "collapsed")
+    assert f"SSL pretraining health | | {health['verdict']} (" in " ".join(table.split())
+    # the losses' trivial values were logged beside them, for the picture's dashed lines
+    scalars = read_scalars(out / "ssl_pretrain" / "eval")
+    assert {"loss_rot_trivial", "loss_contrast_trivial", "loss_recon_trivial"} <= set(scalars)
+    assert scalars["loss_rot_trivial"][0][1] == pytest.approx(1.386294, abs=1e-5)
 
 
 def test_budgets_and_arguments_are_checked(tmp_path):

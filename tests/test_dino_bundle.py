@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -241,13 +242,19 @@ def test_one_process_run_logs_the_named_parts_and_collapse_diagnostics(trained):
         assert f"{key}: " in lines[0]
 
 
-def test_one_process_run_logs_the_teachers_rankme_to_the_log_and_tensorboard(trained):
+def test_one_process_run_logs_the_health_line_and_the_teachers_rankme_to_the_log_and_tensorboard(trained):
     root, output = trained
-    assert "val_rankme: " in output and "(16 crops x 192 dims; at most 16)" in output
+    line = next(text for text in output.splitlines() if "health_handler - INFO - health: " in text)
+    assert "| teacher_entropy " in line and "| prototypes_in_use " in line and "| rankme " in line and "(epoch 1, 16 crops, " in line
     from components.demo.runner import read_scalars
 
-    (point,) = read_scalars(root / "eval")["val_rankme"]
+    scalars = read_scalars(root / "eval")
+    (point,) = scalars["val_rankme"]
     assert point[0] == 1 and 1.0 <= point[1] <= 16.0
+    (trivial,) = scalars["health_teacher_entropy_trivial"]  # ln K beside the teacher's entropy
+    assert trivial[1] == pytest.approx(math.log(32), rel=1e-6) and "health_teacher_entropy" in scalars
+    report = json.loads((root / "eval" / "health.json").read_text())["reports"][-1]
+    assert report["extra"]["rankme"] == pytest.approx(point[1], rel=1e-6)
 
 
 def test_exported_teacher_encoder_loads_fully_into_the_btcv_bundle(trained, caplog):

@@ -61,7 +61,8 @@ TINY = {
 TINY_COMMON = ["--max_epochs", "2", "--loader#num_workers", "0", "--device", "cpu", "--speed#amp", "false",
                "--speed#use_checkpoint", "false", "--network_def#window_size", "4"]  # the window of the docs' tiny runs, which later commands load
 USER_FILES = {"model_swinvit.pt"}  # files the docs expect the reader to bring
-COVERED_ELSEWHERE = {"python -m components demo": "tests/test_demo.py"}
+COVERED_ELSEWHERE = {"python -m components demo": "tests/test_demo.py",
+                     "python benchmarks/pretrain_curve.py": "tests/test_pretrain_curve.py"}
 # the docs whose own tiny SSL run writes bundles/swin_unetr_ssl_pretrain/models/model.pt: every other doc is given it
 WRITES_SSL_MODEL = {"docs/pretraining.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md"}
 # docs with no command, and docs none of whose commands the suite runs: named, so a doc whose commands stop being
@@ -74,6 +75,7 @@ NONE_RUN = {
     "README.md": "its commands install packages or need a GPU, a real dataset or a cluster (the demo: tests/test_demo.py)",
     "docs/demo.md": "the demo is run by tests/test_demo.py",
     "docs/testing.md": "its commands are the test suite itself",
+    "docs/measuring.md": "its commands run pretrainings for hours (tests/test_pretrain_curve.py runs a small one)",
 }
 README_LIMIT = 8000  # characters: the README says what this is and how to pretrain on your data; the rest is in docs/
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import warnings
 
 import pytest
@@ -61,7 +63,9 @@ def test_output_holds_finite_loss_parts_and_learning_rate():
     trainer = _trainer(net, optimizer, _batches(2))
     trainer.run()
     out = trainer.state.output[0]
-    assert set(out["log"]) == {"loss", "loss_rot", "loss_contrast", "loss_recon", "lr"}
+    trivial = {f"loss_{part}_trivial" for part in ("rot", "contrast", "recon")}  # the recipe's monitor, beside each part
+    assert set(out["log"]) == {"loss", "loss_rot", "loss_contrast", "loss_recon", "lr", *trivial}
+    assert out["log"]["loss_rot_trivial"] == pytest.approx(math.log(4)) and out["log"]["loss_contrast_trivial"] == pytest.approx(math.log(3))
     parts = [float(out["log"][k]) for k in ("loss_rot", "loss_contrast", "loss_recon")]
     assert all(torch.isfinite(torch.tensor(parts)))
     assert float(out["log"]["loss"]) == pytest.approx(sum(parts), rel=1e-5)

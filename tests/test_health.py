@@ -209,7 +209,7 @@ def test_the_handler_logs_one_line_warns_after_its_warmup_and_writes_every_repor
     lines = [r for r in caplog.records if r.name == "components.training.health_handler"]
     assert [r.levelname for r in lines] == ["INFO", "INFO", "WARNING"]  # warned from epoch 2 on, not at epoch 1
     assert lines[0].getMessage().startswith("health: at baseline | masked_l1 ") and "6 crops" in lines[0].getMessage()
-    assert "masked_l1 is at baseline" in lines[2].getMessage() and "train longer" in lines[2].getMessage()
+    assert "masked_l1 at baseline (" in lines[2].getMessage() and "Try: " in lines[2].getMessage()
     reports = json.loads(summary.read_text())["reports"]
     assert [r["epoch"] for r in reports] == [1, 2] and reports[0]["signals"]["masked_l1"]["verdict"] == AT_BASELINE
     metrics = trainer.state.metrics
@@ -293,3 +293,19 @@ def test_the_command_exits_1_for_a_collapsed_encoder_and_names_a_bad_list_in_one
     assert collapsed.returncode == 1 and "health: collapsed" in collapsed.stdout
     empty = _health_cli(str(tmp_path / "constant.pt"), *common[:-2], "--list_name", "nothing")
     assert empty.returncode == 2 and empty.stderr.count("\n") == 1 and "has no 'nothing' l" in empty.stderr
+
+
+def test_a_resumed_run_keeps_the_reports_before_its_restored_iteration_and_a_fresh_run_starts_anew(tmp_path):
+    network, recipe = _mim()
+    volumes = [{"image": crop} for crop in _halves(2, torch.Generator().manual_seed(0))]
+    summary = tmp_path / "health.json"
+    earlier = [{"epoch": e, "iteration": e, "verdict": AT_BASELINE} for e in (1, 2, 3)]  # the third after the checkpoint
+    for restored, kept in ((2, [1, 2]), (0, [])):
+        summary.write_text(json.dumps({"reports": earlier}))
+        handler = components.HealthHandler(network, volumes, crops=4, batch_size=2, summary_file=summary)
+        trainer = _Trainer(recipe)
+        handler.attach(trainer)
+        trainer.state.iteration = trainer.state.epoch = restored  # as a resume handler restores them at STARTED
+        trainer.run([0], max_epochs=restored + 1)
+        reports = json.loads(summary.read_text())["reports"]
+        assert [r["iteration"] for r in reports] == [*kept, restored + 1]

@@ -3,6 +3,8 @@ loss, exact under DDP."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from components.recipes.masked_image import (
     normalise_blocks,
     voxel_shuffle,
 )
+from components.training.health import visible_fill_errors
 from tests.ranks import run_scenario
 
 TINY = {"feature_size": 12, "window_size": 4}
@@ -208,7 +211,13 @@ def test_the_teacher_follows_the_student_by_ema_and_the_schedules_run():
     student = list(net.swinViT.parameters())
     assert all(torch.allclose(a, 0.9 * b + 0.1 * s) for a, b, s in zip(after, before, student))
     assert distillation.momentum_at(0) == 0.9 and distillation.momentum_at(10) == 1.0
-    assert recipe.monitor(None, None) == {"teacher_temperature": 0.07, "momentum": 0.9}
+    views = recipe.views(torch.rand(2, 1, 64, 32, 32, generator=torch.Generator().manual_seed(1)), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outputs = recipe.forward(net, views)
+    monitor = recipe.monitor(outputs, views)
+    fill, _ = visible_fill_errors(views.image, ~views.voxel_mask, views.voxel_mask)  # the trivial reconstruction's L1
+    assert float(monitor.pop("loss_recon_trivial")) == pytest.approx(float(fill))
+    assert monitor == {"loss_distill_trivial": pytest.approx(math.log(outputs[2].shape[-1])), "teacher_temperature": 0.07, "momentum": 0.9}
 
 
 def test_the_distillation_needs_whole_tokens_masked_and_a_token_head():

@@ -246,7 +246,8 @@ def test_teacher_follows_the_student_by_ema_and_gets_no_gradient():
     for old, new, s in zip(before["teacher"], recipe.teacher.parameters(), student.parameters()):
         torch.testing.assert_close(new, m * old + (1 - m) * s.detach())
     log = trainer.state.output[0]["log"]
-    assert {"loss", "loss_dino", "loss_koleo", "teacher_entropy", "kl", "teacher_temperature", "momentum", "lr"} == set(log)
+    assert {"loss", "loss_dino", "loss_koleo", "teacher_entropy", "kl", "teacher_temperature", "momentum", "lr", "loss_dino_trivial"} == set(log)
+    assert log["loss_dino_trivial"] == pytest.approx(math.log(recipe.criterion.out_dim))  # uniform targets' cross-entropy
 
 
 def test_teacher_ema_is_two_foreach_kernels_equal_to_the_per_parameter_loop(monkeypatch):

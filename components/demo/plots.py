@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["last_image", "pyplot", "save_plot", "plot_losses", "plot_views", "plot_dice_curves", "plot_segmentations"]
+__all__ = ["last_image", "pyplot", "save_plot", "smoothed", "plot_losses", "plot_views", "plot_dice_curves", "plot_segmentations"]
 
 
 def last_image(events_dir: Path, tag: str) -> Any:
@@ -47,14 +47,36 @@ def save_plot(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, title: st
     pyplot().close(fig)
 
 
+def smoothed(values: Sequence[float], window: int) -> list[float]:
+    """The trailing mean of the last ``window`` values at each point (fewer at the start)."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def plot_losses(scalars: Mapping[str, list[tuple[int, float]]], names: Mapping[str, str], path: Path, title: str) -> None:
-    """A pretraining's loss and its parts per iteration: each scalar tag of ``names`` that was logged, with its legend."""
+    """A pretraining's loss and its parts per iteration: each scalar tag of ``names`` that was logged, faint as logged
+    and smoothed (a trailing mean over a twentieth of the run), with its trivial value (``<tag>_trivial``, what
+    predicting nothing reaches on the same batches, smoothed alike) dashed in the same colour where the run logged
+    one: a loss on its dashed line has learned nothing."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for tag, name in names.items():
-        if scalars.get(tag):
-            ax.plot(*zip(*scalars[tag]), label=name)
-    save_plot(fig, ax, path, "iteration", "loss", title)
+        if not scalars.get(tag):
+            continue
+        steps, values = zip(*scalars[tag])
+        window = max(1, len(values) // 20)
+        (line,) = ax.plot(steps, smoothed(values, window), label=name)
+        ax.plot(steps, values, color=line.get_color(), alpha=0.25, linewidth=0.8)
+        if scalars.get(f"{tag}_trivial"):
+            trivial_steps, trivial = zip(*scalars[f"{tag}_trivial"])
+            ax.plot(trivial_steps, smoothed(trivial, window), color=line.get_color(), linestyle="--", linewidth=1,
+                    label=f"{name}: trivial answer")  # fmt: skip
+    save_plot(fig, ax, path, "iteration", "loss", title, fontsize=7)
 
 
 def plot_views(grid: Any, columns: Sequence[str], title: str, path: Path) -> None:

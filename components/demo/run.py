@@ -225,10 +225,12 @@ def run_demo(
     plot_segmentations(image, labeled / test_case["label"], predictions, LABEL_NAMES, out_dir / "segmentations.png")
     steps.append({"step": "pictures", "seconds": round(time.perf_counter() - start, 1)})
 
+    health = json.loads((pretrain_dir / "eval" / "health.json").read_text())["reports"][-1]
     summary = {
         "device": device,
         "seed": seed,
         "recipe": recipe,
+        "pretraining_health": health,
         "total_seconds": round(time.perf_counter() - started, 1),
         "settings": {"budget": asdict(budget), "organs": list(synthetic.DEMO_ORGANS), "roi_size": ROI_SIZE,
                      "spacing": SPACING, "ssl_roi_size": SSL_ROI_SIZE, "window_size": WINDOW_SIZE,
@@ -241,6 +243,9 @@ def run_demo(
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     rows = [(s["step"], f"{s['seconds']:.1f}", "") for s in steps]
+    failing = [f"{name} {entry['value']:.3g} vs trivial {entry['baseline']:.3g}" for name, entry in health["signals"].items()
+               if entry["verdict"] in ("at baseline", "collapsed")]  # fmt: skip
+    rows.insert(2, (f"{chosen.name} pretraining health", "", health["verdict"] + (f" ({'; '.join(failing)})" if failing else "")))
     for arm, r in results.items():
         per_class = ", ".join(f"{k} {v:.2f}" for k, v in r["per_class_dice"].items() if v is not None)
         rows.append((f"held-out Dice, {arm}", "", f"mean {r['mean_dice']:.3f} ({per_class})"))

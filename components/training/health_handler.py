@@ -12,7 +12,8 @@ embedding signals every recipe shares (:func:`~components.training.health.embedd
 - puts each signal (``health_<name>``) and its baseline (``health_<name>_trivial``), the verdict (``health``: 1
   learning, 0 at baseline, -1 collapsed) and RankMe (``val_rankme``) in the trainer's metrics of that epoch, which the
   bundle's TensorBoard (and MLflow) handlers attached after it record;
-- appends the report to ``summary_file`` (JSON), which the demo and the benchmarks read.
+- appends the report to ``summary_file`` (JSON), which the demo and the benchmarks read; a resumed run keeps the
+  reports written before its restored iteration.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ignite.engine import Engine
+from ignite.engine import Engine, Events
 
 from ..files import atomic_write
 from .engine import epoch_seed, unwrap
@@ -181,6 +182,19 @@ class HealthHandler(EmbeddingRankHandler):
         self.warmup_epochs = int(warmup_epochs)
         self.summary_file = Path(summary_file) if summary_file else None
         self.reports: list[dict[str, Any]] = []
+
+    def attach(self, engine: Engine) -> None:
+        engine.add_event_handler(Events.STARTED, self._resume_reports)
+        super().attach(engine)
+
+    def _resume_reports(self, engine: Engine) -> None:
+        """A resumed run keeps the reports its summary file holds up to the restored iteration; a fresh run (iteration
+        0) starts a new list, whatever an earlier run left in the file."""
+        start = engine.state.iteration
+        if self.summary_file is None or not self.summary_file.is_file() or start == 0:
+            self.reports = []
+            return
+        self.reports = [r for r in json.loads(self.summary_file.read_text())["reports"] if r["iteration"] <= start]
 
     def _forget(self, engine: Engine) -> None:
         """An epoch without a report must not log the last one's values again."""

@@ -69,6 +69,16 @@ class InpaintingContrastRecipe:
     def outputs(self, outputs: tuple, views: _Views) -> dict[str, Any]:
         return {Keys.IMAGE: views.image, "views": views.inputs, Keys.PRED: outputs[2].detach().float(), Keys.LABEL: views.targets}
 
+    def monitor(self, outputs: tuple, views: _Views) -> dict[str, Any]:
+        """Each loss part's trivial value on this batch, logged beside it (``loss_<part>_trivial``): ``ln 4`` for the
+        rotation, ``ln(2B - 1)`` for the contrastive term over this rank's ``B`` crops (the candidates of a loss that
+        gathers over ranks are more: its trivial value is higher), the visible-mean fill's L1 for the
+        reconstruction."""
+        targets = views.targets.float()
+        fill, _ = visible_fill_errors(targets, views.inputs == views.targets, torch.ones_like(targets, dtype=torch.bool))
+        crops = views.targets.shape[0] // 2
+        return {"loss_rot_trivial": math.log(4), "loss_contrast_trivial": math.log(max(2 * crops - 1, 1)), "loss_recon_trivial": fill}
+
     def health(self, outputs: tuple, views: _Views) -> dict[str, tuple[Any, Any]]:
         """This batch's pretext signals beside their trivial answers (see :meth:`health_signals`)."""
         rot_logits, embeddings, recon = (output.float() for output in outputs)

@@ -1,5 +1,6 @@
-"""Self-distillation of the masked tokens beside masked image modelling (iBOT, Zhou et al., ICLR 2022; SMIT, Jiang et
-al., MICCAI 2022): the combination a 2026 benchmark of nine methods on one Swin encoder ranked first for segmentation.
+"""Self-distillation of the masked tokens beside masked image modelling: iBOT's masked-token term (Zhou et al., ICLR
+2022). SMIT (Jiang et al., MICCAI 2022) adds to it a pooled image token distilled across two masked crops of a volume;
+that term, and the two crops, are not implemented here.
 
 The student sees the masked crop; an EMA teacher of its encoder and token head sees the whole crop. At every token the
 student's mask hid, the teacher's centred, sharpened softmax over prototypes is the target of the student's

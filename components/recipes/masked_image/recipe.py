@@ -162,10 +162,15 @@ class MaskedImageRecipe(nn.Module):
         return signals
 
     def monitor(self, outputs: Any, views: MaskedViews) -> dict[str, Any]:
+        """The reconstruction's trivial value on this batch (``loss_recon_trivial``: each crop's masked voxels filled
+        with its visible mean), logged beside it; with a distillation its schedules and ``ln K``."""
+        kind = self.loss_function.loss if self.loss_function is not None else "l1"
+        fill, _ = visible_fill_errors(self.target(views.image).float(), ~views.voxel_mask, views.voxel_mask, kind)
         if self.distillation is None:
-            return {}
+            return {"loss_recon_trivial": fill}
         step = self.distillation.step
-        return {"teacher_temperature": self.distillation.teacher_temperature_at(step),
+        return {"loss_recon_trivial": fill, "loss_distill_trivial": math.log(outputs[2].shape[-1]),
+                "teacher_temperature": self.distillation.teacher_temperature_at(step),
                 "momentum": self.distillation.momentum_at(step)}  # fmt: skip
 
     def after_step(self, engine: Engine) -> None:

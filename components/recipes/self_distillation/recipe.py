@@ -188,8 +188,11 @@ class SelfDistillationRecipe(nn.Module):
         )
 
     def monitor(self, outputs: _Outputs, views: MultiCropViews) -> dict[str, Any]:
+        """The loss's statistics and schedules, and ``loss_dino_trivial``: ``ln K``, the cross-entropy to uniform
+        targets."""
         return {
             **self.criterion.stats,
+            "loss_dino_trivial": math.log(self.criterion.out_dim),
             "teacher_temperature": self.teacher_temperature_at(self.step),
             "momentum": self.momentum_at(self.step),
         }
