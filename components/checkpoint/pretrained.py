@@ -21,6 +21,7 @@ from ignite.engine import Engine, Events
 from torch import nn
 
 from ..config.values import optional_path
+from ..errors import ConfigError
 from .architecture import check_architecture, encoder_architecture
 from .layouts import (
     _ENCODER_PREFIX,
@@ -99,7 +100,7 @@ def _adapt_in_channels(weight: torch.Tensor, c_dst: int) -> torch.Tensor:
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
+        raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}.")
     return value
 
 

@@ -15,6 +15,7 @@ from ignite.engine import Engine, Events
 from torch import nn
 
 from ..config.values import as_bool, optional_path
+from ..errors import ConfigError
 from .layouts import CheckpointLoadError, _strip_wrappers, read_checkpoint
 from .pretrained import _unwrap_model
 from .training_state import (
@@ -98,7 +99,7 @@ class ResumeHandler:
             raise TypeError(f"ResumeHandler: recipe must be a torch.nn.Module, got {type(recipe).__name__}.")
         auto_resume = as_bool(auto_resume, "auto_resume")
         if auto_resume and optional_path(ckpt_dir) is None:
-            raise ValueError("ResumeHandler: auto_resume needs ckpt_dir (the folder to look for checkpoint.pt in).")
+            raise ConfigError("ResumeHandler: auto_resume needs ckpt_dir (the folder to look for checkpoint.pt in).")
         restorable = {"optimizer": optimizer, "lr_scheduler": lr_scheduler, "scaler": scaler, "sampler": sampler}
         for name, obj in restorable.items():
             if obj is not None and not callable(getattr(obj, "load_state_dict", None)):

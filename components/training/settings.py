@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..errors import ConfigError
+
 from ..networks.swin import check_roi_size
 
 __all__ = ["check_settings", "rotation_axes"]
@@ -33,7 +35,7 @@ def check_settings(
             of ``roi_size`` to rotate in (:func:`rotation_axes`).
 
     Raises:
-        ValueError: one line naming the two settings that disagree and how to fix them.
+        ConfigError: a ``ValueError``, one line naming the two settings that disagree and how to fix them.
 
     Example:
         >>> check_settings(roi_size=[96, 96, 96], network="SwinUNETR")
@@ -45,16 +47,16 @@ def check_settings(
         check_roi_size(roi, spatial_dims=3)
     except ValueError as err:
         reason = str(err).removeprefix("SSLHead: ")
-        raise ValueError(f"roi_size {roi} does not fit the network ({network}): {reason}") from None
+        raise ConfigError(f"roi_size {roi} does not fit the network ({network}): {reason}") from None
     if rotation and roi[1] != roi[2]:
         side = max(roi[1], roi[2])
-        raise ValueError(
+        raise ConfigError(
             f"roi_size {roi} and the SSL rotation views disagree: rot_rand rotates each crop by k * 90 degrees in its "
             f"last two axes, which needs them equal, got {roi[1]} and {roi[2]}; "
             f"e.g. --roi_size \"[{roi[0]},{side},{side}]\"."
         )
     if rotate90_prob is not None and float(rotate90_prob) > 0 and len(set(roi)) == len(roi):
-        raise ValueError(
+        raise ConfigError(
             f"roi_size {roi} and training#rotate90_prob {rotate90_prob} disagree: a 90-degree rotation (RandRotate90d) "
             f"needs two equal axes to keep a crop's shape, {roi} has none; give two (e.g. --roi_size "
             f"\"[{roi[0]},{roi[1]},{roi[1]}]\") or run with --training#rotate90_prob 0."
