@@ -38,6 +38,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from ..checkpoint.training_state import CheckpointEvents, register_checkpoint_events
 from ..data.sources import NOT_TRACKED, batch_filenames
 from ..distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
+from ..errors import UserError
 
 __all__ = [
     "NonFiniteLossError",
@@ -423,7 +424,7 @@ class PretrainingEvaluator(_RecipeEngineMixin, SupervisedEvaluator):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     """The training loss became NaN or Inf; the message names the epoch, iteration, loss parts and batch files."""
 
 
@@ -540,7 +541,8 @@ class StopOnNonFiniteLoss:
             return
         iteration = min(per_rank[r] for r in bad_ranks)
         message = self._message(engine, iteration, bad_ranks)
-        logger.error(message)
+        if rank > 0:  # rank 0's message reaches the user (components.errors); the others' name their own batches here
+            logger.error(message)
         raise NonFiniteLossError(message)
 
     def _message(self, engine: Engine, iteration: int, bad_ranks: list[int]) -> str:
