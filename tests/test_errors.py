@@ -14,6 +14,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 import pytest
+import torch
 
 from components import ConfigError, write_dataset
 from components.demo.runner import BUNDLES_DIR, bundle_command
@@ -136,3 +137,72 @@ def test_a_user_error_in_a_thread_is_one_line(capsys, monkeypatch):
     thread.join()
     assert capsys.readouterr().err.splitlines() == [
         "tiny_bundle: error: ConfigError: first line (COMPONENTS_DEBUG=1 shows the traceback)", "  second line"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# checked before caching: each case stops the run in one line naming the culprit, before "Loading dataset"
+# ---------------------------------------------------------------------------------------------------------------
+
+CT_TINY = {**TINY, "spacing": [3.0, 3.0, 4.0], "training#val_interval": 1}
+
+
+@pytest.fixture(scope="module")
+def ct(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("ct") / "ct", kind="ct", num=4, seed=0)
+
+
+def _refused_before_caching(bundle: Path, ct: Path, tmp_path: Path, **overrides) -> list[str]:
+    """Runs ``bundle`` on ``ct``; asserts exit status 1 and no caching; returns the lines of stderr."""
+    tiny = CT_TINY if bundle == BTCV else TINY
+    overrides = {**tiny, "bundle_root": str(tmp_path), "dataset_dir": str(ct.parent), "datalist": str(ct), **overrides}
+    code, lines, out = _run(bundle_command(bundle, overrides=overrides), tmp_path)
+    assert code == 1, out[-3000:]
+    assert "Loading dataset" not in out, f"the run cached before it stopped:\n{out[-3000:]}"
+    assert "Traceback" not in out, out[-3000:]
+    assert lines and lines[0].startswith(f"{bundle.name}: error: "), out[-3000:]
+    return lines
+
+
+@pytest.mark.slow
+def test_a_two_channel_encoder_into_a_one_channel_model(ct, tmp_path):
+    from components import SSLHead
+
+    path = tmp_path / "two_channels.pt"
+    torch.save(SSLHead(in_channels=2, feature_size=12).state_dict(), path)
+    (line,) = _refused_before_caching(BTCV, ct, tmp_path, pretrained_path=str(path))
+    assert line.startswith(f"swin_unetr_btcv_finetune: error: CheckpointLoadError: checkpoint {path} ")
+    assert "has 2 input channel(s) in the checkpoint" in line and "--training#channel_policy repeat" in line
+
+
+@pytest.mark.slow
+def test_a_corrupt_checkpoint_found_by_auto_resume(ct, tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    torch.save({"model": {"w": torch.zeros(1000)}}, models / "checkpoint.pt")
+    corrupt = (models / "checkpoint.pt").read_bytes()
+    (models / "checkpoint.pt").write_bytes(corrupt[: len(corrupt) // 2])  # truncated mid-write
+    (line,) = _refused_before_caching(BTCV, ct, tmp_path, pretrained_path="null", ckpt_dir=str(models))
+    assert line.startswith(f"swin_unetr_btcv_finetune: error: CheckpointLoadError: auto_resume found "
+                           f"'{models / 'checkpoint.pt'}'") and "--checkpointing#auto_resume false" in line  # fmt: skip
+
+
+@pytest.mark.slow
+def test_accumulation_steps_of_one_and_a_half(ct, tmp_path):
+    (line,) = _refused_before_caching(SSL, ct, tmp_path, **{"train#trainer#accumulation_steps": 1.5})
+    assert line.startswith("swin_unetr_ssl_pretrain: error: ConfigError: accumulation_steps must be the integer 1")
+    assert "got 1.5." in line
+
+
+@pytest.mark.slow
+def test_a_truncated_validation_label_before_the_training_list_is_cached(ct, tmp_path):
+    content = json.loads(ct.read_text())
+    label = ct.parent / content["validation"][0]["label"]
+    truncated = tmp_path / "truncated_label.nii.gz"
+    truncated.write_bytes(label.read_bytes()[:200])
+    content["validation"][0]["label"] = str(truncated)
+    datalist = tmp_path / "dataset.json"
+    datalist.write_text(json.dumps({**content, "training": [
+        {k: str(ct.parent / v) for k, v in entry.items()} for entry in content["training"]]}))  # fmt: skip
+    lines = _refused_before_caching(BTCV, ct, tmp_path, pretrained_path="null", datalist=str(datalist))
+    assert lines[0].startswith("swin_unetr_btcv_finetune: error: DataCheckError: validation: data check FAILED")
+    assert [line for line in lines[1:] if line.startswith(f"  ERROR {truncated} ")], lines

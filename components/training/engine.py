@@ -39,6 +39,7 @@ from ..checkpoint.training_state import CheckpointEvents, register_checkpoint_ev
 from ..data.sources import NOT_TRACKED, batch_filenames
 from ..distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
 from ..errors import UserError
+from .settings import check_accumulation_steps
 
 __all__ = [
     "NonFiniteLossError",
@@ -238,19 +239,6 @@ class _RecipeEngineMixin:
             return self.recipe.forward(self.network, views)
 
 
-def _check_no_accumulation(accumulation_steps: Any) -> None:
-    """Accepts only the integer 1 (not 1.0, ``True`` or ``"1"``, which ``int()`` would let through).
-
-    Raises:
-        ValueError: one line naming the value, e.g. ``accumulation_steps must be the integer 1 (...), got 1.5.``
-    """
-    if type(accumulation_steps) is not int or accumulation_steps != 1:
-        raise ValueError("accumulation_steps must be the integer 1 (PretrainingTrainer does not accumulate gradients: "
-                         "one optimizer step per iteration keeps the scheduler, the scaler and the recipe's after_step, "
-                         "e.g. a teacher's EMA, in step; raise batch_size or num_samples instead), got "
-                         f"{accumulation_steps!r}.")  # fmt: skip
-
-
 class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
     """``SupervisedTrainer`` running one step of a pretraining :class:`Recipe`.
 
@@ -301,7 +289,7 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         epoch_length: int | None = None,
         **kwargs: Any,
     ) -> None:
-        _check_no_accumulation(kwargs.pop("accumulation_steps", 1))
+        check_accumulation_steps(kwargs.pop("accumulation_steps", 1))
         kwargs.setdefault("loss_function", getattr(recipe, "loss", None))
         self.log_due = log_filter(log_interval)
         super().__init__(
