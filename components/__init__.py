@@ -16,8 +16,8 @@ The packages, each one concern; imports point down this list, never up:
 - ``data``: datalists, rank partitioning, datasets and caches, the data check, the on-disk store, synthetic data;
 - ``networks``: the Swin ViT encoder, ``prepare_network``, fused attention, activation checkpointing, the probe;
 - ``config``: config values, the running bundle's files and overrides, the override check;
-- ``distributed`` (the one module that calls ``torch.distributed``), ``files`` (atomic writes, digests) and
-  ``lazy`` (these lazy names).
+- ``distributed`` (the one module that calls ``torch.distributed``), ``files`` (atomic writes, digests),
+  ``errors`` (the refusals told in one line) and ``lazy`` (these lazy names).
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "adopt_architecture",
         "build_for_weights",
         "check_architecture",
+        "check_pretrained",
+        "check_resume",
         "convert_state_dict",
         "infer_architecture",
         "load_pretrained",
@@ -98,6 +100,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "init_distributed",
         "wrap_ddp",
     ),
+    "errors": ("ConfigError", "MissingFileError", "UserError", "report_errors"),
     "files": ("atomic_write", "sha256_file"),
     "networks": (
         "FusedWindowAttention",
@@ -169,6 +172,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "VolumeProgress",
         "balanced_class_weights",
         "brats_labels_from_regions",
+        "check_accumulation_steps",
         "check_settings",
         "compiled_graphs",
         "default_num_workers",

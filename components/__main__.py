@@ -13,6 +13,8 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 
+from .errors import error_lines
+
 
 def synth(kind: str = "ct", num: int = 6, out: str = "data/ct", seed: int = 0) -> None:
     """Writes NUM synthetic volumes (kind ct: abdominal CT with 13 organ labels; mri: 4-channel brain MRI with
@@ -395,8 +397,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 -- a command's failure, reported as one line
         if debug:
             raise
-        message = str(err) or "(no message)"
-        return _error(f"components {name}", f"{type(err).__name__}: {message} (--debug shows the traceback)")
+        print("\n".join(error_lines(f"components {name}", err, "--debug shows the traceback")), file=sys.stderr)
+        return 2
     return 0
 
 

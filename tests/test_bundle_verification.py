@@ -133,14 +133,15 @@ def _imported_distributions() -> dict[str, list[str]]:
 @bundle_param
 def test_every_initialize_first_reports_which_components_runs(bundle, tmp_path, caplog):
     """Each config with an ``initialize`` first imports components through MONAI's optional_import (so that a bundle
-    whose code is not importable says why) and calls its report_origin, which logs the imported package's version and
-    folder."""
+    whose code is not importable says why) and makes its errors one line naming the bundle (report_errors), then calls
+    report_origin, which logs the imported package's version and folder."""
     configs = [p for p in sorted((bundle / "configs").glob("*.json")) if "initialize" in json.loads(p.read_text())]
     assert {p.name for p in configs} >= {"train.json", "inference.json"}
     for config in configs:
-        first = json.loads(config.read_text())["initialize"][0]
+        first, second = json.loads(config.read_text())["initialize"][:2]
         assert first.startswith("$monai.utils.optional_import('components', descriptor='{} failed: this bundle runs "
-                                "its own code") and first.endswith(")[0].report_origin()"), config.name  # fmt: skip
+                                "its own code") and first.endswith(f")[0].report_errors('{bundle.name}')"), config.name  # fmt: skip
+        assert second == "$components.report_origin()", config.name
     caplog.set_level(logging.INFO, logger="components.release.origin")
     workflow = ConfigWorkflow(
         config_file=str(bundle / "configs" / "inference.json"), meta_file=str(bundle / "configs" / "metadata.json"),

@@ -10,7 +10,7 @@ COMPONENTS = Path(__file__).resolve().parents[1] / "components"
 # the house as ``ls components/`` shows it, top to bottom (components/__init__.py's docstring): a module imports only
 # from its own entry and the entries below it
 LAYERS = ("__main__", "release", "demo", "recipes", "training", "checkpoint", "data", "networks", "config",
-          "distributed", "files", "lazy")
+          "distributed", "files", "errors", "lazy")
 
 
 def _relative_imports(path: Path, root: Path = COMPONENTS) -> set[str]:

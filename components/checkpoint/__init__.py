@@ -38,10 +38,11 @@ from .layouts import (
 )
 from .pretrained import (
     PretrainedLoader,
+    check_pretrained,
     convert_state_dict,
     load_pretrained,
 )
-from .resume import ResumeHandler, resolve_resume
+from .resume import ResumeHandler, check_resume, resolve_resume
 from .saver import BestModelSaver, ResumableCheckpointSaver
 from .training_state import RESUME_FORMAT, CheckpointEvents, register_checkpoint_events, restore_schedule, save_atomic
 
@@ -65,6 +66,7 @@ __all__ = [
     "check_architecture",
     "adopt_architecture",
     "build_for_weights",
+    "check_pretrained",
     "convert_state_dict",
     "load_pretrained",
     "save_atomic",
@@ -73,6 +75,7 @@ __all__ = [
     "BestModelSaver",
     "PretrainedLoader",
     "restore_schedule",
+    "check_resume",
     "resolve_resume",
     "CheckpointEvents",
     "register_checkpoint_events",

@@ -95,6 +95,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..errors import UserError
+
 #: layouts :func:`detect_layout` can name (see the module docstring).
 LAYOUTS: tuple[str, ...] = (
     "model_swinvit",
@@ -139,7 +141,7 @@ _DAE_LAYER_FLAT = re.compile(r"^encoder\.(layers[1-4]c?)\.0\.(\D.*)$")
 _DAE_ENCODER = re.compile(r"^encoder\.(patch_embed|layers[1-4]c?)\.")
 
 
-class CheckpointLoadError(ValueError):
+class CheckpointLoadError(UserError, ValueError):
     """A checkpoint could not be read, recognised or mapped onto the model as required."""
 
 

@@ -21,6 +21,7 @@ from ignite.engine import Engine, Events
 from torch import nn
 
 from ..config.values import optional_path
+from ..errors import ConfigError
 from .architecture import check_architecture, encoder_architecture
 from .layouts import (
     _ENCODER_PREFIX,
@@ -99,7 +100,7 @@ def _adapt_in_channels(weight: torch.Tensor, c_dst: int) -> torch.Tensor:
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}.")
+        raise ConfigError(f"{name} must be one of {list(choices)}, got {value!r}.")
     return value
 
 
@@ -124,12 +125,14 @@ def convert_state_dict(
     required: str = "encoder",
     map_location: Any = "cpu",
     override_ids: Mapping[str, str] | None = None,
+    mmap: bool = False,
 ) -> tuple[dict[str, torch.Tensor], LoadReport]:
     """Map a checkpoint onto ``target_model``'s key space without loading it.
 
     The returned state dict holds exactly the report's ``loaded`` keys, with the model's shapes (the patch
     embedding adapted when ``channel_policy="repeat"``). Arguments are those of :func:`load_pretrained`, and the
-    same ``required`` check is applied, so a returned state dict is one :func:`load_pretrained` would load.
+    same ``required`` check is applied, so a returned state dict is one :func:`load_pretrained` would load;
+    ``mmap`` memory-maps a file's tensors (:func:`read_checkpoint`), for a check that reads only their shapes.
 
     Returns:
         ``(state_dict, report)``.
@@ -140,7 +143,7 @@ def convert_state_dict(
         _check_choice("target", target, TARGETS)
     ids = {**LOADER_OVERRIDE_IDS, **(override_ids or {})}
     where = source_name(source)
-    raw = read_checkpoint(source, map_location) if isinstance(source, (str, os.PathLike)) else source
+    raw = read_checkpoint(source, map_location, mmap=mmap) if isinstance(source, (str, os.PathLike)) else source
     state, container = extract_state_dict(raw, where)
     model = _unwrap_model(target_model)
     target = target or _detect_target(model)
@@ -343,6 +346,35 @@ def load_pretrained(
             dict(list(report.shape_mismatched.items())[:5]),
         )
     return report
+
+
+def check_pretrained(
+    path: str | os.PathLike | None,
+    network: nn.Module,
+    channel_policy: str = "error",
+    required: str = "encoder",
+    target: str | None = None,
+) -> LoadReport | None:
+    """Checks, before any data is read, that :class:`PretrainedLoader` with these arguments will load ``path`` into
+    ``network`` when the trainer starts: the file readable, its layout known, the network's architecture, the patch
+    embedding's input channels under ``channel_policy`` and the shape of every required tensor, all by
+    :func:`convert_state_dict` on the memory-mapped file. The network is not touched.
+
+    Returns:
+        the :class:`LoadReport` the load will give, or None when ``path`` is none (see :func:`optional_path`).
+
+    Raises:
+        as :func:`load_pretrained`, e.g. CheckpointLoadError for a 2-channel encoder into a 1-channel network.
+
+    Example (``initialize`` of a bundle config)::
+
+        "$components.check_pretrained(@pretrained_path, @network_def, @training#channel_policy)"
+    """
+    path = optional_path(path)
+    if path is None:
+        return None
+    return convert_state_dict(path, network, target=target, channel_policy=channel_policy, required=required,
+                              mmap=True)[1]  # fmt: skip
 
 
 class PretrainedLoader:

@@ -15,6 +15,7 @@ from ignite.engine import Engine, Events
 from torch import nn
 
 from ..config.values import as_bool, optional_path
+from ..errors import ConfigError
 from .layouts import CheckpointLoadError, _strip_wrappers, read_checkpoint
 from .pretrained import _unwrap_model
 from .training_state import (
@@ -98,7 +99,7 @@ class ResumeHandler:
             raise TypeError(f"ResumeHandler: recipe must be a torch.nn.Module, got {type(recipe).__name__}.")
         auto_resume = as_bool(auto_resume, "auto_resume")
         if auto_resume and optional_path(ckpt_dir) is None:
-            raise ValueError("ResumeHandler: auto_resume needs ckpt_dir (the folder to look for checkpoint.pt in).")
+            raise ConfigError("ResumeHandler: auto_resume needs ckpt_dir (the folder to look for checkpoint.pt in).")
         restorable = {"optimizer": optimizer, "lr_scheduler": lr_scheduler, "scaler": scaler, "sampler": sampler}
         for name, obj in restorable.items():
             if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
@@ -123,12 +124,7 @@ class ResumeHandler:
         engine.add_event_handler(Events.STARTED, self)
 
     def _fail(self, msg: str) -> CheckpointLoadError:
-        if self.auto:
-            return CheckpointLoadError(
-                f"auto_resume found '{self.path}' (a checkpoint an earlier run left in ckpt_dir) but cannot continue "
-                f"it: {msg} To start fresh, pass --checkpointing#auto_resume false or another --ckpt_dir (or remove that file)."
-            )
-        return CheckpointLoadError(f"resume checkpoint '{self.path}': {msg}")
+        return _resume_error(self.path, self.auto, msg)
 
     def _check_model(self, module: nn.Module, state: Mapping, entry: str = "model") -> dict[str, torch.Tensor]:
         if not isinstance(state, Mapping):
@@ -336,6 +332,43 @@ class ResumeHandler:
                 max_epochs,
                 " (it was found by auto_resume: --checkpointing#auto_resume false or another --ckpt_dir starts fresh)" if self.auto else "",
             )
+
+
+def _resume_error(path: str | os.PathLike | None, auto: bool, msg: str) -> CheckpointLoadError:
+    """Why the checkpoint at ``path`` cannot be continued; ``auto``: it was found by auto_resume, say how to start
+    fresh."""
+    if auto:
+        return CheckpointLoadError(
+            f"auto_resume found '{path}' (a checkpoint an earlier run left in ckpt_dir) but cannot continue "
+            f"it: {msg} To start fresh, pass --checkpointing#auto_resume false or another --ckpt_dir (or remove that file)."
+        )
+    return CheckpointLoadError(f"resume checkpoint '{path}': {msg}")
+
+
+def check_resume(
+    resume: str | os.PathLike | None, ckpt_dir: str | os.PathLike, auto_resume: bool | str = True
+) -> str | None:
+    """Checks, before any data is read, that the checkpoint :class:`ResumeHandler` will continue from (``resume``,
+    or with ``auto_resume`` ``<ckpt_dir>/checkpoint.pt`` when it exists: :func:`resolve_resume`) can be read, from
+    its memory-mapped file (its tensors are not read). Its entries are checked against the model when the trainer
+    starts. Returns that path, or None (a fresh start).
+
+    Raises:
+        FileNotFoundError / CheckpointLoadError: a missing, truncated or corrupt file, the latter saying how to
+            start fresh when auto_resume found it.
+
+    Example (``initialize`` of a bundle config)::
+
+        "$components.check_resume(@checkpointing#resume, @ckpt_dir, @checkpointing#auto_resume)"
+    """
+    given = optional_path(resume)
+    path = resolve_resume(given, ckpt_dir, True) if as_bool(auto_resume, "auto_resume") else given
+    if path is not None:
+        try:
+            read_checkpoint(path, "cpu", mmap=True)
+        except CheckpointLoadError as err:
+            raise _resume_error(path, given is None, str(err)) from err
+    return path
 
 
 def resolve_resume(

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
+
 from .running import RunningBundle, running_bundle
 
 __all__ = ["KNOB_GROUPS", "check_overrides", "defined_overrides"]
@@ -92,8 +94,8 @@ def check_overrides(bundle: RunningBundle | None = None) -> None:
     (``--network_def#depths [2,2,6,2]``: an argument of that component) may be added.
 
     Raises:
-        ValueError: one line naming the id, and where it moved (``--val_interval 1`` -> ``--training#val_interval 1``)
-            or the closest ids the configs define.
+        ConfigError: a ``ValueError`` with one line per such id (all of them), naming the id and where it moved
+            (``--val_interval 1`` -> ``--training#val_interval 1``) or the closest ids the configs define.
 
     Example (``initialize`` of a bundle config)::
 
@@ -108,10 +110,10 @@ def check_overrides(bundle: RunningBundle | None = None) -> None:
     for name, value in _tracking_ids(bundle.tracking).items():
         config.setdefault(name, value)
     files = " + ".join(str(f) for f in bundle.config_files)
-    for override in bundle.overrides:
-        problem = _unknown_override(str(override), config, files)
-        if problem is not None:
-            raise ValueError(problem)
+    problems = [_unknown_override(str(override), config, files) for override in bundle.overrides]
+    problems = [problem for problem in problems if problem is not None]
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def defined_overrides(overrides: Mapping[str, Any], config_files: list[str | Path]) -> dict[str, Any]:

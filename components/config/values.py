@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from ..errors import ConfigError, MissingFileError
+
 __all__ = ["as_bool", "optional_path", "require_file"]
 
 _TRUE = ("true", "yes", "on", "1")
@@ -25,7 +27,7 @@ def as_bool(value: bool | int | str, name: str = "value") -> bool:
         return bool(value)
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
-    raise ValueError(f"{name} must be true or false, got {value!r}.")
+    raise ConfigError(f"{name} must be true or false, got {value!r}.")
 
 
 _NONE = ("", "none", "null")
@@ -51,4 +53,4 @@ def require_file(path: str | os.PathLike, made_by: str) -> None:
         "$components.require_file(@checkpoint, 'python -m monai.bundle run --config_file configs/train.json ...')"
     """
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: it is written by `{made_by}`, run in the bundle folder first.")
+        raise MissingFileError(f"{path} not found: it is written by `{made_by}`, run in the bundle folder first.")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..errors import UserError
+
 __all__ = ["DataCheckError", "DataIssue", "DataReport"]
 
 ERROR, WARNING = "error", "warning"
@@ -28,7 +30,7 @@ class DataIssue:
         return f"{self.severity.upper()} {self.path}{where}: {self.message}"
 
 
-class DataCheckError(ValueError):
+class DataCheckError(UserError, ValueError):
     """Raised by :meth:`DataReport.raise_if_errors`; the message holds a summary line and every error line,
     and ``report`` the full :class:`DataReport` (warnings included)."""
 

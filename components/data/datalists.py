@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 from monai.data import load_decathlon_datalist
 
+from ..errors import ConfigError, MissingFileError, UserError
+
 __all__ = ["MissingDatalist", "load_datalist", "load_split", "require_datalist"]
 
 logger = logging.getLogger("components.data")  # one logger name for the whole package, as the logs show it
@@ -28,14 +30,21 @@ def load_datalist(datalist: str | Path, key: str = "training", base_dir: str | P
     try:
         content = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"datalist {str(path)!r} is not valid JSON: {err}") from err
+        raise ConfigError(f"datalist {str(path)!r} is not valid JSON: {err}") from err
     if not isinstance(content, dict) or key not in content:
         keys = sorted(content) if isinstance(content, dict) else type(content).__name__
-        raise KeyError(f"datalist {str(path)!r} has no {key!r} list; it has: {keys}.")
+        raise MissingListError(f"datalist {str(path)!r} has no {key!r} list; it has: {keys}.")
     items = load_decathlon_datalist(str(path), data_list_key=key, base_dir=str(base_dir or path.parent))
     if not items:
-        raise ValueError(f"the {key!r} list of datalist {str(path)!r} is empty.")
+        raise ConfigError(f"the {key!r} list of datalist {str(path)!r} is empty.")
     return items
+
+
+class MissingListError(UserError, KeyError):
+    """A datalist without the list a run reads (a ``KeyError`` whose message reads as written, without quotes)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class MissingDatalist(list):
@@ -51,8 +60,8 @@ class MissingDatalist(list):
         self.path, self.key = str(path), key
 
 
-def _missing(path: str | Path) -> FileNotFoundError:
-    return FileNotFoundError(f"datalist {str(path)!r} does not exist (set `datalist` or `dataset_dir`).")
+def _missing(path: str | Path) -> MissingFileError:
+    return MissingFileError(f"datalist {str(path)!r} does not exist (set `datalist` or `dataset_dir`).")
 
 
 def _announce(path: str, what: str, message: str, *args) -> None:
@@ -108,7 +117,7 @@ def load_split(
     items = load_datalist(path, "training", base_dir)
     num_val = max(1, round(val_fraction * len(items)))
     if len(items) - num_val < 1:
-        raise ValueError(
+        raise ConfigError(
             f"datalist {str(path)!r} has no 'validation' list and only {len(items)} 'training' volume(s), too few to "
             "hold one out for validation: add a 'validation' list or more training volumes."
         )

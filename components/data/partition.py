@@ -16,6 +16,7 @@ from pathlib import Path
 from monai.data import partition_dataset
 
 from ..distributed import get_rank, get_world_size
+from ..errors import ConfigError
 from .synthetic import split_sizes
 from .datalists import MissingDatalist
 
@@ -53,11 +54,11 @@ def check_shard_sizes(
     list, its size, the world size and the fixes. Shards are equal (``even_divisible``); a smart cache serves
     ``cache_num`` items per epoch."""
     if cache not in CACHE_MODES:
-        raise ValueError(f"cache must be one of {CACHE_MODES}, got {cache!r}.")
+        raise ConfigError(f"cache must be one of {CACHE_MODES}, got {cache!r}.")
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}.")
     if num_items < world_size * batch_size:
-        raise ValueError(
+        raise ConfigError(
             f"{_list_label(list_name, source)} has {num_items} volume(s), too few for {world_size} rank(s) x "
             f"batch_size {batch_size} (each rank needs one full batch per epoch): add volumes (synthetic data: "
             f"`{_synth_hint(world_size, batch_size)}`), run at most {max(num_items // batch_size, 1)} rank(s), "
@@ -66,11 +67,11 @@ def check_shard_sizes(
     shard = math.ceil(num_items / world_size)
     if cache == "smart":
         if cache_num is None or cache_num < 1:
-            raise ValueError(f"cache='smart' needs cache_num >= 1 (volumes kept per rank), got {cache_num}.")
+            raise ConfigError(f"cache='smart' needs cache_num >= 1 (volumes kept per rank), got {cache_num}.")
         if cache_num < batch_size:
-            raise ValueError(f"cache_num={cache_num} is smaller than batch_size={batch_size}; use cache_num >= {batch_size}.")
+            raise ConfigError(f"cache_num={cache_num} is smaller than batch_size={batch_size}; use cache_num >= {batch_size}.")
         if cache_num > shard:
-            raise ValueError(
+            raise ConfigError(
                 f"cache_num={cache_num} exceeds the {shard} volumes of each rank's shard "
                 f"({num_items} volumes over {world_size} ranks); use cache_num <= {shard}."
             )
@@ -109,7 +110,7 @@ def split_for_rank(
     if isinstance(data, MissingDatalist):
         return data
     if len(data) < world_size:
-        raise ValueError(
+        raise ConfigError(
             f"{_list_label(list_name, source)} has {len(data)} volume(s), too few for {world_size} rank(s) (each rank "
             f"evaluates at least one): add volumes (synthetic data: `{_synth_hint(world_size)}`) or run at most "
             f"{max(len(data), 1)} rank(s)."

@@ -15,6 +15,8 @@ from typing import Any
 from monai.data import MetaTensor
 from monai.transforms import Compose
 
+from ..errors import UserError
+
 __all__ = ["DataItemError", "SourceNamingCompose", "batch_filenames", "item_sources"]
 
 #: the message part used when the batch carries no file names
@@ -86,7 +88,7 @@ def item_sources(item: Any) -> dict[str, str]:
     return sources
 
 
-class DataItemError(RuntimeError):
+class DataItemError(UserError, RuntimeError):
     """A transform failed on a data item; the message names the item's files, the transform and the root error."""
 
 

@@ -29,6 +29,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from ..config.running import running_bundle
+from ..errors import UserError
 
 __all__ = [
     "PACKAGE_DATA",
@@ -46,7 +47,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # the running package: what a
 PACKAGE_DATA = ("release/schema/*.json",)  # its data files besides the modules (pyproject.toml's package-data)
 
 
-class BundleCodeMismatch(ImportError):
+class BundleCodeMismatch(UserError, ImportError):
     """The ``components`` imported in this process is not the code the bundle carries."""
 
 

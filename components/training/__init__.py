@@ -40,6 +40,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "quiet": ("install_filters", "log_from_rank_zero"),
     "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
     "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
-    "settings": ("check_settings", "rotation_axes"),
+    "settings": ("check_accumulation_steps", "check_settings", "rotation_axes"),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -38,6 +38,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from ..checkpoint.training_state import CheckpointEvents, register_checkpoint_events
 from ..data.sources import NOT_TRACKED, batch_filenames
 from ..distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
+from ..errors import UserError
+from .settings import check_accumulation_steps
 
 __all__ = [
     "NonFiniteLossError",
@@ -237,19 +239,6 @@ class _RecipeEngineMixin:
             return self.recipe.forward(self.network, views)
 
 
-def _check_no_accumulation(accumulation_steps: Any) -> None:
-    """Accepts only the integer 1 (not 1.0, ``True`` or ``"1"``, which ``int()`` would let through).
-
-    Raises:
-        ValueError: one line naming the value, e.g. ``accumulation_steps must be the integer 1 (...), got 1.5.``
-    """
-    if type(accumulation_steps) is not int or accumulation_steps != 1:
-        raise ValueError("accumulation_steps must be the integer 1 (PretrainingTrainer does not accumulate gradients: "
-                         "one optimizer step per iteration keeps the scheduler, the scaler and the recipe's after_step, "
-                         "e.g. a teacher's EMA, in step; raise batch_size or num_samples instead), got "
-                         f"{accumulation_steps!r}.")  # fmt: skip
-
-
 class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
     """``SupervisedTrainer`` running one step of a pretraining :class:`Recipe`.
 
@@ -300,7 +289,7 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         epoch_length: int | None = None,
         **kwargs: Any,
     ) -> None:
-        _check_no_accumulation(kwargs.pop("accumulation_steps", 1))
+        check_accumulation_steps(kwargs.pop("accumulation_steps", 1))
         kwargs.setdefault("loss_function", getattr(recipe, "loss", None))
         self.log_due = log_filter(log_interval)
         super().__init__(
@@ -423,7 +412,7 @@ class PretrainingEvaluator(_RecipeEngineMixin, SupervisedEvaluator):
 # ---------------------------------------------------------------------------------------------------------------
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     """The training loss became NaN or Inf; the message names the epoch, iteration, loss parts and batch files."""
 
 
@@ -540,7 +529,8 @@ class StopOnNonFiniteLoss:
             return
         iteration = min(per_rank[r] for r in bad_ranks)
         message = self._message(engine, iteration, bad_ranks)
-        logger.error(message)
+        if rank > 0:  # rank 0's message reaches the user (components.errors); the others' name their own batches here
+            logger.error(message)
         raise NonFiniteLossError(message)
 
     def _message(self, engine: Engine, iteration: int, bad_ranks: list[int]) -> str:

@@ -9,10 +9,26 @@ overridden ids are checked by :func:`components.config.overrides.check_overrides
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from ..errors import ConfigError
 from ..networks.swin import check_roi_size
 
-__all__ = ["check_settings", "rotation_axes"]
+__all__ = ["check_accumulation_steps", "check_settings", "rotation_axes"]
+
+
+def check_accumulation_steps(accumulation_steps: Any) -> None:
+    """Accepts only the integer 1 (not 1.0, ``True`` or ``"1"``, which ``int()`` would let through): the
+    :class:`~components.training.engine.PretrainingTrainer` does not accumulate gradients.
+
+    Raises:
+        ConfigError: one line naming the value, e.g. ``accumulation_steps must be the integer 1 (...), got 1.5.``
+    """
+    if type(accumulation_steps) is not int or accumulation_steps != 1:
+        raise ConfigError("accumulation_steps must be the integer 1 (PretrainingTrainer does not accumulate gradients: "
+                          "one optimizer step per iteration keeps the scheduler, the scaler and the recipe's after_step, "
+                          "e.g. a teacher's EMA, in step; raise batch_size or num_samples instead), got "
+                          f"{accumulation_steps!r}.")  # fmt: skip
 
 
 def check_settings(
@@ -20,6 +36,7 @@ def check_settings(
     network: str = "network_def",
     rotation: bool = False,
     rotate90_prob: float | None = None,
+    accumulation_steps: Any = None,
 ) -> None:
     """Checks the settings that must agree; each argument left None is not checked.
 
@@ -31,13 +48,17 @@ def check_settings(
             last two ``roi_size`` values equal (else the first iteration fails in ``rot_rand``).
         rotate90_prob: the finetuning augmentation's ``RandRotate90d`` probability: above 0 it needs two equal axes
             of ``roi_size`` to rotate in (:func:`rotation_axes`).
+        accumulation_steps: the pretraining trainer's, checked by :func:`check_accumulation_steps` here, before the
+            dataset that the trainer's construction waits for is cached.
 
     Raises:
-        ValueError: one line naming the two settings that disagree and how to fix them.
+        ConfigError: a ``ValueError``, one line naming the two settings that disagree and how to fix them.
 
     Example:
         >>> check_settings(roi_size=[96, 96, 96], network="SwinUNETR")
     """
+    if accumulation_steps is not None:
+        check_accumulation_steps(accumulation_steps)
     if roi_size is None:
         return
     roi = [int(s) for s in roi_size]
@@ -45,16 +66,16 @@ def check_settings(
         check_roi_size(roi, spatial_dims=3)
     except ValueError as err:
         reason = str(err).removeprefix("SSLHead: ")
-        raise ValueError(f"roi_size {roi} does not fit the network ({network}): {reason}") from None
+        raise ConfigError(f"roi_size {roi} does not fit the network ({network}): {reason}") from None
     if rotation and roi[1] != roi[2]:
         side = max(roi[1], roi[2])
-        raise ValueError(
+        raise ConfigError(
             f"roi_size {roi} and the SSL rotation views disagree: rot_rand rotates each crop by k * 90 degrees in its "
             f"last two axes, which needs them equal, got {roi[1]} and {roi[2]}; "
             f"e.g. --roi_size \"[{roi[0]},{side},{side}]\"."
         )
     if rotate90_prob is not None and float(rotate90_prob) > 0 and len(set(roi)) == len(roi):
-        raise ValueError(
+        raise ConfigError(
             f"roi_size {roi} and training#rotate90_prob {rotate90_prob} disagree: a 90-degree rotation (RandRotate90d) "
             f"needs two equal axes to keep a crop's shape, {roi} has none; give two (e.g. --roi_size "
             f"\"[{roi[0]},{roi[1]},{roi[1]}]\") or run with --training#rotate90_prob 0."

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...errors import UserError
+
 from .format import chunk_numbers, open_array
 
 __all__ = ["OPEN_ARRAYS", "StoreReadError", "StoredArray"]
@@ -35,7 +37,7 @@ OPEN_ARRAYS = 256
 _OPENED: OrderedDict[Path, tuple[int, tuple[int, int, int], Any, set[int]]] = OrderedDict()
 
 
-class StoreReadError(RuntimeError):
+class StoreReadError(UserError, RuntimeError):
     """A stored array could not be read: missing, truncated or corrupt file, or a failed decompression.
 
     Attributes:

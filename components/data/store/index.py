@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ...errors import UserError
 from ...files import atomic_write, fsync_dir
 from .format import FORMAT_VERSION
 
@@ -43,7 +44,7 @@ __all__ = [
 HEADER, INDEX, VOLUMES, PARTS, ITEM = "store.json", "index.json", "volumes", "parts", "item.json"
 
 
-class StoreError(ValueError):
+class StoreError(UserError, ValueError):
     """A store that cannot be used as it is: written by other transforms or another format version, not
     finished, or not a store; the message says how to rebuild or finish it."""
 
