@@ -30,6 +30,7 @@ from ..checkpoint.architecture import infer_architecture
 from ..checkpoint.layouts import extract_state_dict, read_checkpoint
 from ..checkpoint.pretrained import load_pretrained
 from ..data.datalists import load_split
+from ..errors import ConfigError
 from ..recipes import InpaintingContrastRecipe, MaskedImageModel, MaskedImageRecipe, MaskedReconstructionLoss, SSLHead, SSLLoss
 from ..recipes.self_distillation import SwinViTEmbedding
 from ..training.health import HealthReport
@@ -87,7 +88,7 @@ def _crops(datalist: str, list_name: str, roi_size: Sequence[int], intensity_ran
 
     items = load_split(datalist, list_name)
     if not items:
-        raise ValueError(f"{datalist}: its {list_name!r} list is empty: give --list_name a list that holds volumes.")
+        raise ConfigError(f"{datalist}: its {list_name!r} list is empty: give --list_name a list that holds volumes.")
     keys = ["image"]
     transform = Compose([
         LoadImaged(keys), EnsureChannelFirstd(keys), Orientationd(keys, axcodes="RAS"),

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from ignite.engine import Engine, Events
 
+from ..errors import ConfigError
 from ..files import atomic_write
 from .engine import epoch_seed, unwrap
 from .health import AT_BASELINE, COLLAPSED, HealthReport, embedding_signals, mean_of
@@ -71,7 +72,7 @@ def health_crops(requested: int | str, epoch_length: int, crops_per_iteration: i
     except (TypeError, ValueError):
         valid = False
     if not valid:
-        raise ValueError(f"training#rankme_crops must be 'auto' or an integer >= 2 (the crops of RankMe and of the "
+        raise ConfigError(f"training#rankme_crops must be 'auto' or an integer >= 2 (the crops of RankMe and of the "
                          f"health report), got {requested!r}.")  # fmt: skip
     return crops
 
@@ -177,7 +178,7 @@ class HealthHandler(EmbeddingRankHandler):
         super().__init__(embedder, dataset, health_crops(crops, 1, 1, 1), batch_size, interval, seed, embed)
         self.requested_crops = crops
         if int(warmup_epochs) < 0:
-            raise ValueError(f"warmup_epochs (training#health_warmup_epochs) must be >= 0, got {warmup_epochs!r}.")
+            raise ConfigError(f"warmup_epochs (training#health_warmup_epochs) must be >= 0, got {warmup_epochs!r}.")
         self.trained = network
         self.warmup_epochs = int(warmup_epochs)
         self.summary_file = Path(summary_file) if summary_file else None

@@ -25,6 +25,7 @@ from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
 from monai.utils import CommonKeys as Keys
 
+from ..errors import ConfigError
 from .engine import unwrap
 
 __all__ = ["EmbeddingRankHandler", "draw_crops", "effective_rank", "swin_embeddings"]
@@ -90,7 +91,7 @@ def draw_crops(dataset: Sequence, crops: int, seed: int) -> Iterator[torch.Tenso
     """
     volumes = len(dataset)
     if volumes == 0:
-        raise ValueError("the RankMe dataset is empty: the validation list has no volume.")
+        raise ConfigError("the RankMe dataset is empty: the validation list has no volume.")
     transform = getattr(dataset, "transform", dataset)
     drawn, visit = 0, 0
     while True:
@@ -166,12 +167,12 @@ class EmbeddingRankHandler:
         tag: str = RANKME_TAG,
     ) -> None:
         if int(crops) < 2:
-            raise ValueError(f"RankMe needs at least 2 crops (training#rankme_crops), got {crops!r}: a rank of one "
-                             "embedding says nothing.")  # fmt: skip
+            raise ConfigError(f"RankMe needs at least 2 crops (training#rankme_crops), got {crops!r}: a rank of one "
+                              "embedding says nothing.")  # fmt: skip
         if int(batch_size) < 1:
-            raise ValueError(f"the RankMe batch size must be at least one crop, got {batch_size!r}.")
+            raise ConfigError(f"the RankMe batch size must be at least one crop, got {batch_size!r}.")
         if int(interval) < 1:
-            raise ValueError(f"the RankMe interval must be at least one epoch, got {interval!r}.")
+            raise ConfigError(f"the RankMe interval must be at least one epoch, got {interval!r}.")
         self.network, self.dataset, self.crops = network, dataset, int(crops)
         self.batch_size, self.interval = int(batch_size), int(interval)
         self.seed, self.embed, self.tag = int(seed), embed, tag
