@@ -219,7 +219,7 @@ def test_the_handler_logs_one_line_warns_after_its_warmup_and_writes_every_repor
 
 def test_auto_crops_cost_about_a_tenth_of_the_epochs_between_reports():
     assert components.health_crops("auto", epoch_length=24, crops_per_iteration=2, interval=10) == 72
-    assert components.health_crops("auto", epoch_length=2, crops_per_iteration=2, interval=1) == 16  # the floor
+    assert components.health_crops("auto", epoch_length=2, crops_per_iteration=2, interval=1) == 8  # the floor
     assert components.health_crops("auto", epoch_length=1000, crops_per_iteration=4, interval=1) == 256  # the cap
     assert components.health_crops(32, 1, 1, 1) == 32
     for bad in (1, "many", 2.5, True):

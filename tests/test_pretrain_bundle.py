@@ -101,7 +101,8 @@ def test_tiny_run_logs_finite_loss_parts_and_progress(trained):
     assert len(lines) == 1 and "Epoch: 1/1, Iter: 1/2" in lines[0]  # the first iteration, then every log_interval-th
     for line in lines:
         values = {k: float(v) for k, v in re.findall(r"(loss\w*|lr): (\S+)", line)}
-        assert set(values) == {"loss", "loss_rot", "loss_contrast", "loss_recon", "lr"}
+        parts = {"loss_rot", "loss_contrast", "loss_recon"}
+        assert set(values) == {"loss", "lr", *parts, *(f"{part}_trivial" for part in parts)}  # each beside its trivial value
         assert all(np.isfinite(list(values.values())))
     assert "val_recon_l1" in output
     assert "Loading dataset: 100%" in output  # caching progress bar

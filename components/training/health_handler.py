@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 AUTO_CROPS_SHARE = 0.15
 #: the fewest and the most crops ``"auto"`` chooses (RankMe's bound is the crops: more than the embedding's 192-768
 #: dimensions would only cost time)
-AUTO_CROPS_RANGE = (16, 256)
+AUTO_CROPS_RANGE = (8, 256)
 
 _VERDICT_NUMBER = {COLLAPSED: -1.0, AT_BASELINE: 0.0}
 
