@@ -14,6 +14,7 @@ voxels and a transform error with the check off go through all four bundles.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import nibabel as nib
 import numpy as np
@@ -69,6 +70,24 @@ def _run_bundle(bundle: str, datalist, root, tmp_path, **extra) -> tuple[int, st
                  "output_dir": tmp_path / "eval", **extra}  # fmt: skip
     code, out, _ = _run(folder, ["train.json"], overrides, tmp_path / "run.log")
     return code, out
+
+
+def test_a_validation_list_error_names_the_validation_list(corpus, tmp_path):
+    """A truncated label in the validation list (the training list clean) is reported as ``validation[0] label``
+    (it read ``dataset[0] label``: the data check named no list), and the summary names the validation list."""
+    root, cases = corpus
+    truncated = root / "truncated_label.nii.gz"
+    truncated.write_bytes(Path(cases["truncated_gz"].datalist["validation"][0]["label"]).read_bytes()[:-40])
+    content = {**cases["truncated_gz"].datalist, "training": cases["truncated_gz"].datalist["validation"]}
+    content["validation"] = [{"image": content["training"][0]["image"], "label": str(truncated)}]
+    datalist = tmp_path / "bad_validation.json"
+    datalist.write_text(json.dumps(content))
+    code, out = _run_bundle("btcv", datalist, root, tmp_path)
+    assert code != 0, out[-3000:]
+    lines = [line.strip() for line in out.splitlines()]
+    assert [line for line in lines if line.startswith(f"ERROR {truncated} [validation[0] label]: ")], out[-3000:]
+    assert "validation: data check FAILED" in out, out[-3000:]
+    assert "dataset[0]" not in out
 
 
 @pytest.mark.slow
@@ -146,6 +165,6 @@ def test_transform_error_while_caching_names_the_file_when_the_check_is_off(corp
     root, cases = corpus
     code, out = _run_bundle(bundle, root / "truncated_gz.json", root, tmp_path, **{"loader#check_data": "false"})
     assert code != 0
-    assert "dataset: data check disabled" in out
+    assert "training: data check disabled" in out
     assert f"DataItemError: caching failed for image={cases['truncated_gz'].path}" in out, out[-3000:]
     assert "LoadImaged: " in out  # the transform and the root error follow
