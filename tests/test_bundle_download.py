@@ -317,7 +317,8 @@ def test_a_downloaded_bundle_runs_from_another_folder_when_bundle_root_names_it(
            root, "--meta_file", root / "configs" / "metadata.json", "--logging_file", root / "configs" / "logging.conf",
            *_overrides({**TRAIN_COMMON, **TRAIN[BTCV], "dataset_dir": str(data)})]  # fmt: skip
     out = _ok(_run(cmd, project, _env()), "the bundle run from another folder")
-    assert f"components.release.origin - INFO - components {components.__version__} from {root.resolve() / 'components'}" in out
+    carried = root.resolve() / "components"
+    assert f"components.release.origin - INFO - components {components.__version__} from {carried}" in out
     assert (root / "models" / "model.pt").is_file() and (root / "models" / "checkpoint.pt").is_file()
     assert sorted(p.name for p in project.iterdir()) == [], "the run wrote into the working directory"
 

@@ -29,7 +29,9 @@ NO_VALIDATOR = "swin_unetr_dino_pretrain"
 RUNS = [(b, i) for b, i in zip(BUNDLES, IDS) if i in ("ssl", "dino", "mim", "btcv", "brats")]
 
 
-def _validated_epochs(max_epochs: int, interval: int, stop_at: int | None = None, epoch_level: bool = True) -> list[int]:
+def _validated_epochs(
+    max_epochs: int, interval: int, stop_at: int | None = None, epoch_level: bool = True
+) -> list[int]:
     """The trainer epochs at which the handler ran the validator in a run of ``max_epochs`` epochs of 2 iterations,
     stopped (``engine.terminate()``) at the end of epoch ``stop_at`` when given."""
     validated: list[int] = []

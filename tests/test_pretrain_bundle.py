@@ -173,7 +173,8 @@ def test_continued_pretraining_loads_the_heads_and_decoder_the_file_holds(traine
     readme = (BUNDLES_DIR / "swin_unetr_ssl_pretrain" / "docs" / "README.md").read_text(encoding="utf-8")
     paragraph = " ".join(readme.split("Continued pretraining:", 1)[1].split("\n\n", 1)[0].split())
     assert "start fresh" not in paragraph
-    assert "this bundle's `models/model.pt`" in paragraph and "rotation and contrastive heads and the decoder" in paragraph
+    assert "this bundle's `models/model.pt`" in paragraph
+    assert "rotation and contrastive heads and the decoder" in paragraph
 
 
 def test_inference_keeps_the_input_geometry(trained):
