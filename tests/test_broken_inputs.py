@@ -72,21 +72,23 @@ def _run_bundle(bundle: str, datalist, root, tmp_path, **extra) -> tuple[int, st
     return code, out
 
 
-def test_a_validation_list_error_names_the_validation_list(corpus, tmp_path):
-    """A truncated label in the validation list (the training list clean) is reported as ``validation[0] label``
-    (it read ``dataset[0] label``: the data check named no list), and the summary names the validation list."""
+@pytest.mark.parametrize("list_name", ["training", "validation"])
+def test_a_data_check_error_names_the_list_of_the_entry(corpus, tmp_path, list_name):
+    """A truncated label in one list (the other list clean) is reported as ``<list>[0] label`` with the list's name
+    in the summary: the training set's check labelled its entries ``dataset[0]``, as the validation set's did."""
     root, cases = corpus
     truncated = root / "truncated_label.nii.gz"
-    truncated.write_bytes(Path(cases["truncated_gz"].datalist["validation"][0]["label"]).read_bytes()[:-40])
-    content = {**cases["truncated_gz"].datalist, "training": cases["truncated_gz"].datalist["validation"]}
-    content["validation"] = [{"image": content["training"][0]["image"], "label": str(truncated)}]
-    datalist = tmp_path / "bad_validation.json"
+    clean = cases["truncated_gz"].datalist["validation"][0]
+    truncated.write_bytes(Path(clean["label"]).read_bytes()[:-40])
+    content = {**cases["truncated_gz"].datalist, "training": [clean], "validation": [clean]}
+    content[list_name] = [{"image": clean["image"], "label": str(truncated)}]
+    datalist = tmp_path / f"bad_{list_name}.json"
     datalist.write_text(json.dumps(content))
     code, out = _run_bundle("btcv", datalist, root, tmp_path)
     assert code != 0, out[-3000:]
     lines = [line.strip() for line in out.splitlines()]
-    assert [line for line in lines if line.startswith(f"ERROR {truncated} [validation[0] label]: ")], out[-3000:]
-    assert "validation: data check FAILED" in out, out[-3000:]
+    assert [line for line in lines if line.startswith(f"ERROR {truncated} [{list_name}[0] label]: ")], out[-3000:]
+    assert f"{list_name}: data check FAILED" in out, out[-3000:]
     assert "dataset[0]" not in out
 
 
