@@ -67,9 +67,12 @@ def build_trainer(size: dict, workdir: Path, config: dict, epochs: int, num_work
         components.write_dataset(data, kind="ct", num=size["volumes"], seed=0)
     overrides = {k: v for k, v in size.items() if k != "volumes"}
     overrides.update({"bundle_root": str(BUNDLE), "dataset_dir": str(data), "output_dir": str(workdir / "eval"),
-                      "ckpt_dir": str(workdir / "models"), "max_epochs": epochs, "training#val_interval": 10**6, "batch_size": 1,
+                      "ckpt_dir": str(workdir / "models"), "max_epochs": epochs, "batch_size": 1,
                       "checkpointing#auto_resume": False, "pretrained_path": None, **config})  # fmt: skip
     parser = bundle_parser(BUNDLE, overrides, num_workers)
+    for index, handler in enumerate(parser["train"]["handlers"]):  # no validation, not even the last epoch's
+        if handler.get("_target_", "").endswith("FinalValidationHandler"):
+            parser[f"train#handlers#{index}#_disabled_"] = True
     parser.get_parsed_content("initialize")
     return parser.get_parsed_content("train#trainer")
 

@@ -157,6 +157,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "training": (
         "CompileMonitor",
         "EmbeddingRankHandler",
+        "FinalValidationHandler",
         "FreezeEncoder",
         "HealthHandler",
         "HealthReport",

@@ -14,6 +14,7 @@ voxels and a transform error with the check off go through all four bundles.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import nibabel as nib
 import numpy as np
@@ -69,6 +70,26 @@ def _run_bundle(bundle: str, datalist, root, tmp_path, **extra) -> tuple[int, st
                  "output_dir": tmp_path / "eval", **extra}  # fmt: skip
     code, out, _ = _run(folder, ["train.json"], overrides, tmp_path / "run.log")
     return code, out
+
+
+@pytest.mark.parametrize("list_name", ["training", "validation"])
+def test_a_data_check_error_names_the_list_of_the_entry(corpus, tmp_path, list_name):
+    """A truncated label in one list (the other list clean) is reported as ``<list>[0] label`` with the list's name
+    in the summary: the training set's check labelled its entries ``dataset[0]``, as the validation set's did."""
+    root, cases = corpus
+    truncated = root / "truncated_label.nii.gz"
+    clean = cases["truncated_gz"].datalist["validation"][0]
+    truncated.write_bytes(Path(clean["label"]).read_bytes()[:-40])
+    content = {**cases["truncated_gz"].datalist, "training": [clean], "validation": [clean]}
+    content[list_name] = [{"image": clean["image"], "label": str(truncated)}]
+    datalist = tmp_path / f"bad_{list_name}.json"
+    datalist.write_text(json.dumps(content))
+    code, out = _run_bundle("btcv", datalist, root, tmp_path)
+    assert code != 0, out[-3000:]
+    lines = [line.strip() for line in out.splitlines()]
+    assert [line for line in lines if line.startswith(f"ERROR {truncated} [{list_name}[0] label]: ")], out[-3000:]
+    assert f"{list_name}: data check FAILED" in out, out[-3000:]
+    assert "dataset[0]" not in out
 
 
 @pytest.mark.slow
@@ -146,6 +167,6 @@ def test_transform_error_while_caching_names_the_file_when_the_check_is_off(corp
     root, cases = corpus
     code, out = _run_bundle(bundle, root / "truncated_gz.json", root, tmp_path, **{"loader#check_data": "false"})
     assert code != 0
-    assert "dataset: data check disabled" in out
+    assert "training: data check disabled" in out
     assert f"DataItemError: caching failed for image={cases['truncated_gz'].path}" in out, out[-3000:]
     assert "LoadImaged: " in out  # the transform and the root error follow

@@ -44,6 +44,7 @@ import torch
 from monai.networks.nets import SwinUNETR
 
 import components
+from components import write_dataset
 from components.release import package as pkg
 from tests.test_package import _copy_bundle, _fake_trained_state
 
@@ -295,6 +296,31 @@ def test_download_passes_the_model_zoo_metadata_check(name, downloads):
     digest = hashlib.sha256((folder / "models" / "model.pt").read_bytes()).hexdigest()
     assert re.findall(r'hash_val: "([0-9a-f]{64})"', listed) == [digest] == [pkg.sha256_file(release.weights)]
     assert re.findall(r'path: "([^"]+)"', listed) == ["models/model.pt"]
+
+
+def test_a_downloaded_bundle_runs_from_another_folder_when_bundle_root_names_it(venv, downloads, tmp_path):
+    """Downloaded as the docs say and run as users run bundles from their own project folders and job scripts:
+    ``python -m monai.bundle run --config_file D/N/configs/train.json --bundle_root D/N ...`` from another folder.
+    MONAI puts the bundle folder on sys.path only in ``run()``, after ``initialize``, and the bundle stopped at its
+    first expression ("start Python in the bundle folder"); its ``initialize`` now puts ``bundle_root`` first on
+    sys.path. The run imports the bundle's own components, writes its model and checkpoint into the bundle and
+    nothing into the working directory."""
+    project, bundle_dir, data = tmp_path / "project", tmp_path / "bundles", tmp_path / "data"
+    project.mkdir()
+    write_dataset(data, kind="ct", num=3, seed=0)
+    release = downloads.releases[BTCV]
+    _ok(_run([venv.python, "-m", "monai.bundle", "download", "--name", BTCV, "--url", release.zip_path.as_uri(),
+              "--bundle_dir", bundle_dir], project, _env()), "download")  # fmt: skip
+    root = bundle_dir / BTCV
+    assert sorted(p.name for p in project.iterdir()) == []
+    cmd = [venv.python, "-m", "monai.bundle", "run", "--config_file", root / "configs" / "train.json", "--bundle_root",
+           root, "--meta_file", root / "configs" / "metadata.json", "--logging_file", root / "configs" / "logging.conf",
+           *_overrides({**TRAIN_COMMON, **TRAIN[BTCV], "dataset_dir": str(data)})]  # fmt: skip
+    out = _ok(_run(cmd, project, _env()), "the bundle run from another folder")
+    carried = root.resolve() / "components"
+    assert f"components.release.origin - INFO - components {components.__version__} from {carried}" in out
+    assert (root / "models" / "model.pt").is_file() and (root / "models" / "checkpoint.pt").is_file()
+    assert sorted(p.name for p in project.iterdir()) == [], "the run wrote into the working directory"
 
 
 @pytest.mark.parametrize("name", BUNDLES)

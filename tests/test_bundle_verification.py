@@ -132,16 +132,20 @@ def _imported_distributions() -> dict[str, list[str]]:
 
 @bundle_param
 def test_every_initialize_first_reports_which_components_runs(bundle, tmp_path, caplog):
-    """Each config with an ``initialize`` first imports components through MONAI's optional_import (so that a bundle
-    whose code is not importable says why) and makes its errors one line naming the bundle (report_errors), then calls
-    report_origin, which logs the imported package's version and folder."""
+    """Each config with an ``initialize`` first puts ``bundle_root`` first on sys.path (MONAI does it only in
+    ``run()``, after ``initialize``) and imports components again (its ``imports`` were evaluated before, maybe without
+    that folder), then imports it through MONAI's optional_import (so that a bundle whose code is not importable says
+    why) and makes its errors one line naming the bundle (report_errors), then calls report_origin, which logs the
+    imported package's version and folder."""
     configs = [p for p in sorted((bundle / "configs").glob("*.json")) if "initialize" in json.loads(p.read_text())]
     assert {p.name for p in configs} >= {"train.json", "inference.json"}
     for config in configs:
-        first, second = json.loads(config.read_text())["initialize"][:2]
-        assert first.startswith("$monai.utils.optional_import('components', descriptor='{} failed: this bundle runs "
-                                "its own code") and first.endswith(f")[0].report_errors('{bundle.name}')"), config.name  # fmt: skip
-        assert second == "$components.report_origin()", config.name
+        path, again, errors, origin = json.loads(config.read_text())["initialize"][:4]
+        assert path == "$sys.path.insert(0, os.path.abspath(@bundle_root))", config.name
+        assert again == "$import components", config.name
+        assert errors.startswith("$monai.utils.optional_import('components', descriptor='{} failed: this bundle runs "
+                                 "its own code") and errors.endswith(f")[0].report_errors('{bundle.name}')"), config.name  # fmt: skip
+        assert origin == "$components.report_origin()", config.name
     caplog.set_level(logging.INFO, logger="components.release.origin")
     workflow = ConfigWorkflow(
         config_file=str(bundle / "configs" / "inference.json"), meta_file=str(bundle / "configs" / "metadata.json"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,11 +78,14 @@ def test_the_bundle_is_found_from_its_config_files_whatever_the_working_director
     config = bundle / "configs" / "inference.json"
     config.parent.mkdir()
     repo_config = json.loads((PACKAGE.parent / "bundles" / "swin_unetr_ssl_pretrain" / "configs" / "inference.json").read_text())
-    config.write_text(json.dumps({"imports": ["$import components"], "bundle_root": ".",
-                                  "initialize": repo_config["initialize"][:1]}))  # fmt: skip
+    init = repo_config["initialize"]
+    head = init[: init.index("$components.report_origin()") + 1]  # bundle_root onto sys.path ... report_origin
+    config.write_text(json.dumps({"imports": ["$import os", "$import sys", "$import components"], "bundle_root": ".",
+                                  "initialize": head}))  # fmt: skip
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the insertion of bundle_root is undone after the test
     with pytest.raises(RuntimeError) as err:  # MONAI wraps what an initialize expression raises
         create_workflow(config_file=str(config), workflow_type=None, logging_file=False)
     assert isinstance(err.value.__cause__, BundleCodeMismatch)

@@ -155,6 +155,29 @@ def test_checkpoint_is_resumable_and_resume_continues(trained):
     assert resumed["trainer"]["iteration"] == 4
 
 
+def test_continued_pretraining_loads_the_heads_and_decoder_the_file_holds(trained, tmp_path):
+    """Continued pretraining from this bundle's own model.pt (a fresh ckpt_dir: nothing to resume) loads every tensor
+    of the SSL network, the rotation and contrastive heads and the decoder with the encoder, as the README says (it
+    said they start fresh while the load report showed them loaded)."""
+    root, data, _ = trained
+    weights = tmp_path / "model.pt"
+    shutil.copyfile(root / "models" / "model.pt", weights)
+    n_model = len(torch.load(weights, map_location="cpu", weights_only=True))
+    n_encoder = len([k for k in torch.load(weights, map_location="cpu", weights_only=True) if k.startswith("swinViT.")])
+    overrides = {"dataset_dir": str(data), "roi_size": [64, 32, 32], "network_def#window_size": 4, "feature_size": 12,
+                 "max_epochs": 1, "device": "cpu", "speed#amp": False, "training#rankme_crops": 4,
+                 "pretrained_path": str(weights), "ckpt_dir": str(tmp_path / "models"),
+                 "output_dir": str(tmp_path / "eval")}  # fmt: skip
+    output = _run(root, overrides)
+    assert (f"layout=ssl_collection target=sslhead: loaded {n_encoder}/{n_encoder} encoder tensors "
+            f"({n_model}/{n_model} model tensors), 0 missing") in output, output[-3000:]  # fmt: skip
+    readme = (BUNDLES_DIR / "swin_unetr_ssl_pretrain" / "docs" / "README.md").read_text(encoding="utf-8")
+    paragraph = " ".join(readme.split("Continued pretraining:", 1)[1].split("\n\n", 1)[0].split())
+    assert "start fresh" not in paragraph
+    assert "this bundle's `models/model.pt`" in paragraph
+    assert "rotation and contrastive heads and the decoder" in paragraph
+
+
 def test_inference_keeps_the_input_geometry(trained):
     root, data, _ = trained
     out_dir = root / "recon"

@@ -62,11 +62,12 @@ def build_dataset(
     With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked (errors name
     ``list_name`` of ``source``), and with ``check`` every file of the shard is checked from its header
     (``check_before_caching``: missing, truncated, wrong dimensions or ``channels``, image/label mismatch; smaller
-    than ``roi_size`` after resampling to ``pixdim`` is a warning; an entry's own problems, such as a missing key,
-    name ``source``, e.g. the datalist), all before caching, so a bad file stops the run at start-up with one
-    report. The transform is run as a :class:`SourceNamingCompose`, so a transform error while
-    caching or in training names the volume. Caching runs on ``num_workers`` threads with a progress bar (rank 0),
-    and all ranks meet at a barrier afterwards so none enters the first collective while another still caches.
+    than ``roi_size`` after resampling to ``pixdim`` is a warning; an entry is named by its list, e.g.
+    ``validation[0] label``, and an entry's own problems, such as a missing key, name ``source``, e.g. the
+    datalist), all before caching, so a bad file stops the run at start-up with one report. The transform is run
+    as a :class:`SourceNamingCompose`, so a transform error while caching or in training names the volume. Caching
+    runs on ``num_workers`` threads with a progress bar (rank 0), and all ranks meet at a barrier afterwards so none
+    enters the first collective while another still caches.
     """
     if isinstance(data, MissingDatalist):  # parsing the bundle without data: nothing to read (see load_split)
         return Dataset(data, transform)
@@ -86,7 +87,7 @@ def build_dataset(
         return dataset
     shard = partition_for_rank(data, seed=seed) if partition else list(data)
     check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels, pixdim=pixdim,
-                         source=str(source))
+                         context=list_name, source=str(source))
     show = progress and get_rank() == 0
     workers = max(int(num_workers), 1)
     if cache == "full":

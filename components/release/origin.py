@@ -4,10 +4,16 @@ A packaged bundle carries this package's source at ``<bundle>/components/`` (:fu
 :func:`components.release.package.package_bundle` copies there at packaging time, from the running package: there is no
 second copy to keep by hand). Python imports one ``components`` per process, the first it finds on ``sys.path``, and a
 config imports it when its first expression is evaluated (``initialize``). So the bundle's own copy runs when the
-bundle folder comes first on ``sys.path``: ``python -m monai.bundle run`` started in the bundle folder (``python -m``
-puts the working directory first), or ``sys.path.insert(0, <bundle folder>)`` before ``monai.bundle.load``. MONAI
-1.6.1 adds the bundle folder to ``sys.path`` itself only in ``ConfigWorkflow.run``, after ``initialize``, and
-``monai.bundle.load`` never does.
+bundle folder comes first on ``sys.path``. MONAI 1.6.1 adds the bundle folder to ``sys.path`` itself only in
+``ConfigWorkflow.run``, after ``initialize``, and ``monai.bundle.load`` never does; so every bundle config's
+``initialize`` begins with ``"$sys.path.insert(0, os.path.abspath(@bundle_root))"`` and ``"$import components"``:
+``python -m monai.bundle run --config_file B/configs/train.json --bundle_root B`` runs from any working directory
+(started in ``B`` it needs no ``--bundle_root``: ``python -m`` puts the working directory first), and
+``monai.bundle.load``, whose ``bundle_root`` is the caller's directory, needs ``sys.path.insert(0, <bundle folder>)``.
+The second item is needed because MONAI evaluates a config's import statements (its ``imports``) once, before the
+first expression of ``initialize``: without the folder on ``sys.path`` yet, ``components`` is bound to MONAI's
+placeholder that raises on use. ``initialize`` keeps no results, so MONAI evaluates an import statement of it again
+before the next expression, which then finds the bundle's copy.
 
 Any other copy, an installed one or the copy of another bundle already imported in the same process, may differ
 (another version, another bundle's edits) and would run the config silently on the wrong code. :func:`report_origin`,

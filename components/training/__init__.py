@@ -11,6 +11,7 @@
 - ``health``: pretext and collapse signals beside their trivial answers, read together (``HealthReport``);
   ``health_handler``: ``HealthHandler`` (a run's health at every validation), ``recipe_health``.
 - ``segmentation``: the finetuning bundles' ``PerClassMetrics``, class weights and BraTS labels.
+- ``validation``: ``FinalValidationHandler`` (validation every ``val_interval`` epochs and at the last one).
 
 The names are re-exported here and in ``components``, imported on first use.
 """
@@ -41,5 +42,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
     "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
     "settings": ("check_accumulation_steps", "check_settings", "rotation_axes"),
+    "validation": ("FinalValidationHandler",),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
