@@ -21,23 +21,16 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from monai.config import KeysCollection
 from monai.transforms import MapTransform
+from monai.utils import convert_to_tensor
 
 from .check_entries import _options
 from .check_files import label_messages, non_finite_message
 from .sources import DataItemError, item_sources
 
 __all__ = ["CheckVoxelsd"]
-
-
-def _plain(x: Any) -> torch.Tensor:
-    """A plain tensor of a MetaTensor, tensor or array (no copy where possible)."""
-    if isinstance(x, torch.Tensor):
-        return x.as_tensor() if hasattr(x, "as_tensor") else x
-    return torch.as_tensor(np.asarray(x))
 
 
 def _finite(x: torch.Tensor) -> bool:
@@ -120,11 +113,11 @@ class CheckVoxelsd(MapTransform):
     def __call__(self, data: Mapping[Hashable, Any]) -> Mapping[Hashable, Any]:
         problems = []
         for key in self.key_iterator(data):
-            volume = _plain(data[key])
+            volume = convert_to_tensor(data[key], track_meta=False)
             if not _finite(volume):
                 problems.append((key, non_finite_message(volume.detach().cpu().numpy())))
         if self.label_key is not None and (self.label_key in data or not self.allow_missing_keys):
-            label = _plain(data[self.label_key])
+            label = convert_to_tensor(data[self.label_key], track_meta=False)
             if not self._labels_ok(label):
                 messages, _ = label_messages(label.detach().cpu().numpy(), self.label_values, self.label_source)
                 problems += [(self.label_key, message) for message in messages]
