@@ -52,6 +52,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "config": ("as_bool", "check_overrides", "defined_overrides", "optional_path", "require_file"),
     "data": (  # datalists, partitioning, datasets, the compact cache, the data check, the on-disk store, synthetic data
+        "CheckVoxelsd",
         "CompactCropForegroundd",
         "DataCheckError",
         "DataIssue",

@@ -1,14 +1,15 @@
 """The broken-input corpus of tests/test_check_data.py given to real bundle runs (``python -m monai.bundle run``).
 
 Each input must stop the run with the line ``check-data`` prints for it (the file and what is wrong), raised by
-our check before any caching, rather than a traceback from deep inside MONAI; NaN voxels (which only
-``check-data --deep`` reads) must stop training at its first step with the file named; and with the check turned
-off, a file that breaks a transform while caching must still be named in the error.
+our check before any caching, rather than a traceback from deep inside MONAI; voxels that only ``check-data --deep``
+reads (a block of NaN, an all-Inf image, label values beyond the classes) must stop the run when caching first reads
+them, in one line on stderr naming the file and what it holds, before any training iteration; and with the check
+turned off, a file that breaks a transform while caching must still be named in the error.
 
 The multi-organ CT bundle reads an image and a label per entry, so every case of the corpus applies and each runs
 on its own; the pretraining bundles (images only) and the BraTS bundle (4-channel MRI) get every case that applies
-to them in one datalist, and must name each broken file in the one report of the data check. The empty list, NaN
-voxels and a transform error with the check off go through all four bundles.
+to them in one datalist, and must name each broken file in the one report of the data check. The empty list and a
+transform error with the check off go through four bundles, non-finite voxels through all five.
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ import numpy as np
 import pytest
 
 from components import write_dataset
-from components.demo.runner import BUNDLES_DIR
+from components.demo.runner import BUNDLES_DIR, bundle_command
 from tests.test_check_data import _build_corpus
 from tests.test_dino_bundle import BUNDLE as DINO
 from tests.test_dino_bundle import TINY as DINO_TINY
+from tests.test_errors import _run as _run_as_user
 from tests.test_finetune_bundles import CT, CT_TINY, MRI, MRI_TINY, TRAIN_TINY, _run
+from tests.test_mim_bundle import BUNDLE as MIM
+from tests.test_mim_bundle import TINY as MIM_TINY
 from tests.test_pretrain_bundle import TINY as SSL_TINY
 
 HEADER_CASES = ["truncated_gz", "image_2d", "image_4d", "label_shape", "missing", "wrong_keys"]
@@ -123,42 +127,70 @@ def test_empty_datalist_is_named(corpus, tmp_path, bundle):
     assert CACHING not in out
 
 
-def _nan_mri(root) -> tuple:
-    """A 4-channel MRI datalist whose one training volume holds NaN voxels (the corpus is 1-channel CT)."""
-    datalist = write_dataset(root / "nan_mri", kind="mri", num=3, seed=0)
+VOXEL_BUNDLES = {**BUNDLES, "mim_pretrain": (MIM, MIM_TINY, IMAGE_ONLY_CASES)}
+#: how a volume's voxels are broken: a block of NaN inside the body (today a NaN loss some iterations in), all Inf
+#: (today clipped by ScaleIntensityRanged to a constant that trains without a word)
+BREAK_IMAGE = {"nan_block": np.nan, "all_inf": np.inf}
+
+
+def _edited(root, kind: str, key: str, edit) -> tuple:
+    """A synthetic ``kind`` ("ct" or "mri") datalist of one training entry whose ``key`` file holds ``edit`` of its
+    voxels (its header still passes the check before caching); returns (the datalist, that file)."""
+    datalist = write_dataset(root / kind, kind=kind, num=3, seed=0)
     content = json.loads(datalist.read_text())
-    path = content["training"][0]["image"]
-    path = path if path.startswith("/") else str(datalist.parent / path)
-    image = nib.load(path)
-    voxels = np.asarray(image.dataobj, dtype=np.float32)
-    voxels[tuple(s // 2 for s in voxels.shape)] = np.nan
-    nib.save(nib.Nifti1Image(voxels, image.affine), path)
     content["training"] = content["training"][:1]
     datalist.write_text(json.dumps(content))
+    path = str(datalist.parent / content["training"][0][key])
+    volume = nib.load(path)
+    nib.save(nib.Nifti1Image(edit(np.asarray(volume.dataobj, dtype=np.float32)), volume.affine), path)
     return datalist, path
 
 
+def _refused_at_first_read(bundle: str, datalist, tmp_path) -> str:
+    """Runs ``bundle`` on ``datalist`` as a user does; asserts exit status 1, no traceback and no training iteration;
+    returns its one line on stderr."""
+    folder, tiny, _ = VOXEL_BUNDLES[bundle]
+    overrides = {**tiny, "datalist": datalist, "dataset_dir": datalist.parent, "ckpt_dir": tmp_path / "models",
+                 "output_dir": tmp_path / "eval", "pretrained_path": "null"}  # fmt: skip
+    code, lines, out = _run_as_user(bundle_command(folder, overrides=overrides), tmp_path)
+    assert code == 1, out[-3000:]
+    assert "Traceback" not in out and "Epoch: 1/" not in out and "non-finite training loss" not in out, out[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(f"{folder.name}: error: DataItemError: "), out[-3000:]
+    return lines[0]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("bundle", list(BUNDLES))
-def test_nan_voxels_stop_the_first_step_naming_the_file(corpus, tmp_path, bundle):
-    """The header check passes (voxels are not read); the first training loss is NaN and the run stops with the
-    iteration and the batch's file, before any checkpoint of NaN weights is written."""
-    root, cases = corpus
-    if bundle == "brats":
-        datalist, path = _nan_mri(tmp_path)
-    else:
-        datalist, path = root / "nan_voxels.json", cases["nan_voxels"].path
-    code, out = _run_bundle(bundle, datalist, root, tmp_path, pretrained_path="null")  # as typed on a command line
-    assert code != 0, out[-3000:]
-    if bundle in ("btcv", "brats"):  # the run said, at WARNING, that it trains from random initialisation
-        assert (
-            "components.checkpoint - WARNING - PretrainedLoader: no pretrained weights (pretrained_path is none): "
-            "SwinUNETR trains from random initialisation; pretrained_path defaults to the SSL bundle model "
-        ) in out, out[-3000:]
-    assert "NonFiniteLossError" in out, out[-3000:]
-    assert "non-finite training loss nan at epoch 1, iteration 1" in out, out[-3000:]
-    assert f"batch files (rank 0): [{path!r}" in out, out[-3000:]
-    assert not (tmp_path / "models" / "model.pt").exists()
+@pytest.mark.parametrize("bundle", list(VOXEL_BUNDLES))
+@pytest.mark.parametrize("broken", list(BREAK_IMAGE))
+def test_non_finite_voxels_are_named_when_first_read(tmp_path, bundle, broken):
+    def edit(voxels):
+        centre = tuple(slice(n // 2 - 2, n // 2 + 2) for n in voxels.shape[:3])
+        voxels[centre if broken == "nan_block" else ...] = BREAK_IMAGE[broken]
+        return voxels
+
+    datalist, path = _edited(tmp_path, "mri" if bundle == "brats" else "ct", "image", edit)
+    size = int(np.prod(nib.load(path).shape))
+    counts = f"{64 * (4 if bundle == 'brats' else 1)} NaN, 0 Inf" if broken == "nan_block" else f"0 NaN, {size} Inf"
+    line = _refused_at_first_read(bundle, datalist, tmp_path)
+    assert f": error: DataItemError: image {path}: has non-finite voxels: {counts} (of {size}); " in line, line
+
+
+@pytest.mark.slow
+def test_btcv_label_beyond_its_classes_is_named_when_first_read(tmp_path):
+    """Classes 20 and 255 in a 14-class label: today an index error after caching, 3 times, naming no file."""
+    datalist, path = _edited(tmp_path, "ct", "label", lambda v: np.where(v == 1, 20, np.where(v == 2, 255, v)))
+    line = _refused_at_first_read("btcv", datalist, tmp_path)
+    assert f": error: DataItemError: label {path}: label values [20, 255] are outside the declared classes " in line
+
+
+@pytest.mark.slow
+def test_brats_label_of_another_convention_is_named_when_first_read(tmp_path):
+    """Enhancing tumour as 3 (BraTS 2023): today read as background by ConvertToMultiChannelBasedOnBratsClassesd."""
+    datalist, path = _edited(tmp_path, "mri", "label", lambda v: np.where(v == 4, 3, v))
+    line = _refused_at_first_read("brats", datalist, tmp_path)
+    assert f": error: DataItemError: label {path}: label values [3] are outside the declared classes [0, 1, 2, 4] (" in (
+        line
+    )
 
 
 @pytest.mark.slow

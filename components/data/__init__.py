@@ -20,7 +20,8 @@ Modules, each one concern:
   ``compact_nbytes``: the recipe's crops from a compact cache.
 - the data check: ``check`` (``check_datalist``, ``check_items``, ``check_before_caching``), built on
   ``check_entries`` (one datalist entry) and ``check_files`` (one file's header and voxels); ``check_report``
-  (``DataReport``, ``DataIssue``, ``DataCheckError``); ``check_command`` (``python -m components check-data``).
+  (``DataReport``, ``DataIssue``, ``DataCheckError``); ``check_command`` (``python -m components check-data``);
+  ``check_voxels``: ``CheckVoxelsd``, the deep check's voxel tests as a transform, where caching first reads a volume.
 - ``store`` (a package): the on-disk store of preprocessed volumes for corpora that do not fit in memory:
   ``preprocess`` (``python -m components preprocess``), ``open_store`` / ``Store``, ``StoreDataset`` with lazy
   ``StoredArray`` handles, ``ReadStoredd``, ``bundle_transforms`` / ``transforms_fingerprint``, ``StoreError`` / ``StoreReadError``.
@@ -50,6 +51,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "check_report": ("DataCheckError", "DataIssue", "DataReport"),
     "check": ("check_before_caching", "check_datalist", "check_items"),
+    "check_voxels": ("CheckVoxelsd",),
     "store": (
         "ReadStoredd",
         "Store",

@@ -229,11 +229,10 @@ def _deep_image(path: str, entry: str, info: _FileInfo, spatial_dims: int, repor
     data = _read_voxels(path, entry, info, report)
     if data is None:
         return
-    if data.dtype.kind == "f":
-        nan, inf = int(np.isnan(data).sum()), int(np.isinf(data).sum())
-        if nan or inf:
-            report.add(path, entry, f"has non-finite voxels: {nan} NaN, {inf} Inf (of {data.size})")
-            data = np.where(np.isfinite(data), data, 0)
+    problem = non_finite_message(data)
+    if problem:
+        report.add(path, entry, problem)
+        data = np.where(np.isfinite(data), data, 0)
     flat = data.reshape(*data.shape[:spatial_dims], -1)
     for c in range(flat.shape[-1]):
         channel = flat[..., c]
@@ -255,17 +254,36 @@ def _deep_label(
     data = _read_voxels(path, entry, info, report)
     if data is None:
         return
+    problems, values = label_messages(data, label_values, source)
+    for problem in problems:
+        report.add(path, entry, problem)
+    if values.size and np.all(values == 0):
+        report.add(path, entry, "label is empty: no foreground voxel (all 0)", WARNING)
+
+
+def non_finite_message(data: np.ndarray) -> str | None:
+    """What is wrong with an image's voxels that are NaN or Inf (``"has non-finite voxels: 3 NaN, 0 Inf (of 512)"``),
+    None when all are finite. Shared by the deep check and :class:`~components.data.check_voxels.CheckVoxelsd`."""
+    if data.dtype.kind != "f":
+        return None
+    nan, inf = int(np.isnan(data).sum()), int(np.isinf(data).sum())
+    return f"has non-finite voxels: {nan} NaN, {inf} Inf (of {data.size})" if nan or inf else None
+
+
+def label_messages(data: np.ndarray, label_values: Sequence[int] | None, source: str) -> tuple[list[str], np.ndarray]:
+    """What is wrong with a label map's voxels (non-finite, non-integer, or outside ``label_values``, declared by
+    ``source``), one message each, and the distinct finite values found. Shared by the deep check and
+    :class:`~components.data.check_voxels.CheckVoxelsd`."""
+    problems = []
     if data.dtype.kind == "f" and not np.all(np.isfinite(data)):
-        report.add(path, entry, f"label has {int((~np.isfinite(data)).sum())} non-finite voxels (NaN / Inf)")
+        problems.append(f"label has {int((~np.isfinite(data)).sum())} non-finite voxels (NaN / Inf)")
         data = data[np.isfinite(data)]
     values = np.unique(data)
     fractional = values[values != np.round(values)] if values.dtype.kind == "f" else values[:0]
     if fractional.size:
-        report.add(
-            path,
-            entry,
+        problems.append(
             f"label has non-integer values (e.g. {_fmt(fractional[:3])}): class indices expected "
-            "(resampled with linear interpolation?)",
+            "(resampled with linear interpolation?)"
         )
     if label_values is not None:
         outside = np.setdiff1d(values, np.asarray(label_values))
@@ -274,11 +292,8 @@ def _deep_label(
             shown = ", ".join(f"{v:g}" for v in outside[:10].astype(np.float64))
             more = f" and {outside.size - 10} more" if outside.size > 10 else ""
             declared = ", ".join(str(int(v)) for v in label_values)
-            report.add(
-                path, entry, f"label values [{shown}{more}] are outside the declared classes [{declared}] ({source})"
-            )
-    if values.size and np.all(values == 0):
-        report.add(path, entry, "label is empty: no foreground voxel (all 0)", WARNING)
+            problems.append(f"label values [{shown}{more}] are outside the declared classes [{declared}] ({source})")
+    return problems, values
 
 
 def _read_voxels(path: str, entry: str, info: _FileInfo, report: DataReport) -> np.ndarray | None:

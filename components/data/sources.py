@@ -15,7 +15,7 @@ from typing import Any
 from monai.data import MetaTensor
 from monai.transforms import Compose
 
-from ..errors import UserError
+from ..errors import UserError, user_error
 
 __all__ = ["DataItemError", "SourceNamingCompose", "batch_filenames", "item_sources"]
 
@@ -115,8 +115,9 @@ class SourceNamingCompose(Compose):
     while caching a thousand volumes, or in a data-loader worker mid-training, does not say which volume caused
     it. This raises :class:`DataItemError` (chained to the original) naming the stage (caching: the transforms
     before the first random one; after the cache: the rest), the item's files (:func:`item_sources`), the
-    transform and the root error. ``CacheDataset`` and ``SmartCacheDataset`` call it with ``start`` / ``end`` like
-    any ``Compose``.
+    transform and the root error; a transform that raises a :class:`DataItemError` itself (one that names the file
+    it found wrong, such as :class:`~components.data.check_voxels.CheckVoxelsd`) is reported in its own words.
+    ``CacheDataset`` and ``SmartCacheDataset`` call it with ``start`` / ``end`` like any ``Compose``.
     """
 
     def __init__(self, compose: Compose) -> None:
@@ -130,6 +131,9 @@ class SourceNamingCompose(Compose):
         except DataItemError:
             raise
         except Exception as err:
+            inner = user_error(err)
+            if isinstance(inner, DataItemError):  # a transform that names the file itself (CheckVoxelsd): its words
+                raise DataItemError(str(inner)) from err
             stage = "the transforms after the cache" if start else "caching" if end is not None else "a transform"
             sources = item_sources(input_)
             named = ", ".join(f"{k}={v}" for k, v in sources.items()) if sources else "an item with no file names"
