@@ -16,6 +16,7 @@ import torch
 
 from components import ConfigError, write_dataset
 from components.demo.runner import BUNDLES_DIR, bundle_command
+import components.errors
 from components.errors import report_errors, user_error
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,6 +117,7 @@ def test_a_user_error_in_a_thread_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(threading, "excepthook", threading.excepthook)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("COMPONENTS_DEBUG", raising=False)
+    monkeypatch.setattr(components.errors, "_handlers", lambda: [])  # no filter left on pytest's log handlers
     report_errors("tiny_bundle")
 
     def fail() -> None:

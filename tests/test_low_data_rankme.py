@@ -63,10 +63,14 @@ def test_every_pretraining_logs_rankme_on_the_plans_number_of_crops(tmp_path):
 
 @pytest.mark.skipif(not hasattr(components, "LinearProbe"), reason="components.LinearProbe and training#rankme_crops "
                     "(another worker's change) are not in this checkout yet")  # fmt: skip
-def test_the_plans_rankme_crops_are_the_bundles_default():
+def test_the_plan_fixes_its_rankme_crops_where_the_bundles_bound_them_by_the_runs_size():
+    """The bundles choose their crops from the run's size ("auto", components.health_crops); the plan gives every
+    pretraining the same fixed number, so that its encoders' RankMe compare."""
     for bundle in ("swin_unetr_ssl_pretrain", "swin_unetr_dino_pretrain", "swin_unetr_mim_pretrain"):
         config = json.loads((REPO / "bundles" / bundle / "configs" / "train.json").read_text())
-        assert config["training"]["rankme_crops"] == protocol.PLANS["cpu"].rankme_crops, bundle
+        assert config["training"]["rankme_crops"] == "auto", bundle
+    crops = protocol.PLANS["cpu"].rankme_crops
+    assert isinstance(crops, int) and crops >= 2
 
 
 def test_rankme_agreement_compares_with_the_probe_arms():
