@@ -43,6 +43,18 @@ def corpus(tmp_path_factory):
     return root, {case.name: case for case in cases}
 
 
+@pytest.fixture(scope="module")
+def mri_validation(tmp_path_factory) -> list[dict]:
+    """A clean 4-channel validation list for BraTS: the bundles check the validation list before the training list,
+    so the corpus's 1-channel CT validation entries would be the first refusal."""
+    datalist = write_dataset(tmp_path_factory.mktemp("mri") / "mri", kind="mri", num=3, seed=0)
+    return [{k: str(datalist.parent / v) for k, v in entry.items()} for entry in json.loads(datalist.read_text())["validation"]]
+
+
+def _validation(bundle: str, corpus_validation: list[dict], mri_validation: list[dict]) -> list[dict]:
+    return mri_validation if bundle == "brats" else corpus_validation
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", HEADER_CASES)
 def test_bundle_stops_before_caching_with_the_check_data_line(corpus, tmp_path, name):
@@ -98,12 +110,13 @@ def test_a_data_check_error_names_the_list_of_the_entry(corpus, tmp_path, list_n
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bundle", list(OTHER_BUNDLES))
-def test_other_bundles_stop_before_caching_naming_each_broken_file(corpus, tmp_path, bundle):
+def test_other_bundles_stop_before_caching_naming_each_broken_file(corpus, mri_validation, tmp_path, bundle):
     root, cases = corpus
     names = OTHER_BUNDLES[bundle][2]
     datalist = tmp_path / "broken_inputs.json"
     training = [entry for name in names for entry in cases[name].datalist["training"]]
-    datalist.write_text(json.dumps({"training": training, "validation": cases[names[0]].datalist["validation"]}))
+    validation = _validation(bundle, cases[names[0]].datalist["validation"], mri_validation)
+    datalist.write_text(json.dumps({"training": training, "validation": validation}))
     code, out = _run_bundle(bundle, datalist, root, tmp_path)
     assert code != 0, out[-3000:]
     lines = [line.strip() for line in out.splitlines()]
@@ -119,11 +132,13 @@ def test_other_bundles_stop_before_caching_naming_each_broken_file(corpus, tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bundle", list(BUNDLES))
-def test_empty_datalist_is_named(corpus, tmp_path, bundle):
+def test_empty_datalist_is_named(corpus, mri_validation, tmp_path, bundle):
     root, _ = corpus
-    code, out = _run_bundle(bundle, root / "empty_list.json", root, tmp_path)
+    empty = json.loads((root / "empty_list.json").read_text())
+    (tmp_path / "empty_list.json").write_text(json.dumps({**empty, "validation": _validation(bundle, empty.get("validation", []), mri_validation)}))
+    code, out = _run_bundle(bundle, tmp_path / "empty_list.json", root, tmp_path)
     assert code != 0
-    assert f"the 'training' list of datalist {str(root / 'empty_list.json')!r} is empty" in out, out[-3000:]
+    assert f"the 'training' list of datalist {str(tmp_path / 'empty_list.json')!r} is empty" in out, out[-3000:]
     assert CACHING not in out
 
 
