@@ -90,8 +90,20 @@ def run_overrides(recipe: str, epochs: int, data: Path, run_dir: Path, seed: int
     return overrides
 
 
-def run_point(recipe: str, budget: int, seed: int, work: Path, code: str) -> Path:
-    """Runs (or resumes, or reuses) one point; returns its record's path."""
+def arm_name(recipe: str, lever: dict | None) -> str:
+    """``recipe``, or with a lever ``recipe+<group.id>=<value>...`` (``#`` would be read by MONAI in a folder path).
+
+    Example:
+        >>> arm_name("dino", {"training#teacher_temperature": 0.04})
+        'dino+training.teacher_temperature=0.04'
+    """
+    return recipe + "".join(f"+{key.replace('#', '.')}={value}" for key, value in sorted((lever or {}).items()))
+
+
+def run_point(recipe: str, budget: int, seed: int, work: Path, code: str, lever: dict | None = None) -> Path:
+    """Runs (or resumes, or reuses) one point; returns its record's path. ``lever``: overrides tried against the
+    shipped settings (a suspect of a recipe that stays at its baseline); its runs are recorded apart
+    (``<recipe>+<group.id>=<value>...``) and summarised as a row of their own."""
     from components.demo.recipes import RECIPES as DEMO_RECIPES
     from components.demo.runner import read_scalars, run_bundle
 
@@ -99,17 +111,18 @@ def run_point(recipe: str, budget: int, seed: int, work: Path, code: str) -> Pat
     per_epoch = math.ceil(len(json.loads((data / "dataset.json").read_text())["training"]) / 2)
     epochs = epochs_for(budget, per_epoch)
     iterations = epochs * per_epoch
-    record_path = RECORDS / f"{recipe}_{iterations}_seed{seed}.json"
+    arm = arm_name(recipe, lever)
+    record_path = RECORDS / f"{arm}_{iterations}_seed{seed}.json"
     if record_path.is_file():
         return record_path
-    run_dir = work / "runs" / f"{recipe}_{iterations}_seed{seed}"
-    overrides = run_overrides(recipe, epochs, data, run_dir, seed)
+    run_dir = work / "runs" / f"{arm}_{iterations}_seed{seed}"
+    overrides = {**run_overrides(recipe, epochs, data, run_dir, seed), **(lever or {})}
     started = time.time()
     seconds = run_bundle(DEMO_RECIPES[recipe].bundle, ("train.json",), overrides, log=run_dir / "train.log")
     scalars = read_scalars(run_dir / "eval")
     losses = {tag: points[-1][1] for tag, points in scalars.items() if tag.startswith("loss")}
     record = {
-        "recipe": recipe, "budget": budget, "iterations": iterations, "epochs": epochs, "seed": seed,
+        "recipe": arm, "lever": lever or {}, "budget": budget, "iterations": iterations, "epochs": epochs, "seed": seed,
         "commit": git_commit(), "code": code, "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%d %H:%M"),
         "started": time.strftime("%Y-%m-%d %H:%M", time.localtime(started)), "machine": machine_info(),
         "overrides": {k: v for k, v in overrides.items() if k not in ("output_dir", "ckpt_dir", "dataset_dir")},
@@ -120,14 +133,17 @@ def run_point(recipe: str, budget: int, seed: int, work: Path, code: str) -> Pat
     return record_path
 
 
-def run(work: str, budgets: str = "200,1000,4000", seeds: str = "0,1,2", recipes: str = ",".join(RECIPES)) -> None:
-    """Runs every (budget, recipe, seed) point not yet recorded, budget by budget."""
+def run(
+    work: str, budgets: str = "200,1000,4000", seeds: str = "0,1,2", recipes: str = ",".join(RECIPES),
+    lever: dict | None = None,
+) -> None:
+    """Runs every (budget, recipe, seed) point not yet recorded, budget by budget (with ``lever``'s overrides)."""
     work_dir = Path(work).resolve()
     code = code_digest()
     for budget in (int(b) for b in budgets.split(",")):
         for seed in (int(s) for s in seeds.split(",")):
             for recipe in recipes.split(","):
-                path = run_point(recipe, budget, seed, work_dir, code)
+                path = run_point(recipe, budget, seed, work_dir, code, lever)
                 print(f"{recipe} budget {budget} seed {seed}: {path.relative_to(REPO)}", flush=True)
 
 
@@ -260,10 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--budgets", default="200,1000,4000")
     run_parser.add_argument("--seeds", default="0,1,2")
     run_parser.add_argument("--recipes", default=",".join(RECIPES))
+    run_parser.add_argument("--lever", action="append", default=[], metavar="ID=VALUE",
+                            help="an override tried against the shipped settings (JSON value), recorded apart")
     commands.add_parser("summarise", help="write the summary JSON and the plot; print the table the docs show")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.work, args.budgets, args.seeds, args.recipes)
+        lever = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.lever)}
+        run(args.work, args.budgets, args.seeds, args.recipes, lever)
     else:
         print(markdown(summarise()))
     return 0

@@ -47,6 +47,11 @@ def test_records_of_different_code_are_not_summarised_together(tmp_path, monkeyp
         curve.summarise()
 
 
+def test_a_lever_is_recorded_apart_under_a_name_monai_leaves_alone():
+    assert curve.arm_name("dino", None) == "dino"
+    assert curve.arm_name("dino", {"training#teacher_temperature": 0.04, "max_epochs": 3}) == "dino+max_epochs=3+training.teacher_temperature=0.04"
+
+
 def test_the_budget_is_whole_epochs_of_the_corpus():
     assert curve.epochs_for(200, 17) == 12 and curve.epochs_for(1000, 17) == 59 and curve.epochs_for(5, 17) == 1
 
