@@ -229,8 +229,8 @@ class SelfDistillationRecipe(nn.Module):
         - ``prototypes_in_use``: ``exp`` of the entropy of the teacher's mean target over a batch, collapsed at or
           below :data:`COLLAPSED_PROTOTYPES` above 1 (one prototype takes every crop).
         """
-        sharpen = ("the teacher's targets are near uniform: train longer, lower training#teacher_temperature, or "
-                   "raise training#center_momentum at small batches")  # fmt: skip
+        sharpen = ("the teacher's targets are near uniform (centring without enough sharpening; a longer run drifts "
+                   "further): lower training#teacher_temperature, or raise training#center_momentum at small batches")  # fmt: skip
         one = "one prototype takes every crop: raise the teacher temperature or lower the learning rate"
         entropy, kl, in_use = means["teacher_entropy"], means["student_teacher_kl"], means["prototypes_in_use"]
         return [
