@@ -305,3 +305,17 @@ def test_two_rank_torchrun_run_keeps_one_teacher_and_exports_it(two_ranks):
     assert all(torch.equal(state[k], teachers[0][k]) for k in state)
     lines = [line for line in output.splitlines() if "loss_dino" in line]
     assert len(lines) == 2 and "Epoch: 1/1, Iter: 2/2" in lines[-1]  # 4 volumes, 2 per rank, batch 1: logged once
+
+
+def test_continued_pretraining_loads_the_projection_head_the_file_holds(trained):
+    """As the README says: from this bundle's checkpoint.pt the student's projection head loads too; from its
+    encoder-only model.pt the head starts fresh, and the load report says so."""
+    from components import SelfDistillationNetwork, load_pretrained
+
+    root, _ = trained
+    student = lambda: SelfDistillationNetwork(feature_size=FS, out_dim=32, hidden_dim=24, bottleneck_dim=8)  # noqa: E731
+    checkpoint = torch.load(root / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
+    full = load_pretrained(student(), {"state_dict": checkpoint})
+    assert full.missing == [] and any(k.startswith("head.") for k in full.loaded)
+    encoder_only = load_pretrained(student(), root / "models" / "model.pt")
+    assert not any(k.startswith("head.") for k in encoder_only.loaded) and any(k.startswith("head.") for k in encoder_only.missing)

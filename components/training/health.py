@@ -56,6 +56,7 @@ __all__ = [
     "collapse_signal",
     "embedding_signals",
     "loss_signal",
+    "mean_of",
     "visible_fill_errors",
 ]
 

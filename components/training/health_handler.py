@@ -103,7 +103,7 @@ def recipe_health(
     network = unwrap(network)
     embedder = unwrap(embed_network) if embed_network is not None else network
     device = next(network.parameters()).device
-    has_health = callable(getattr(recipe, "health", None)) and recipe is not None
+    has_health = callable(getattr(recipe, "health", None))
     generator = torch.Generator(device=device).manual_seed(epoch_seed(seed, 0, 0))
     view_kwargs = {}
     if has_health and "host_generator" in inspect.signature(recipe.views).parameters:
