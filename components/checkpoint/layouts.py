@@ -397,6 +397,15 @@ def _strip_all(state: Mapping[str, Any], where: str) -> tuple[dict[str, tuple[st
     return out, sorted(prefixes)
 
 
+def without_wrappers(state: Mapping[str, Any], where: str = "<mapping>") -> dict[str, Any]:
+    """``state`` with the wrapper prefixes (``module.``, ``_orig_mod.``, ``backbone.``) removed from its keys.
+
+    Raises:
+        CheckpointLoadError: two keys become one (the file mixes two models).
+    """
+    return {key: value for key, (_, value) in _strip_all(state, where)[0].items()}
+
+
 def beside_training_progress(checkpoint: Any, container: str) -> bool:
     """Whether :func:`extract_state_dict` found the state dict under ``state_dict`` beside ``epoch`` or
     ``global_step``: the container of the original SSL code's ``save_ckp``, which this collection never writes (its

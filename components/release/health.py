@@ -27,7 +27,7 @@ from monai.transforms import (
 )
 
 from ..checkpoint.architecture import infer_architecture
-from ..checkpoint.layouts import extract_state_dict, read_checkpoint
+from ..checkpoint.layouts import extract_state_dict, read_checkpoint, without_wrappers
 from ..checkpoint.pretrained import load_pretrained
 from ..data.datalists import load_split
 from ..errors import ConfigError
@@ -39,24 +39,10 @@ from ..training.rankme import draw_crops
 
 __all__ = ["checkpoint_health", "recipe_of"]
 
-_WRAPPERS = ("module.", "_orig_mod.")
-
-
-def _plain(state: dict[str, Any]) -> dict[str, Any]:
-    """The state dict without DDP / compile prefixes."""
-    out = {}
-    for key, value in state.items():
-        for prefix in _WRAPPERS:
-            while key.startswith(prefix):
-                key = key[len(prefix) :]
-        out[key] = value
-    return out
-
-
 def recipe_of(state: dict[str, Any]) -> str:
     """Which pretext heads a state dict holds: ``"mim"`` (a mask token and a decoder), ``"ssl"`` (rotation and
     contrastive heads and a reconstruction decoder) or ``"encoder"`` (none: the embedding signals alone)."""
-    keys = set(_plain(state))
+    keys = set(without_wrappers(state))
     if "mask_token" in keys and any(k.startswith("decoder.") for k in keys):
         return "mim"
     if any(k.startswith("rotation_head.") for k in keys) and any(k.startswith("contrastive_head.") for k in keys):
@@ -64,7 +50,7 @@ def recipe_of(state: dict[str, Any]) -> str:
     return "encoder"
 
 
-def _network(kind: str, state: dict[str, Any], source: str, architecture: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
+def _network(kind: str, state: dict[str, Any], checkpoint: Any, architecture: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
     """The network holding the checkpoint's weights and its recipe (None for an encoder)."""
     keys = set(state)
     if kind == "mim":
@@ -78,7 +64,7 @@ def _network(kind: str, state: dict[str, Any], source: str, architecture: dict[s
         network.load_state_dict(state, strict=True)
         return network, InpaintingContrastRecipe(SSLLoss())
     network = SwinViTEmbedding(**architecture)
-    load_pretrained(network, source)
+    load_pretrained(network, checkpoint)
     return network, None
 
 
@@ -129,12 +115,11 @@ def checkpoint_health(
             list; RuntimeError: this collection's weights that do not fit the architecture read from them.
     """
     source = os.fspath(checkpoint)
-    state, _ = extract_state_dict(read_checkpoint(source), source)
-    state = _plain(state)
+    raw = read_checkpoint(source)  # read once: the layout, the architecture and the weights all come from it
+    state = without_wrappers(extract_state_dict(raw, source)[0], source)
     kind = recipe_of(state)
-    architecture = infer_architecture(source).as_dict()
-    architecture = {name: value for name, value in architecture.items() if name != "patch_size"}
-    network, recipe = _network(kind, state, source, architecture)
+    architecture = {name: value for name, value in infer_architecture(raw).as_dict().items() if name != "patch_size"}
+    network, recipe = _network(kind, state, raw, architecture)
     network.to(device)
     drawn = _crops(os.fspath(datalist), list_name, list(roi_size), list(intensity_range), int(crops), int(seed))
     return kind, recipe_health(recipe, network, drawn, batch_size, seed)

@@ -212,8 +212,8 @@ def collapse_signal(
 
 
 def visible_fill_errors(
-    target: torch.Tensor, visible: torch.Tensor, scored: torch.Tensor, loss: str = "l1"
-) -> tuple[torch.Tensor, torch.Tensor]:
+    target: torch.Tensor, visible: torch.Tensor, scored: torch.Tensor, loss: str = "l1", median: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The errors of the trivial reconstructions on the ``scored`` voxels: every voxel of a crop filled with the mean,
     and with the median, of that crop's ``visible`` voxels.
 
@@ -222,10 +222,12 @@ def visible_fill_errors(
         visible: ``(B, 1 or C, *spatial)`` bool, the voxels the network was shown.
         scored: ``(B, 1 or C, *spatial)`` bool, the voxels the loss scores (the masked ones).
         loss: ``"l1"`` or ``"mse"``.
+        median: also the median fill's error (a sort of the voxels; False where only the mean's is read).
 
     Returns:
         ``(mean_fill, median_fill)``: each the error summed over the scored voxels of the batch divided by their
-        number, as the recipe's loss averages it. A crop with no visible voxel is filled with 0.
+        number, as the recipe's loss averages it (``median_fill`` None without ``median``). A crop with no visible
+        voxel is filled with 0.
     """
     target = target.float()
     b, c = target.shape[:2]
@@ -234,7 +236,6 @@ def visible_fill_errors(
     values = target.reshape(b, c, -1)
     # vectorised (no host sync on an accelerator): masked sums for the means, NaN outside the visible for the medians
     means = (values * visible).sum(dim=-1, keepdim=True) / visible.sum(dim=-1, keepdim=True).clamp_min(1)
-    medians = torch.nan_to_num(values.masked_fill(~visible, float("nan")).nanmedian(dim=-1, keepdim=True).values)
     count = scored.sum().clamp_min(1)
 
     def error(fill: torch.Tensor) -> torch.Tensor:
@@ -242,6 +243,9 @@ def visible_fill_errors(
         per_voxel = difference.abs() if loss == "l1" else difference**2
         return (per_voxel * scored).sum() / count
 
+    if not median:
+        return error(means), None
+    medians = torch.nan_to_num(values.masked_fill(~visible, float("nan")).nanmedian(dim=-1, keepdim=True).values)
     return error(means), error(medians)
 
 

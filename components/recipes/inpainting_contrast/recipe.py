@@ -74,10 +74,17 @@ class InpaintingContrastRecipe:
         rotation, ``ln(2B - 1)`` for the contrastive term over this rank's ``B`` crops (the candidates of a loss that
         gathers over ranks are more: its trivial value is higher), the visible-mean fill's L1 for the
         reconstruction."""
-        targets = views.targets.float()
-        fill, _ = visible_fill_errors(targets, views.inputs == views.targets, torch.ones_like(targets, dtype=torch.bool))
         crops = views.targets.shape[0] // 2
-        return {"loss_rot_trivial": math.log(4), "loss_contrast_trivial": math.log(max(2 * crops - 1, 1)), "loss_recon_trivial": fill}
+        return {"loss_rot_trivial": math.log(4), "loss_contrast_trivial": math.log(max(2 * crops - 1, 1)),
+                "loss_recon_trivial": self._visible_mean_fill(views)}  # fmt: skip
+
+    @staticmethod
+    def _visible_mean_fill(views: _Views) -> torch.Tensor:
+        """The reconstruction L1 of each view filled with the mean of the voxels its cutouts left (those equal to the
+        clean view's)."""
+        targets = views.targets.float()
+        every_voxel = torch.ones_like(targets, dtype=torch.bool)
+        return visible_fill_errors(targets, views.inputs == views.targets, every_voxel, median=False)[0]
 
     def health(self, outputs: tuple, views: _Views) -> dict[str, tuple[Any, Any]]:
         """This batch's pretext signals beside their trivial answers (see :meth:`health_signals`)."""
@@ -96,9 +103,7 @@ class InpaintingContrastRecipe:
             temperature = getattr(self.loss_function, "temperature", _TEMPERATURE)
             stats["contrast_accuracy"] = ((similarity.argmax(dim=1) == positives).float().mean(), 1.0 / (2 * crops - 1))
             stats["contrast_loss"] = (nt_xent_loss(*embeddings.chunk(2), temperature), math.log(2 * crops - 1))
-        targets = views.targets.float()
-        mean_fill, _ = visible_fill_errors(targets, views.inputs == views.targets, torch.ones_like(targets, dtype=torch.bool))
-        stats["inpainting_l1"] = ((recon - targets).abs().mean(), mean_fill)
+        stats["inpainting_l1"] = ((recon - views.targets.float()).abs().mean(), self._visible_mean_fill(views))
         return stats
 
     def health_signals(self, means: dict[str, tuple[float, float]], crops: int) -> list[Signal]:

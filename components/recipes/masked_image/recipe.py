@@ -165,7 +165,8 @@ class MaskedImageRecipe(nn.Module):
         """The reconstruction's trivial value on this batch (``loss_recon_trivial``: each crop's masked voxels filled
         with its visible mean), logged beside it; with a distillation its schedules and ``ln K``."""
         kind = self.loss_function.loss if self.loss_function is not None else "l1"
-        fill, _ = visible_fill_errors(self.target(views.image).float(), ~views.voxel_mask, views.voxel_mask, kind)
+        target = self.target(views.image).float()
+        fill, _ = visible_fill_errors(target, ~views.voxel_mask, views.voxel_mask, kind, median=False)
         if self.distillation is None:
             return {"loss_recon_trivial": fill}
         step = self.distillation.step
