@@ -65,9 +65,38 @@ def test_only_the_convolutions_require_and_receive_gradients():
             assert param.grad is None, name
 
 
+def test_each_scale_is_standardised_before_its_convolution_and_norms_learn_nothing():
+    probe = _probe()
+    seen: list[torch.Tensor] = []
+    for head in probe.heads:
+        head.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))
+    probe.train()
+    probe(torch.rand(2, 1, 64, 64, 64))
+    assert len(seen) == 5
+    for features in seen:  # per channel over the batch and the voxels: mean 0, variance 1 (biased, as batch norm)
+        dims = [0, *range(2, features.ndim)]
+        torch.testing.assert_close(features.mean(dims), torch.zeros(features.shape[1]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(features.var(dims, unbiased=False), torch.ones(features.shape[1]), atol=2e-3, rtol=0)
+    assert not any(p.requires_grad for p in probe.norms.parameters()) and not list(probe.norms.parameters())
+    assert all(norm.running_mean.abs().sum() > 0 for norm in probe.norms)  # the statistics eval mode will use
+
+
+def test_the_raw_probe_keeps_the_earlier_layout():
+    standardised, raw = _probe(), _probe(standardise=False)
+    assert not any(key.startswith("norms.") for key in raw.state_dict())
+    assert {key for key in standardised.state_dict() if key.startswith("norms.")} == {
+        f"norms.{i}.{buffer}" for i in range(5) for buffer in ("running_mean", "running_var", "num_batches_tracked")
+    }
+    x = torch.rand(1, 1, 32, 32, 32)
+    raw.eval()
+    features = raw.swinViT(x, normalize=True)
+    expected = sum(torch.nn.functional.interpolate(head(f), size=x.shape[2:], mode="trilinear") for head, f in zip(raw.heads, features))
+    torch.testing.assert_close(raw(x), expected)
+
+
 def test_training_mode_draws_nothing_at_random():
     probe = _probe()
-    x = torch.rand(1, 1, 32, 32, 32)
+    x = torch.rand(2, 1, 32, 32, 32)  # batch norm in training mode needs two values per channel at the 1^3 scale
     probe.train()
     assert torch.equal(probe(x), probe(x))
 
@@ -150,7 +179,7 @@ def test_every_encoder_tensor_of_each_pretraining_bundle_loads_through_the_ct_ne
     report = loader()
     assert (report.layout, report.target) == (layout, "encoder")
     assert report.encoder_keys and report.encoder_loaded == report.encoder_keys and not report.encoder_missing
-    assert sorted(report.missing) == sorted(k for k in loader.network.state_dict() if k.startswith("heads."))
+    assert sorted(report.missing) == sorted(k for k in loader.network.state_dict() if k.startswith(("heads.", "norms.")))
     assert not report.unknown and not report.shape_mismatched
     state = torch.load(source, weights_only=True)
     loaded = loader.network.state_dict()
@@ -201,7 +230,7 @@ def test_the_ct_bundle_trains_a_probe_of_the_ssl_encoder_and_leaves_the_encoder_
     trained = torch.load(out_dir / "models" / "model.pt", weights_only=True)
     encoder = [k for k in trained if k.startswith("swinViT.")]
     assert len(encoder) == total and all(torch.equal(trained[k], ssl[k]) for k in encoder)
-    assert {k.split(".")[0] for k in trained} == {"swinViT", "heads"}
+    assert {k.split(".")[0] for k in trained} == {"swinViT", "norms", "heads"}
     resumable = torch.load(out_dir / "models" / "checkpoint.pt", weights_only=True)
     assert resumable["trainer"]["iteration"] == 3
 

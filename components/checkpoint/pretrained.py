@@ -323,11 +323,13 @@ def load_pretrained(
     # every key of `state` is a key of the model with the model's shape (checked above), so strict=False only
     # tolerates the keys the report lists as missing; verify that torch agrees with the report.
     result = module.load_state_dict(state, strict=False)
-    if result.unexpected_keys or set(result.missing_keys) != set(report.missing):
+    # batch norms set an absent ``num_batches_tracked`` themselves (old checkpoints lack it) and do not list it missing
+    expected_missing = {key for key in report.missing if not key.endswith("num_batches_tracked")}
+    if result.unexpected_keys or set(result.missing_keys) != expected_missing:
         raise RuntimeError(
             "load_pretrained: internal inconsistency between the report and torch's load_state_dict: "
             f"unexpected {result.unexpected_keys[:5]}, "
-            f"missing differs on {sorted(set(result.missing_keys) ^ set(report.missing))[:5]}"
+            f"missing differs on {sorted(set(result.missing_keys) ^ expected_missing)[:5]}"
         )
     logger.info(report.summary())
     for key, how in report.adapted.items():

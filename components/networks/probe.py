@@ -7,7 +7,7 @@ from numbers import Integral
 
 import torch
 import torch.nn.functional as F
-from monai.networks.layers import Conv
+from monai.networks.layers import Conv, Norm
 from torch import nn
 
 from .swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, NUM_FEATURE_MAPS, swin_vit
@@ -29,9 +29,12 @@ class LinearProbe(nn.Module):
     collection fills it) is frozen for good: its parameters never require gradients, it runs without autograd, and it
     stays in eval mode whatever ``train()`` says. Its five normalised feature maps (``swinViT(x, normalize=True)``:
     ``f`` channels at ``s / 2``, ``2f`` at ``s / 4``, ``4f`` at ``s / 8``, ``8f`` at ``s / 16``, ``16f`` at
-    ``s / 32``, ``f`` the feature size) each go through a 1x1x1 convolution to ``out_channels`` logits (attribute
-    ``heads``), upsampled (trilinear, bilinear in 2D) to the input size and summed. Interpolation is linear, so this
-    is one linear classifier per voxel over the upsampled features of every scale.
+    ``s / 32``, ``f`` the feature size) are each standardised by a batch norm without affine parameters (attribute
+    ``norms``, as MAE's linear probe: the scales' feature magnitudes differ by orders, and an encoder is not judged by
+    how well plain SGD copes with that) and go through a 1x1x1 convolution to ``out_channels`` logits (attribute
+    ``heads``), upsampled (trilinear, bilinear in 2D) to the input size and summed. In eval mode the standardisation is
+    a fixed per-channel affine map and interpolation is linear, so this is one linear classifier per voxel over the
+    upsampled features of every scale.
 
     Args:
         in_channels: image channels.
@@ -41,6 +44,8 @@ class LinearProbe(nn.Module):
         spatial_dims: 2 or 3.
         use_checkpoint: activation checkpointing of the Swin blocks, accepted so that a ``SwinUNETR`` configuration
             builds the probe; the encoder runs without autograd, so it saves no memory here.
+        standardise: the batch norms before the convolutions (default); ``False`` reads the raw features (the probe
+            of 0.4.0, whose checkpoints hold no ``norms``).
 
     Shapes:
         input ``(B, in_channels, *spatial)``, spatial sizes best multiples of 32 (as for SwinUNETR); output
@@ -71,6 +76,7 @@ class LinearProbe(nn.Module):
         num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
         spatial_dims: int = 3,
         use_checkpoint: bool = False,
+        standardise: bool = True,
     ) -> None:
         super().__init__()
         sizes = {"in_channels": in_channels, "out_channels": out_channels, "feature_size": feature_size}
@@ -85,14 +91,14 @@ class LinearProbe(nn.Module):
         self.swinViT = swin_vit(self.in_channels, int(feature_size), self.spatial_dims, use_checkpoint=use_checkpoint,
                                 window_size=window_size, use_v2=use_v2, depths=depths, num_heads=num_heads)  # fmt: skip
         self.swinViT.requires_grad_(False)
-        conv = Conv[Conv.CONV, self.spatial_dims]
-        self.heads = nn.ModuleList(
-            conv(int(feature_size) * 2**scale, int(out_channels), kernel_size=1) for scale in range(NUM_FEATURE_MAPS)
-        )
+        conv, norm = Conv[Conv.CONV, self.spatial_dims], Norm[Norm.BATCH, self.spatial_dims]
+        widths = [int(feature_size) * 2**scale for scale in range(NUM_FEATURE_MAPS)]
+        self.norms = nn.ModuleList(norm(width, affine=False) if standardise else nn.Identity() for width in widths)
+        self.heads = nn.ModuleList(conv(width, int(out_channels), kernel_size=1) for width in widths)
         self.train()
 
     def train(self, mode: bool = True) -> LinearProbe:
-        """Sets the heads' mode; the encoder stays in eval mode (no drop-path or dropout draws, ever)."""
+        """Sets the norms' and heads' mode; the encoder stays in eval mode (no drop-path or dropout draws, ever)."""
         super().train(mode)
         self.swinViT.eval()
         return self
@@ -108,7 +114,7 @@ class LinearProbe(nn.Module):
             features = self.swinViT(x.contiguous(), normalize=True)
         size, mode = x.shape[2:], _INTERPOLATION[self.spatial_dims]
         logits = None
-        for head, feature in zip(self.heads, features):
-            scale_logits = F.interpolate(head(feature), size=size, mode=mode, align_corners=False)
+        for norm, head, feature in zip(self.norms, self.heads, features):
+            scale_logits = F.interpolate(head(norm(feature)), size=size, mode=mode, align_corners=False)
             logits = scale_logits if logits is None else logits + scale_logits
         return logits
