@@ -32,6 +32,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import curve_probe
 from machine import REPO, git_commit, machine_info
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -161,6 +162,20 @@ def _judge(values: list[float], baselines: list[float], better: str, margin: flo
     }  # fmt: skip
 
 
+def _probe_point(runs: list[dict], probes: dict[str, dict]) -> dict | None:
+    """The standardised probe's held-out Dice of a point's encoders against the random encoder of each one's seed
+    (:mod:`curve_probe`), judged as a signal; None until every encoder and its random baseline are probed."""
+    names = [f"{run['recipe']}_{run['iterations']}_seed{run['seed']}" for run in runs]  # the records' own names
+    randoms = [f"random_seed{run['seed']}" for run in runs]
+    if not all(name in probes for name in names + randoms):
+        return None
+    dice = [probes[name]["mean_dice"] for name in names]
+    return {"dice": dice, "random": [probes[name]["mean_dice"] for name in randoms],
+            "converged": all(probes[name]["fit"]["converged"] for name in names + randoms),
+            "commits": sorted({probes[name]["commit"] for name in names + randoms}),
+            **_judge(dice, [probes[name]["mean_dice"] for name in randoms], "higher", 0.0)}  # fmt: skip
+
+
 def summarise() -> dict:
     """Writes the summary JSON and the plot from every record; returns the summary.
 
@@ -174,6 +189,7 @@ def summarise() -> dict:
     points: dict[str, dict[int, list[dict]]] = {}
     for r in records:
         points.setdefault(r["recipe"], {}).setdefault(r["iterations"], []).append(r)
+    probes = curve_probe.load_records()
     table = {}
     for recipe, by_budget in sorted(points.items()):
         table[recipe] = {}
@@ -192,6 +208,7 @@ def summarise() -> dict:
                 "signals": signals, "rankme": [f["extra"]["rankme"] for f in finals],
                 "mean_share": [f["extra"]["mean_share"] for f in finals],
                 "seconds": [run["seconds"] for run in runs],
+                "probe": _probe_point(runs, probes),
             }  # fmt: skip
     summary = {
         "what": "health of each recipe's final encoder against each signal's trivial answer, by pretraining budget",
@@ -228,7 +245,8 @@ def markdown(summary: dict) -> str:
     lines = [f"Measured at code {summary['code']} (commits {', '.join(summary['commits'])}) on "
              f"{summary['machine']['cpu_model']}, torch {summary['machine']['torch']}: the final report of each run, "
              f"{summary['settings']['crops']} validation crops.", ""]  # fmt: skip
-    lines += ["| recipe | iterations | verdicts (seeds) | signal: value vs trivial, gap +- sd |", "| --- | --- | --- | --- |"]
+    lines += ["| recipe | iterations | verdicts (seeds) | signal: value vs trivial, gap +- sd | probe Dice vs random encoder |",
+              "| --- | --- | --- | --- | --- |"]
     for recipe, by_budget in summary["table"].items():
         for iterations, point in sorted(by_budget.items(), key=lambda item: int(item[0])):
             cells = []
@@ -237,7 +255,11 @@ def markdown(summary: dict) -> str:
                 cells.append(f"{name} {s['value_mean']:.3g} vs {s['baseline_mean']:.3g}, {s['gap_mean']:+.3g}{sd}"
                              + (" beyond" if s["beyond_spread"] else ""))  # fmt: skip
             verdicts = ", ".join(f"{v} ({seed})" for v, seed in zip(point["verdicts"], point["seeds"]))
-            lines.append(f"| {recipe} | {iterations} | {verdicts} | {'; '.join(cells)} |")
+            probe = point.get("probe")
+            probe_cell = "not probed" if probe is None else (
+                f"{probe['value_mean']:.3f} vs {probe['baseline_mean']:.3f}, {probe['gap_mean']:+.3f}"
+                + (f" +- {probe['gap_sd']:.3f}" if probe["gap_sd"] is not None else "") + (" beyond" if probe["beyond_spread"] else ""))
+            lines.append(f"| {recipe} | {iterations} | {verdicts} | {'; '.join(cells)} | {probe_cell} |")
     return "\n".join(lines) + "\n"
 
 
