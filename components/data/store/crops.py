@@ -257,7 +257,8 @@ def _pad_size(transform: Any, keys: tuple) -> Sequence[int] | int | None:
     padder = getattr(transform, "padder", None)
     if not isinstance(transform, SpatialPadd) or tuple(transform.keys) != keys or padder is None:
         return None
-    plain = str(padder.method) == "symmetric" and str(padder.mode) == "constant" and not padder.kwargs
+    modes = [str(m) for m in transform.mode]  # one per key
+    plain = str(padder.method) == "symmetric" and set(modes) == {"constant"} and not padder.kwargs
     return padder.spatial_size if plain else None
 
 
