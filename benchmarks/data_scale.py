@@ -22,8 +22,8 @@ command skips what is done and a killed run continues:
 4. ``crops``: crops per second of one loader worker (one process, one torch thread) for each recipe's training views,
    from the bundle's in-memory cache and from its disk store, alternating, with the same random state (the same
    crops): SSL and masked-image (``RandCompactSpatialCropSamplesd``, 2 crops of 96^3 per volume), self-distillation
-   (its ``training#context_size`` crop), BTCV finetuning (its random transforms on labeled volumes; its disk path
-   reads whole volumes through ``ReadStoredd``).
+   (its ``training#context_size`` crop), BTCV finetuning (its random transforms on labeled volumes; from disk its
+   label-centred crops drawn from the stored foreground locations, ``StoreRandCropByPosNegLabeld``).
 5. ``workers``: loader workers one GPU needs = batch x crops per volume / GPU step time / crops per second of one
    worker; the step times come from ``--gpu_step_ms`` (``benchmarks/gpu_check.py`` measures them) or, without them,
    a table for 100, 200 and 400 ms steps, and whether 16 cores per GPU (15 workers and the training process) suffice.
@@ -365,12 +365,13 @@ def crop_rates(settings: Settings, corpus: Path, store: Path, recipe: str) -> di
     """Phase 4 for one recipe: crops per second of one process from the in-memory cache and from the disk store."""
     import torch
 
-    from components.data.store import bundle_transforms, preprocess
+    from components.data.store import bundle_crop_size, bundle_transforms, preprocess
 
     datalist = _crop_datalist(settings, corpus, recipe)
     parser = recipe_parser(settings, recipe, datalist, "disk", store)
     if not (store / "index.json").is_file():
-        preprocess(datalist, store, bundle_transforms(parser), workers=settings.workers, channels=parser["in_channels"])
+        preprocess(datalist, store, bundle_transforms(parser), workers=settings.workers, channels=parser["in_channels"],
+                   patch_size=bundle_crop_size(parser))  # as the preprocess command writes it
     sources = {"memory": recipe_parser(settings, recipe, datalist, "full", store).get_parsed_content("train#dataset"),
                "disk": parser.get_parsed_content("train#dataset")}  # fmt: skip
     threads = torch.get_num_threads()
@@ -391,7 +392,7 @@ def crop_rates(settings: Settings, corpus: Path, store: Path, recipe: str) -> di
     if totals["memory"][0] != totals["disk"][0]:
         raise RuntimeError(f"{recipe}: {totals['memory'][0]} crops from memory, {totals['disk'][0]} from disk")
     rates = {name: round(crops / seconds, 2) for name, (crops, seconds) in totals.items()}
-    disk_path = "whole volumes read by ReadStoredd" if recipe == "finetune" else "only the chunks each crop covers"
+    disk_path = "only the chunks each crop covers"
     return {"bundle": RECIPES[recipe], "volumes": len(sources["disk"]), "crops": totals["disk"][0],
             "crops_per_s_memory": rates["memory"], "crops_per_s_disk": rates["disk"],
             "disk_over_memory": round(rates["disk"] / rates["memory"], 3), "disk_reads": disk_path,

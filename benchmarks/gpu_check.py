@@ -326,7 +326,7 @@ def _crops_per_s(dataset, workers: int, batch_size: int, seconds: float) -> dict
 def disk_loader_part(settings: dict, record: Record, deadline: float) -> None:
     """Crops per second of the SSL bundle's training dataset read from a store (loader#cache disk) by N workers."""
     import components
-    from components.data.store import bundle_transforms, preprocess
+    from components.data.store import bundle_crop_size, bundle_transforms, preprocess
     from machine import bundle_parser
 
     bundle = BUNDLES / "swin_unetr_ssl_pretrain"
@@ -338,7 +338,8 @@ def disk_loader_part(settings: dict, record: Record, deadline: float) -> None:
         parser = bundle_parser(bundle, overrides)
         store, writers = Path(tmp) / "store", settings["writers"] or min(settings["volumes"], cpus)
         start = time.perf_counter()
-        preprocess(datalist, store, bundle_transforms(parser), workers=writers, channels=parser["in_channels"])
+        preprocess(datalist, store, bundle_transforms(parser), workers=writers, channels=parser["in_channels"],
+                   patch_size=bundle_crop_size(parser))
         preprocess_s, batch_size = time.perf_counter() - start, parser.get_parsed_content("batch_size")
         record["setup"] = {
             "volumes": settings["volumes"], "volume_shape": settings["shape"], "cpus": cpus,

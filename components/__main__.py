@@ -201,6 +201,7 @@ def preprocess(
     on_error: str = "stop",
     overrides=None,
     overwrite: bool = False,
+    floats: str = "quantized",
 ) -> None:
     """Writes the on-disk store OUT of the volumes of DATALIST (Decathlon dataset.json, its LIST_KEY list): each
     volume decoded once through BUNDLE's deterministic transforms (train#deterministic_transforms; a bundle folder or
@@ -209,12 +210,14 @@ def preprocess(
     broken file stops the run before any work (--on_error stop) or is skipped and listed (skip). --workers N
     processes. --part i --parts n (i from 0) writes every n-th volume from the i-th: n machines onto one shared OUT
     make the same store as one run. A rerun resumes after the volumes already written; --overwrite true replaces a
-    store of other transforms."""
+    store of other transforms. Chunks follow the size of BUNDLE's training crops; float images (a normalised MRI)
+    are stored quantized to 16 bits per channel (the error recorded per array), or as they are with --floats
+    exact."""
     import json
     import shlex
 
     from .config.values import as_bool
-    from .data.store import bundle_transforms
+    from .data.store import bundle_crop_size, bundle_transforms
     from .data.store import preprocess as run_preprocess
     from .demo.runner import bundle_dir
 
@@ -227,11 +230,12 @@ def preprocess(
     words = ["python -m components preprocess", "--datalist", datalist, "--out", out, "--bundle", bundle]
     words += ["--list_key", list_key] if list_key != "training" else []
     words += ["--overrides", json.dumps(overrides, sort_keys=True)] if overrides else []
+    words += ["--floats", floats] if floats != "quantized" else []
     command = " ".join(words[:1] + [shlex.quote(str(w)) for w in words[1:]])
     channels = _bundle_channels(folder, overrides)
     summary = run_preprocess(datalist, out, transforms, list_key=list_key, workers=workers, part=part, parts=parts,
                              on_error=on_error, overwrite=as_bool(overwrite, "overwrite"), channels=channels,
-                             command=command)  # fmt: skip
+                             command=command, patch_size=bundle_crop_size(folder, overrides), floats=floats)  # fmt: skip
     print(summary.line())
 
 

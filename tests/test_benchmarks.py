@@ -181,3 +181,23 @@ def test_store_format_small():
         assert stats["crop_read_ms_p10"] <= stats["crop_read_ms_median"] <= stats["crop_read_ms_p90"], name
         if name != "npy_memmap":
             assert stats["bytes_per_volume"] < 0.5 * formats["npy_memmap"]["bytes_per_volume"], name
+
+
+def test_finetune_crops_small(tmp_path):
+    """The finetuning crops benchmark runs its three parts; its machine-independent figures hold: the crop-size
+    layout reads fewer compressed bytes per crop than 64^3 chunks would hold, quantized images are smaller than
+    exact ones within the error the store records, and both bundles' disk paths use the store crops."""
+    result = _run("finetune_crops.py", "--small", "--work", str(tmp_path), timeout=900)
+    assert result["benchmark"] == "finetune_crops"
+    _machine_ok(result["machine"])
+    for crop in result["layout"].values():
+        old, new = crop["64^3 chunks, 32^3 blocks (format 1)"], crop["from the crop size"]
+        assert new["chunks"] != old["chunks"] and new["crop_ms_p10"] <= new["crop_ms_median"]
+    for floats in result["floats"].values():
+        assert floats["quantized"]["image_bytes_per_volume"] < floats["exact"]["image_bytes_per_volume"]
+        assert 0 < floats["quantized"]["max_abs_error"] <= floats["quantized"]["largest_magnitude"] / 32767
+        assert "max_abs_error" not in floats["exact"]
+    assert {c["crop_reader"] for c in result["crops"].values()} == {"StoreRandCropByPosNegLabeld",
+                                                                   "StoreRandSpatialCropSamplesd"}
+    for crops in result["crops"].values():
+        assert crops["crops"] > 0 and crops["crops_per_s_disk"] > 0 and crops["crops_per_s_memory"] > 0

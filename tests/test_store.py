@@ -33,7 +33,7 @@ from components import (
     transforms_fingerprint,
 )
 from components.data.partition import partition_for_rank
-from components.data.store.format import chunk_numbers, storage_dtype, write_array
+from components.data.store.format import FORMAT_VERSION, chunk_numbers, storage_dtype, write_array
 from components.data.store.transforms import build_transforms
 from components.data.store.values import decode_value, encode_value
 from components.demo.runner import bundle_dir
@@ -232,7 +232,7 @@ def test_the_index_records_what_the_issue_asks_for(ssl_store):
     assert entry["spacing"] == pytest.approx([0.8, 0.8, 2.5])
     geometry = decode_value(entry["values"]["image_compact"])
     assert geometry["scale"] == (-1000.0, 1000.0, 0.0, 1.0, True) and len(geometry["padded_shape"]) == 3
-    assert store.fingerprint == transforms_fingerprint(transforms) and store.index["format_version"] == 1
+    assert store.fingerprint == transforms_fingerprint(transforms) and store.index["format_version"] == FORMAT_VERSION
 
 
 def test_a_store_of_other_transforms_is_refused_with_the_command_that_rebuilds_it(ssl_store, tmp_path):
@@ -250,7 +250,7 @@ def test_a_store_of_other_transforms_is_refused_with_the_command_that_rebuilds_i
                        r"--overwrite true`$"):  # fmt: skip
         open_store(copy, fingerprint=other)
     (copy / "index.json").write_text(json.dumps({**index, "format_version": 0}))
-    with pytest.raises(StoreError, match="has store format 0, this version reads 1: rebuild it with"):
+    with pytest.raises(StoreError, match=f"has store format 0, this version reads {FORMAT_VERSION}: rebuild it with"):
         open_store(copy)
     with pytest.raises(StoreError, match="no index.json: not a store"):
         open_store(tmp_path)
@@ -327,22 +327,37 @@ def test_crops_from_the_store_equal_the_in_memory_compact_path_and_monais_transf
     assert padded_crops  # some crops reached outside the stored region
 
 
-def test_a_finetuning_store_keeps_float_images_narrow_labels_and_metatensor_metadata(tmp_path):
+@pytest.mark.parametrize("floats", ["quantized", "exact"])
+def test_a_finetuning_store_keeps_float_images_compact_labels_narrow_and_metatensor_metadata(tmp_path, floats):
     """The BTCV bundle's deterministic transforms (Spacingd, ScaleIntensityRanged, CropForegroundd): the float32
-    label is stored as uint8 and read back as float32, and ReadStoredd gives the in-memory MetaTensors back."""
+    label is stored as uint8 and read back as float32 exactly; the float32 image is stored as int16 codes within
+    half a code step of its values (quantized, the default) or as float32 (exact); ReadStoredd gives the in-memory
+    MetaTensors back."""
     datalist = write_tiny_ct(tmp_path / "data", num=2)
     transforms = bundle_transforms(bundle_dir("swin_unetr_btcv_finetune"))
-    preprocess(datalist, tmp_path / "store", transforms)
+    preprocess(datalist, tmp_path / "store", transforms, floats=floats)
     store = open_store(tmp_path / "store")
     assert store.entries[1]["arrays"]["label"]["stored_dtype"] == "|u1"
-    assert store.entries[1]["arrays"]["image"]["stored_dtype"] == "<f4"
+    assert store.entries[1]["arrays"]["image"]["stored_dtype"] == ("<i2" if floats == "quantized" else "<f4")
     item = json.loads(datalist.read_text())["training"][1]
     in_memory = build_transforms(transforms)({k: str(datalist.parent / v) for k, v in item.items()})
-    read = ReadStoredd(["image", "label"])(StoreDataset(store)[1])
+    stored = StoreDataset(store)[1]
+    read = ReadStoredd(["image", "label"])(stored)
     for key in ("image", "label"):
         assert isinstance(read[key], MetaTensor) and read[key].dtype == in_memory[key].dtype == torch.float32
-        assert torch.equal(read[key].as_tensor(), in_memory[key].as_tensor())
         assert torch.equal(read[key].affine, in_memory[key].affine)
+    assert torch.equal(read["label"].as_tensor(), in_memory["label"].as_tensor())
+    error = (read["image"].as_tensor() - in_memory["image"].as_tensor()).abs()
+    if floats == "exact":
+        assert not error.any() and "scales" not in stored["image"].record
+    else:
+        record = stored["image"].record
+        largest = float(in_memory["image"].abs().max())
+        step = largest / 32767
+        assert record["scales"] == [pytest.approx(step)]
+        assert float(error.max()) == pytest.approx(record["max_abs_error"])
+        assert 0 < record["max_abs_error"] <= step / 2 + largest * 2**-23  # half a step, and float32's rounding
+        assert not read["image"][in_memory["image"] == 0].any()  # zeros stay zeros
     assert read["image_meta_dict"]["filename_or_obj"] == str(datalist.parent / item["image"])
 
 

@@ -76,6 +76,13 @@ def _region(array: torch.Tensor | StoredArray, region: tuple[slice, ...]) -> tor
     return array.read(region) if isinstance(array, StoredArray) else array[region]
 
 
+def moved_affine(affine: torch.Tensor, first: Sequence[int]) -> torch.Tensor:
+    """The affine (float64, CPU) of an array whose first voxel is voxel ``first`` of the array of ``affine``."""
+    moved = affine.detach().cpu().as_subclass(torch.Tensor).to(torch.float64).clone()
+    moved[:-1, -1] += moved[:-1, :-1] @ torch.tensor([float(v) for v in first], dtype=torch.float64)
+    return moved
+
+
 def _positive_sizes(value: Sequence[int] | int, ndim: int, name: str) -> tuple[int, ...]:
     """``value`` as one positive int per spatial axis; a clear error otherwise (MONAI would silently fall back)."""
     sizes = tuple(int(v) for v in ensure_tuple_rep(value, ndim))
@@ -217,8 +224,10 @@ class CompactCropForegroundd(MapTransform):
     - otherwise the recipe's scaled float32 values (already scaled; only the padding is saved),
 
     and ``data[key + "_compact"]`` holds a small dict: ``padded_shape`` (the recipe's cached spatial shape),
-    ``offset`` (where the stored array starts inside it) and ``scale`` (the scaling arguments, or None when the
-    array is already scaled). The image's metadata (affine etc.) is dropped: the pretraining crops carry none
+    ``offset`` (where the stored array starts inside it), ``scale`` (the scaling arguments, or None when the
+    array is already scaled) and, when the image was a MetaTensor, ``affine``: the stored array's own (the image's
+    affine moved to the array's first voxel), so a store knows its voxels' position and spacing in the stored axis
+    order. The image's other metadata is dropped: the pretraining crops carry none
     (``EnsureTyped(track_meta=False)`` in the recipe); other keys, such as the ``image_meta_dict`` that
     ``LoadImaged(image_only=False)`` adds, are kept, so errors can still name the file.
 
@@ -366,6 +375,7 @@ class CompactCropForegroundd(MapTransform):
         box_start, box_end = self.padded_box(fg_start, fg_end)
         self._record_box(d, source.shape[1:], box_start, box_end)
         for key in self.key_iterator(d):
+            affine = getattr(d[key], "affine", None)
             image = _plain(d[key])
             if image.shape[1:] != source.shape[1:]:
                 raise ValueError(
@@ -377,6 +387,10 @@ class CompactCropForegroundd(MapTransform):
                 d[key], d[f"{key}{COMPACT_SUFFIX}"] = self.compact(image, box_start, box_end, fg_box, source_scaled)
             else:
                 d[key], d[f"{key}{COMPACT_SUFFIX}"] = self.compact(image, box_start, box_end)
+            if isinstance(affine, torch.Tensor):
+                geometry = d[f"{key}{COMPACT_SUFFIX}"]
+                first = [s + o for s, o in zip(box_start, geometry["offset"])]
+                geometry["affine"] = moved_affine(affine, first)
         return d
 
 

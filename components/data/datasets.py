@@ -112,9 +112,12 @@ def build_dataset(
 
 def data_pipeline(deterministic: Sequence[Callable], random: Sequence[Callable], cache: str = "full") -> Compose:
     """A bundle's training transforms for its ``loader#cache``: the deterministic then the random transforms, or,
-    with "disk", the random ones alone (the store holds what the deterministic ones made), preceded by
-    :class:`~components.data.store.ReadStoredd` of the loaded keys unless the first one cuts its crops from the
-    store's lazy arrays (:class:`~components.data.compact_cache.RandCompactSpatialCropSamplesd`).
+    with "disk", the random ones alone (the store holds what the deterministic ones made), cutting their crops from
+    the store's lazy arrays: the first one does already
+    (:class:`~components.data.compact_cache.RandCompactSpatialCropSamplesd`), or a leading ``[SpatialPadd,]
+    RandCropByPosNegLabeld`` / ``RandSpatialCropSamplesd`` is replaced by the store crop that does the same
+    (:func:`~components.data.store.store_crops`); otherwise :class:`~components.data.store.ReadStoredd` of the
+    loaded keys reads whole arrays first.
 
     Example (``train#preprocessing`` of a bundle config)::
 
@@ -123,10 +126,13 @@ def data_pipeline(deterministic: Sequence[Callable], random: Sequence[Callable],
     if cache != "disk":
         return Compose([*deterministic, *random])
     from .compact_cache import RandCompactSpatialCropSamplesd
-    from .store import ReadStoredd
+    from .store import ReadStoredd, store_crops
 
     if random and isinstance(random[0], RandCompactSpatialCropSamplesd):
         return Compose(list(random))
+    cropped = store_crops(random)
+    if cropped is not None:
+        return Compose(cropped)
     keys = next((t.keys for t in deterministic if isinstance(t, LoadImaged)), ("image",))
     return Compose([ReadStoredd(keys), *random])
 

@@ -6,14 +6,18 @@ volume's arrays as compressed, chunked blosc2 files with an index; training then
 
 Modules, each one concern:
 
-- ``format``: one array on disk (blosc2, zstd, 64^3 chunks, a CRC-32 per chunk) and why that format;
+- ``format``: one array on disk (blosc2, zstd, chunks from the crop size, a CRC-32 per chunk, quantized floats)
+  and why that format;
 - ``values``: the small values and metadata of an item as JSON that reads back as the same types;
 - ``index``: the store's layout, the transforms' fingerprint, index shards and their merge (``StoreError``);
 - ``transforms``: a bundle's ``train#deterministic_transforms`` as plain configs (``bundle_transforms``);
 - ``volume``: one volume's folder, written whole or not at all, and read back with lazy handles;
+- ``foreground``: a label map's sampled foreground locations per class (``ClassLocations``);
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
 - ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
-- ``dataset``: ``open_store``, ``Store``, ``StoreDataset`` and ``ReadStoredd`` (whole arrays as MetaTensors).
+- ``dataset``: ``open_store``, ``Store``, ``StoreDataset`` and ``ReadStoredd`` (whole arrays as MetaTensors);
+- ``crops``: the finetuning bundles' crops cut from the store (``StoreRandCropByPosNegLabeld``,
+  ``StoreRandSpatialCropSamplesd``), reading only the chunks each covers.
 
 Public names are imported on first use (PEP 562), so ``import components.data.store`` loads neither blosc2 nor
 MONAI.
@@ -29,6 +33,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "handle": ("StoreReadError", "StoredArray"),
     "index": ("StoreError", "transforms_fingerprint"),
     "preprocessing": ("PreprocessSummary", "VolumeFailedError", "preprocess"),
-    "transforms": ("build_transforms", "bundle_transforms"),
+    "transforms": ("build_transforms", "bundle_crop_size", "bundle_transforms"),
+    "crops": ("StoreRandCropByPosNegLabeld", "StoreRandSpatialCropSamplesd", "store_crops"),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -34,7 +34,12 @@ values without an error (tried with blosc2 4.14). So each compressed chunk's CRC
 is checked when it is opened (truncation).
 
 Integer-valued floating arrays (a label map that ``LoadImaged`` loaded as float32) are stored in the narrowest
-integer dtype that holds their values exactly and read back in their own dtype (:func:`storage_dtype`).
+integer dtype that holds their values exactly and read back in their own dtype (:func:`storage_dtype`). Other
+floating arrays (a normalised MRI, a resampled and scaled CT) are stored exactly, or with ``floats="quantized"``
+as int16 with one scale per channel (:func:`quantize`): bounded error, half of float32's bytes before compression.
+
+Chunk and block shapes follow the crop size a store is read with (:func:`layout`); without one, 64^3 chunks of
+32^3 blocks.
 """
 
 from __future__ import annotations
@@ -49,15 +54,21 @@ import numpy as np
 __all__ = [
     "ARRAY_SUFFIX",
     "FORMAT_VERSION",
+    "FLOATS",
     "chunk_checksums",
     "chunk_numbers",
+    "decode",
+    "dequantize",
+    "layout",
     "open_array",
+    "quantize",
     "storage_dtype",
     "write_array",
 ]
 
-FORMAT_VERSION = 1
-"""Part of every store's fingerprint: a store of another version is refused and rebuilt."""
+FORMAT_VERSION = 2
+"""Part of every store's fingerprint: a store of another version is refused and rebuilt (2: quantized floats,
+foreground locations, chunks from the crop size)."""
 
 ARRAY_SUFFIX = ".b2nd"
 CODEC, CLEVEL, FILTER = "ZSTD", 3, "BITSHUFFLE"
@@ -65,6 +76,10 @@ CHUNK = 64
 BLOCK = 32
 _NARROW = (np.uint8, np.int8, np.int16, np.uint16, np.int32)
 _SAMPLE_STEP = 997
+FLOATS = ("exact", "quantized")
+"""How non-integer floating arrays are stored: as they are, or as int16 with a scale per channel."""
+_LEVELS = 32767  # int16 codes -32767..32767: symmetric, so 0.0 is stored exactly
+_MIN_CHUNK, _MIN_BLOCK = 16, 8
 
 
 def storage_dtype(array: np.ndarray) -> np.dtype:
@@ -90,12 +105,66 @@ def storage_dtype(array: np.ndarray) -> np.dtype:
     return array.dtype
 
 
-def _grid(shape: Sequence[int], size: int) -> tuple[int, ...]:
-    """Chunk or block shape of a channel-first array: one channel, ``size`` on every spatial axis (at most the
-    array's)."""
+def quantize(array: np.ndarray) -> tuple[np.ndarray, list[float]]:
+    """``array`` (channel-first, floating, finite) as int16 codes and one scale per channel: ``code * scale`` is
+    within ``scale / 2`` (plus float32 rounding) of the value, ``scale`` = the channel's largest magnitude / 32767.
+    Zeros stay exactly zero (the background of a normalised MRI, the padding of a crop).
+
+    Example:
+        >>> codes, scales = quantize(np.array([[0.0, 0.5, -1.0]], np.float32))
+        >>> codes.tolist(), scales
+        ([[0, 16384, -32767]], [3.051850947599719e-05])
+    """
+    codes = np.empty(array.shape, np.int16)
+    scales = []
+    for channel, values in enumerate(array):
+        largest = float(np.abs(values).max()) if values.size else 0.0
+        scale = largest / _LEVELS if largest > 0 else 1.0
+        codes[channel] = np.clip(np.rint(values.astype(np.float64) / scale), -_LEVELS, _LEVELS)
+        scales.append(scale)
+    return codes, scales
+
+
+def dequantize(codes: np.ndarray, scales: Sequence[float], dtype: np.dtype, channels: slice = slice(None)) -> np.ndarray:
+    """The values of ``codes`` (a region of an array :func:`quantize` made, channel-first) in ``dtype``;
+    ``channels``: which of the array's channels the region holds."""
+    scale = np.asarray(scales, dtype)[channels].reshape((-1,) + (1,) * (codes.ndim - 1))
+    return codes.astype(dtype) * scale
+
+
+def decode(values: np.ndarray, record: dict, channels: slice = slice(None)) -> np.ndarray:
+    """Stored ``values`` (a region of the array of ``record``, :func:`write_array`'s) in the array's own dtype;
+    ``channels``: which channels the region holds."""
+    dtype = np.dtype(record["dtype"])
+    if "scales" in record:
+        return dequantize(np.asarray(values), record["scales"], dtype, channels)
+    return np.asarray(values).astype(dtype, copy=False)
+
+
+def layout(shape: Sequence[int], patch_size: Sequence[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Chunk and block shapes of a channel-first array read in crops of ``patch_size`` (spatial): one channel per
+    chunk; per spatial axis a chunk of half the crop (rounded up to a multiple of 8, at least 16) and blocks of half
+    a chunk. A crop of ``p`` covers ``p - 1 + chunk`` voxels per axis on average, so smaller chunks move fewer bytes
+    beyond the crop from a cold disk; blosc2 decompresses only the blocks a crop covers. Without ``patch_size``:
+    64^3 chunks of 32^3 blocks. Never larger than the array.
+
+    Example:
+        >>> layout((1, 200, 180, 120), (96, 96, 96))
+        ((1, 48, 48, 48), (1, 24, 24, 24))
+    """
     lead = (1,) if len(shape) > 1 else ()
-    spatial = shape[len(lead) :]
-    return (*lead, *(max(1, min(size, int(n))) for n in spatial))
+    spatial = [int(n) for n in shape[len(lead) :]]
+    if patch_size is None:
+        chunks, blocks = [CHUNK] * len(spatial), [BLOCK] * len(spatial)
+    else:
+        if len(patch_size) != len(spatial):
+            raise ValueError(f"patch_size {list(patch_size)} has {len(patch_size)} axes, the array {len(spatial)} "
+                             f"spatial axes (shape {list(shape)}).")  # fmt: skip
+        chunks = [max(_MIN_CHUNK, -(-int(p) // 16) * 8) for p in patch_size]
+        blocks = [max(_MIN_BLOCK, c // 2) for c in chunks]
+    chunks = [max(1, min(c, n)) for c, n in zip(chunks, spatial)]
+    blocks = [max(1, min(b, c)) for b, c in zip(blocks, chunks)]
+    return (*lead, *chunks), (*lead, *blocks)
 
 
 def chunk_checksums(path: str | os.PathLike) -> list[int]:
@@ -106,22 +175,42 @@ def chunk_checksums(path: str | os.PathLike) -> list[int]:
     return [zlib.crc32(array.schunk.get_chunk(n)) for n in range(array.schunk.nchunks)]
 
 
-def write_array(array: np.ndarray, path: str | os.PathLike) -> dict:
+def write_array(array: np.ndarray, path: str | os.PathLike, patch_size: Sequence[int] | None = None,
+                floats: str = "exact", chunks: Sequence[int] | None = None) -> dict:  # fmt: skip
     """Writes ``array`` (channel-first ``(C, *spatial)``; at least 1-D) to ``path`` as a blosc2 NDArray and returns
     what the index records of it: ``file`` (the name), ``shape``, ``dtype`` (read back as), ``stored_dtype``,
-    ``chunks``, ``nbytes`` (the file's size) and ``crc32`` (one per compressed chunk).
+    ``chunks``, ``nbytes`` (the file's size) and ``crc32`` (one per compressed chunk); for a quantized array also
+    ``scales`` (one per channel) and ``max_abs_error`` / ``mean_abs_error`` (measured against ``array``).
+
+    Args:
+        patch_size: the crop size the array is read in (:func:`layout`); None: 64^3 chunks.
+        floats: non-integer floating arrays stored "exact" or "quantized" (:func:`quantize`).
+        chunks: the chunk shape, overriding :func:`layout` (blocks of the same shape).
 
     The caller makes the file visible atomically (the store writes a volume's files into a temporary folder that
     it renames into place)."""
     import blosc2
 
+    if floats not in FLOATS:
+        raise ValueError(f"floats must be one of {FLOATS}, got {floats!r}.")
     array = np.ascontiguousarray(array)
     if array.ndim < 1:
         raise ValueError(f"{path}: a stored array has at least one axis, got a scalar.")
     stored = storage_dtype(array)
-    data = array.astype(stored) if stored != array.dtype else array
+    extra: dict = {}
+    if floats == "quantized" and stored.kind == "f" and array.ndim > 1 and np.isfinite(array).all():
+        data, scales = quantize(array)
+        error = np.abs(dequantize(data, scales, array.dtype) - array)
+        stored = data.dtype
+        extra = {"scales": scales, "max_abs_error": float(error.max(initial=0.0)),
+                 "mean_abs_error": float(error.mean()) if error.size else 0.0}  # fmt: skip
+    else:
+        data = array.astype(stored) if stored != array.dtype else array
     path = Path(path)
-    chunks, blocks = _grid(data.shape, CHUNK), _grid(data.shape, BLOCK)
+    if chunks is None:
+        chunks, blocks = layout(data.shape, patch_size)
+    else:
+        chunks = blocks = tuple(max(1, min(int(c), int(n))) for c, n in zip(chunks, data.shape))
     cparams = blosc2.CParams(
         codec=getattr(blosc2.Codec, CODEC), clevel=CLEVEL, filters=[getattr(blosc2.Filter, FILTER)], nthreads=1
     )
@@ -134,6 +223,7 @@ def write_array(array: np.ndarray, path: str | os.PathLike) -> dict:
         "chunks": list(chunks),
         "nbytes": path.stat().st_size,
         "crc32": chunk_checksums(path),
+        **extra,
     }
 
 

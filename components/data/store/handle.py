@@ -27,7 +27,7 @@ import torch
 
 from ...errors import UserError
 
-from .format import chunk_numbers, open_array
+from .format import chunk_numbers, decode, open_array
 
 __all__ = ["OPEN_ARRAYS", "StoreReadError", "StoredArray"]
 
@@ -58,6 +58,8 @@ class StoredArray:
         record: ``shape``, ``dtype``, ``stored_dtype``, ``chunks``, ``nbytes``, ``crc32``.
         source: the source volume, named by errors.
         meta: the MetaTensor metadata the array had when it was stored (None for a plain array).
+        locations: a label map's sampled foreground locations
+            (:class:`~components.data.store.foreground.ClassLocations`), None for other arrays.
 
     Example:
         >>> crop = handle[:, 10:42, 0:32, 5:37]      # numpy, only the chunks this region covers are read
@@ -66,11 +68,12 @@ class StoredArray:
     """
 
     def __init__(self, path: str | os.PathLike, record: Mapping[str, Any], source: str | None = None,
-                 meta: Mapping | None = None) -> None:  # fmt: skip
+                 meta: Mapping | None = None, locations: Any = None) -> None:  # fmt: skip
         self.path = Path(path)
         self.record = dict(record)
         self.source = source
         self.meta = meta
+        self.locations = locations
         self.shape = tuple(int(n) for n in record["shape"])
         self.dtype = np.dtype(record["dtype"])
         self._array = None
@@ -164,7 +167,7 @@ class StoredArray:
             values = array[region]
         except Exception as err:  # noqa: BLE001 -- blosc2's decompression errors have no common type
             raise self._error(f"decompression failed ({type(err).__name__}: {err})") from err
-        return np.asarray(values).astype(self.dtype, copy=False)
+        return decode(values, self.record, region[0])
 
     def read(self, index: Any = ...) -> torch.Tensor:
         """``self[index]`` as a torch tensor (the whole array by default)."""

@@ -36,7 +36,7 @@ from typing import Any, TextIO
 from ..check import check_items
 from ..check_report import DataCheckError, DataReport
 from ..datalists import load_datalist
-from .format import FORMAT_VERSION
+from .format import FLOATS, FORMAT_VERSION
 from .index import HEADER, INDEX, ITEM, PARTS, VOLUMES, StoreError, merge_parts, part_path, read_json, volume_id
 from .index import transforms_fingerprint, write_json
 from .transforms import build_transforms, loaded_keys
@@ -107,10 +107,10 @@ def _init_worker(configs: list[dict]) -> None:
 
 def _run_one(task: tuple) -> tuple[int, dict | None, str | None]:
     """(position, entry, None) for a written volume, (position, None, reason) for a failed one."""
-    position, item, keys, root, volume, fingerprint, tag = task
+    position, item, keys, root, volume, fingerprint, tag, layout = task
     try:
         data = _WORKER["transform"](dict(item))
-        return position, write_volume(data, item, keys, root, volume, position, fingerprint, tag), None
+        return position, write_volume(data, item, keys, root, volume, position, fingerprint, tag, **layout), None
     except Exception as err:  # noqa: BLE001 -- any failure of one volume is reported with its source
         return position, None, _reason(err)
 
@@ -212,6 +212,8 @@ def preprocess(
     command: str | None = None,
     progress_every: int | None = None,
     stream: TextIO | None = None,
+    patch_size: Sequence[int] | None = None,
+    floats: str = "quantized",
 ) -> PreprocessSummary:
     """Writes the volumes of ``datalist`` (a Decathlon datalist file and its ``list_key`` list, or a list of
     entries with absolute paths) through ``transforms`` (:func:`~.transforms.bundle_transforms`) into the store
@@ -222,6 +224,10 @@ def preprocess(
         command: the command that rebuilds this store, recorded for the message that refuses it later.
         progress_every: volumes between progress lines where ``stream`` is no terminal (default: 5% of them).
         stream: where progress goes (default: stderr).
+        patch_size: the crop size training reads (e.g. :func:`~.transforms.bundle_crop_size`): chunks and blocks
+            follow it (:func:`~.format.layout`); None: 64^3 chunks.
+        floats: non-integer floating arrays (a normalised MRI) stored "quantized" (int16 and a scale per channel,
+            the error recorded per array) or "exact" (:func:`~.format.write_array`).
 
     Returns:
         a :class:`PreprocessSummary`; its ``line()`` is logged.
@@ -242,6 +248,11 @@ def preprocess(
         raise ValueError(f"part must be in 0..parts-1 and parts >= 1, got part {part!r} of {parts!r}.")
     if int(workers) < 1:
         raise ValueError(f"workers must be >= 1, got {workers!r}.")
+    if floats not in FLOATS:
+        raise ValueError(f"floats must be one of {FLOATS}, got {floats!r}.")
+    if patch_size is not None and not all(isinstance(p, int) and not isinstance(p, bool) and p > 0
+                                          for p in patch_size):  # fmt: skip
+        raise ValueError(f"patch_size must be positive ints, got {patch_size!r}.")
     started = time.monotonic()
     root, part, parts = Path(out), int(part), int(parts)
     configs = [dict(c) for c in transforms]
@@ -258,7 +269,8 @@ def preprocess(
     fingerprint = transforms_fingerprint(configs)
     header = {"format_version": FORMAT_VERSION, "fingerprint": fingerprint, "transforms": configs,
               "datalist": source, "list_key": list_key, "datalist_sha256": datalist_sha256,
-              "volumes": len(items), "command": command}  # fmt: skip
+              "volumes": len(items), "command": command, "floats": floats,
+              "patch_size": None if patch_size is None else list(patch_size)}  # fmt: skip
     _prepare_folder(root, header, overwrite)
 
     summary = PreprocessSummary(root, part, parts)
@@ -272,7 +284,8 @@ def preprocess(
             entries[position] = {**entry, "position": position}
     summary.reused = len(entries)
     left = [p for p in positions if p not in broken and p not in entries]
-    todo = [(p, items[p], keys, root, ids[p], fingerprint, tag) for p in left]
+    layout = {"patch_size": None if patch_size is None else list(patch_size), "floats": floats}
+    todo = [(p, items[p], keys, root, ids[p], fingerprint, tag, layout) for p in left]
     progress = _Progress(len(todo), progress_every, stream or sys.stderr)
     for position, entry, reason in _run(todo, configs, int(workers), progress):
         if entry is not None:

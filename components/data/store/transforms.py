@@ -1,6 +1,7 @@
 """The deterministic transforms a store is written with: a bundle's ``train#deterministic_transforms`` as plain
 configs (``_target_`` and resolved arguments), which both fingerprint the store and rebuild the transforms in each
-preprocessing worker."""
+preprocessing worker; and the size of the crops its ``train#random_transforms`` cut, which the store's chunks
+follow."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ from typing import Any
 
 from monai.transforms import Compose
 
-__all__ = ["build_transforms", "bundle_transforms", "loaded_keys"]
+__all__ = ["build_transforms", "bundle_crop_size", "bundle_transforms", "loaded_keys"]
 
 TRANSFORMS_ID = "train#deterministic_transforms"
+RANDOM_ID = "train#random_transforms"
+_CROP_SIZE = {"RandSpatialCropSamplesd": "roi_size", "RandSpatialCropd": "roi_size", "RandCropByPosNegLabeld":
+              "spatial_size", "RandCropByLabelClassesd": "spatial_size", "RandCompactSpatialCropSamplesd": "roi_size"}
 _DEVICE_ONLY = ("ToDeviced", "ToDevice")  # where a tensor lives is no part of what is stored
 
 
@@ -41,28 +45,14 @@ def bundle_transforms(bundle: str | os.PathLike | Any, overrides: Mapping[str, A
         KeyError: the bundle has no ``train#deterministic_transforms``.
         ValueError: an argument that is neither JSON nor a self-contained expression, or an unknown override id.
     """
-    from monai.bundle import ConfigParser
-
-    if isinstance(bundle, ConfigParser):
-        parser = bundle
-    else:
-        config = Path(bundle) / "configs" / "train.json"
-        if not config.is_file():
-            raise FileNotFoundError(f"{config}: no such file; a bundle folder holds configs/train.json.")
-        parser = ConfigParser()
-        parser.read_config(str(config))
-    for key, value in (overrides or {}).items():
-        if key not in parser:
-            raise ValueError(f"override {key!r}: the bundle has no such id.")
-        parser[key] = value
+    parser = _parser(bundle, overrides)
     if TRANSFORMS_ID not in parser:
         raise KeyError(f"the bundle has no {TRANSFORMS_ID!r}: it names no deterministic transforms to store.")
     configs = []
     for index, raw in enumerate(parser[TRANSFORMS_ID]):
         where = f"{TRANSFORMS_ID}#{index}"
         target = str(raw.get("_target_", ""))
-        disabled = "_disabled_" in raw and parser.get_parsed_content(f"{where}#_disabled_", instantiate=False)
-        if disabled in (True, "true", "True") or target.rsplit(".", 1)[-1] in _DEVICE_ONLY:
+        if _disabled(parser, where, raw) or target.rsplit(".", 1)[-1] in _DEVICE_ONLY:
             continue
         config = {"_target_": target}
         for name, value in raw.items():
@@ -77,6 +67,48 @@ def bundle_transforms(bundle: str | os.PathLike | Any, overrides: Mapping[str, A
             config[name] = resolved
         configs.append(config)
     return configs
+
+
+def _parser(bundle: str | os.PathLike | Any, overrides: Mapping[str, Any] | None):
+    """The bundle's ``ConfigParser`` (read from its folder unless given) with ``overrides`` set."""
+    from monai.bundle import ConfigParser
+
+    if isinstance(bundle, ConfigParser):
+        parser = bundle
+    else:
+        config = Path(bundle) / "configs" / "train.json"
+        if not config.is_file():
+            raise FileNotFoundError(f"{config}: no such file; a bundle folder holds configs/train.json.")
+        parser = ConfigParser()
+        parser.read_config(str(config))
+    for key, value in (overrides or {}).items():
+        if key not in parser:
+            raise ValueError(f"override {key!r}: the bundle has no such id.")
+        parser[key] = value
+    return parser
+
+
+def _disabled(parser: Any, where: str, raw: Mapping) -> bool:
+    return "_disabled_" in raw and parser.get_parsed_content(f"{where}#_disabled_", instantiate=False) in (True, "true", "True")
+
+
+def bundle_crop_size(bundle: str | os.PathLike | Any, overrides: Mapping[str, Any] | None = None) -> list[int] | None:
+    """The spatial size of the crops a bundle's training cuts: the ``roi_size`` / ``spatial_size`` of the first
+    enabled crop of ``train#random_transforms`` (resolved, with ``overrides``); None when it has none that is
+    positive ints (MONAI's -1 "whole axis"), or no random transforms. What :func:`~.format.layout` sizes the
+    store's chunks from."""
+    parser = _parser(bundle, overrides)
+    if RANDOM_ID not in parser:
+        return None
+    for index, raw in enumerate(parser[RANDOM_ID]):
+        where = f"{RANDOM_ID}#{index}"
+        argument = _CROP_SIZE.get(str(raw.get("_target_", "")).rsplit(".", 1)[-1])
+        if argument is None or argument not in raw or _disabled(parser, where, raw):
+            continue
+        size = parser.get_parsed_content(f"{where}#{argument}", instantiate=False)
+        ok = isinstance(size, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
+        return [int(v) for v in size] if ok else None
+    return None
 
 
 def build_transforms(configs: Sequence[Mapping]) -> Compose:
