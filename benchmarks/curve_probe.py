@@ -8,7 +8,8 @@ seconds and its Dice does not depend on a schedule:
 
 - **data**: the demo's labeled synthetic CT (its CPU budget's 24 volumes, data seed 0, the demo's split by body
   size), through the CT bundle's own validation transforms at the demo's overrides (1 x 1 x 2 mm, HU [-175, 250]),
-  each volume padded to a multiple of 32 and seen whole;
+  each volume padded to a multiple of 32 and seen whole; ``--window pretraining`` maps HU [-1000, 1000] instead, the
+  window the encoders were pretrained on, so that the two columns measure what the finetuning window costs them;
 - **training**: from every training volume, up to ``POINTS[c]`` voxels of each class ``c`` drawn at random (seeded);
   their features read from each feature map at the voxel's position with the interpolation the probe uses
   (``grid_sample``, trilinear, border); the probe's batch norms set to the statistics of all points (what training
@@ -23,7 +24,8 @@ spread.
 
     python benchmarks/curve_probe.py --work /work/bench-data/curve   # probes every finished curve run, resumable
 
-Records go to ``benchmarks/results/pretrain_curve_probe/<run>.json`` (``random_seed<s>.json`` for the baselines),
+Records go to ``benchmarks/results/pretrain_curve_probe/<run>.json`` (``random_seed<s>.json`` for the baselines;
+``pretrain_curve_probe_pretraining_window/`` for ``--window pretraining``),
 each naming the encoder file's sha256 and the commit of the probe's code; ``pretrain_curve.py summarise`` puts
 them beside the health signals.
 """
@@ -42,7 +44,12 @@ import torch.nn.functional as F
 
 from machine import REPO, git_commit, machine_info
 
-RECORDS = REPO / "benchmarks" / "results" / "pretrain_curve_probe"
+RESULTS = REPO / "benchmarks" / "results"
+#: the probe's input windows (Hounsfield units mapped to [0, 1]): the finetuning bundle's own, and the pretraining
+#: bundles' (the window every curve encoder was pretrained on), each with its records folder
+WINDOWS = {"finetuning": None, "pretraining": (-1000, 1000)}
+RECORDS = {name: RESULTS / ("pretrain_curve_probe" if name == "finetuning" else f"pretrain_curve_probe_{name}_window")
+           for name in WINDOWS}  # fmt: skip
 DATA_SEED = 0
 #: voxels drawn per class from each training volume: background, then each organ
 POINTS = (768, 256, 256, 256, 256, 256)
@@ -64,10 +71,11 @@ def labeled(work: Path) -> Path:
     return datalist
 
 
-def volumes(work: Path) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Each list's ``(image, label)`` pairs after the CT bundle's validation transforms at the demo's overrides
-    (cached under ``work``): image ``(1, X, Y, Z)`` float, label ``(1, X, Y, Z)`` integer classes."""
-    cache = work / "probe_volumes.pt"
+def volumes(work: Path, window: str = "finetuning") -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each list's ``(image, label)`` pairs after the CT bundle's validation transforms at the demo's overrides and
+    the ``window`` of :data:`WINDOWS` (cached under ``work``): image ``(1, X, Y, Z)`` float, label ``(1, X, Y, Z)``
+    integer classes."""
+    cache = work / f"probe_volumes_{window}.pt"
     if cache.is_file():
         return torch.load(cache, weights_only=True)
     from monai.bundle import ConfigParser
@@ -80,6 +88,8 @@ def volumes(work: Path) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
     parser = ConfigParser()
     parser.read_config(str(BUNDLES_DIR / CT_BUNDLE / "configs" / "train.json"))
     parser.update(finetune_overrides(DemoBudget(), datalist, work / "probe_unused", "cpu", 0, None))
+    if WINDOWS[window] is not None:
+        parser.update({"intensity_range": list(WINDOWS[window])})
     parser.get_parsed_content("imports")
     transform = parser.get_parsed_content("validate#preprocessing")
     lists = {}
@@ -223,9 +233,10 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def run(work: Path, records: Path = RECORDS) -> list[Path]:
-    """Probes every finished run under ``work / "runs"`` and the random encoders, skipping records already written."""
-    lists = volumes(work)
+def run(work: Path, window: str = "finetuning") -> list[Path]:
+    """Probes every finished run under ``work / "runs"`` and the random encoders on inputs of ``window``, skipping
+    records already written."""
+    lists, records = volumes(work, window), RECORDS[window]
     records.mkdir(parents=True, exist_ok=True)
     jobs = [(f"random_seed{seed}", None, seed) for seed in RANDOM_SEEDS]
     for model in sorted((work / "runs").glob("*/models/model.pt")):
@@ -238,7 +249,7 @@ def run(work: Path, records: Path = RECORDS) -> list[Path]:
             continue  # done, or the curve run has not finished
         result = probe_point(model, seed, lists)
         record = {"run": name, "seed": seed, "encoder_sha256": None if model is None else file_sha256(model),
-                  "commit": git_commit(), "settings": {"points": POINTS, "l2": L2, "tolerance": TOLERANCE,
+                  "commit": git_commit(), "settings": {"window": window, "intensity_range": WINDOWS[window], "points": POINTS, "l2": L2, "tolerance": TOLERANCE,
                   "max_rounds": MAX_ROUNDS, "data_seed": DATA_SEED}, "machine": machine_info(), **result}  # fmt: skip
         path.write_text(json.dumps(record, indent=1) + "\n")
         print(f"{name}: probe Dice {result['mean_dice']:.3f} ({result['fit']['rounds']} rounds, converged "
@@ -247,16 +258,17 @@ def run(work: Path, records: Path = RECORDS) -> list[Path]:
     return written
 
 
-def load_records(records: Path = RECORDS) -> dict[str, dict]:
-    """The probe records by run name."""
-    return {path.stem: json.loads(path.read_text()) for path in sorted(records.glob("*.json"))}
+def load_records(window: str = "finetuning") -> dict[str, dict]:
+    """The probe records of ``window`` by run name."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(RECORDS[window].glob("*.json"))}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", type=Path, required=True, help="pretrain_curve.py's --work folder")
+    parser.add_argument("--window", choices=sorted(WINDOWS), default="finetuning", help="the probe's input window")
     args = parser.parse_args(argv)
-    run(args.work)
+    run(args.work, args.window)
     return 0
 
 

@@ -189,7 +189,7 @@ def summarise() -> dict:
     points: dict[str, dict[int, list[dict]]] = {}
     for r in records:
         points.setdefault(r["recipe"], {}).setdefault(r["iterations"], []).append(r)
-    probes = curve_probe.load_records()
+    probes = {window: curve_probe.load_records(window) for window in curve_probe.WINDOWS}
     table = {}
     for recipe, by_budget in sorted(points.items()):
         table[recipe] = {}
@@ -208,7 +208,7 @@ def summarise() -> dict:
                 "signals": signals, "rankme": [f["extra"]["rankme"] for f in finals],
                 "mean_share": [f["extra"]["mean_share"] for f in finals],
                 "seconds": [run["seconds"] for run in runs],
-                "probe": _probe_point(runs, probes),
+                "probe": {window: _probe_point(runs, records) for window, records in probes.items()},
             }  # fmt: skip
     summary = {
         "what": "health of each recipe's final encoder against each signal's trivial answer, by pretraining budget",
@@ -245,8 +245,10 @@ def markdown(summary: dict) -> str:
     lines = [f"Measured at code {summary['code']} (commits {', '.join(summary['commits'])}) on "
              f"{summary['machine']['cpu_model']}, torch {summary['machine']['torch']}: the final report of each run, "
              f"{summary['settings']['crops']} validation crops.", ""]  # fmt: skip
-    lines += ["| recipe | iterations | verdicts (seeds) | signal: value vs trivial, gap +- sd | probe Dice vs random encoder |",
-              "| --- | --- | --- | --- | --- |"]
+    windows = list(curve_probe.WINDOWS)
+    lines += ["| recipe | iterations | verdicts (seeds) | signal: value vs trivial, gap +- sd | "
+              + " | ".join(f"probe Dice vs random encoder, {w} window" for w in windows) + " |",
+              "| --- | --- | --- | --- | " + " | ".join("---" for _ in windows) + " |"]  # fmt: skip
     for recipe, by_budget in summary["table"].items():
         for iterations, point in sorted(by_budget.items(), key=lambda item: int(item[0])):
             cells = []
@@ -255,12 +257,18 @@ def markdown(summary: dict) -> str:
                 cells.append(f"{name} {s['value_mean']:.3g} vs {s['baseline_mean']:.3g}, {s['gap_mean']:+.3g}{sd}"
                              + (" beyond" if s["beyond_spread"] else ""))  # fmt: skip
             verdicts = ", ".join(f"{v} ({seed})" for v, seed in zip(point["verdicts"], point["seeds"]))
-            probe = point.get("probe")
-            probe_cell = "not probed" if probe is None else (
-                f"{probe['value_mean']:.3f} vs {probe['baseline_mean']:.3f}, {probe['gap_mean']:+.3f}"
-                + (f" +- {probe['gap_sd']:.3f}" if probe["gap_sd"] is not None else "") + (" beyond" if probe["beyond_spread"] else ""))
-            lines.append(f"| {recipe} | {iterations} | {verdicts} | {'; '.join(cells)} | {probe_cell} |")
+            probes = " | ".join(_probe_cell((point.get("probe") or {}).get(window)) for window in windows)
+            lines.append(f"| {recipe} | {iterations} | {verdicts} | {'; '.join(cells)} | {probes} |")
     return "\n".join(lines) + "\n"
+
+
+def _probe_cell(probe: dict | None) -> str:
+    """A point's probe Dice against the random encoders' (mean gap +- its sd over seeds, ``beyond`` as a signal's)."""
+    if probe is None:
+        return "not probed"
+    sd = f" +- {probe['gap_sd']:.3f}" if probe["gap_sd"] is not None else ""
+    beyond = " beyond" if probe["beyond_spread"] else ""
+    return f"{probe['value_mean']:.3f} vs {probe['baseline_mean']:.3f}, {probe['gap_mean']:+.3f}{sd}{beyond}"
 
 
 def plot(table: dict, path: Path) -> None:

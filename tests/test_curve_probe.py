@@ -80,9 +80,12 @@ def test_a_point_is_probed_only_when_every_encoder_and_its_random_baseline_are()
 def test_the_docs_table_shows_the_probe_beside_the_signals():
     signal = {"value_mean": 0.5, "baseline_mean": 0.25, "gap_mean": 0.25, "gap_sd": 0.01, "beyond_spread": True}
     point = {"verdicts": ["learning"], "seeds": [0], "signals": {"rotation_accuracy": signal},
-             "probe": {"value_mean": 0.612, "baseline_mean": 0.401, "gap_mean": 0.211, "gap_sd": 0.02, "beyond_spread": True}}
+             "probe": {"finetuning": {"value_mean": 0.612, "baseline_mean": 0.401, "gap_mean": 0.211, "gap_sd": 0.02,
+                                      "beyond_spread": True}, "pretraining": None}}
     summary = {"code": "c", "commits": ["x"], "machine": {"cpu_model": "cpu", "torch": "t"}, "settings": {"crops": 64},
-               "table": {"ssl": {"1003": point, "204": {**point, "probe": None}}}}
+               "table": {"ssl": {"1003": point, "204": {**point, "probe": {}}}}}
     text = curve.markdown(summary)
-    assert "| ssl | 1003 | learning (0) | rotation_accuracy 0.5 vs 0.25, +0.25 +- 0.01 beyond | 0.612 vs 0.401, +0.211 +- 0.020 beyond |" in text
-    assert text.index("| ssl | 204 |") < text.index("| ssl | 1003 |") and "| not probed |" in text
+    assert ("| ssl | 1003 | learning (0) | rotation_accuracy 0.5 vs 0.25, +0.25 +- 0.01 beyond | "
+            "0.612 vs 0.401, +0.211 +- 0.020 beyond | not probed |") in text
+    assert text.index("| ssl | 204 |") < text.index("| ssl | 1003 |") and "| not probed | not probed |" in text
+    assert "probe Dice vs random encoder, finetuning window | probe Dice vs random encoder, pretraining window |" in text
