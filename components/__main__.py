@@ -201,6 +201,7 @@ def preprocess(
     on_error: str = "stop",
     overrides=None,
     overwrite: bool = False,
+    source_root: str | None = None,
 ) -> None:
     """Writes the on-disk store OUT of the volumes of DATALIST (Decathlon dataset.json, its LIST_KEY list): each
     volume decoded once through BUNDLE's deterministic transforms (train#deterministic_transforms; a bundle folder or
@@ -209,7 +210,9 @@ def preprocess(
     broken file stops the run before any work (--on_error stop) or is skipped and listed (skip). --workers N
     processes. --part i --parts n (i from 0) writes every n-th volume from the i-th: n machines onto one shared OUT
     make the same store as one run. A rerun resumes after the volumes already written; --overwrite true replaces a
-    store of other transforms."""
+    store of other transforms. The sources are recorded under --source_root (default: the datalist's folder when it
+    holds them all), so a training run reads the store wherever they are (loader#source_root); a rerun after they
+    moved rewrites the index only, and writes anew the volumes whose source changed."""
     import json
     import shlex
 
@@ -227,11 +230,12 @@ def preprocess(
     words = ["python -m components preprocess", "--datalist", datalist, "--out", out, "--bundle", bundle]
     words += ["--list_key", list_key] if list_key != "training" else []
     words += ["--overrides", json.dumps(overrides, sort_keys=True)] if overrides else []
+    words += ["--source_root", source_root] if source_root else []
     command = " ".join(words[:1] + [shlex.quote(str(w)) for w in words[1:]])
     channels = _bundle_channels(folder, overrides)
     summary = run_preprocess(datalist, out, transforms, list_key=list_key, workers=workers, part=part, parts=parts,
                              on_error=on_error, overwrite=as_bool(overwrite, "overwrite"), channels=channels,
-                             command=command)  # fmt: skip
+                             command=command, source_root=source_root)  # fmt: skip
     print(summary.line())
 
 

@@ -8,12 +8,14 @@ Modules, each one concern:
 
 - ``format``: one array on disk (blosc2, zstd, 64^3 chunks, a CRC-32 per chunk) and why that format;
 - ``values``: the small values and metadata of an item as JSON that reads back as the same types;
-- ``index``: the store's layout, the transforms' fingerprint, index shards and their merge (``StoreError``);
+- ``index``: the store's layout, the transforms' fingerprint, where its sources are (a root and paths under it),
+  index shards and their merge into memory-mapped columns (``StoreError``);
 - ``transforms``: a bundle's ``train#deterministic_transforms`` as plain configs (``bundle_transforms``);
 - ``volume``: one volume's folder, written whole or not at all, and read back with lazy handles;
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
 - ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
-- ``dataset``: ``open_store``, ``Store``, ``StoreDataset`` and ``ReadStoredd`` (whole arrays as MetaTensors).
+- ``dataset``: ``open_store``, ``Store``, ``StoreDataset``, ``training_store`` (the datalist's volumes, a rank's
+  shard, their sources checked) and ``ReadStoredd`` (whole arrays as MetaTensors).
 
 Public names are imported on first use (PEP 562), so ``import components.data.store`` loads neither blosc2 nor
 MONAI.
@@ -25,7 +27,8 @@ from ...lazy import lazy_names
 
 # submodule -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "dataset": ("ON_READ_ERROR", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint", "training_store"),
+    "dataset": ("ON_READ_ERROR", "SOURCE_CHECKS", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint",
+                "training_store"),
     "handle": ("StoreReadError", "StoredArray"),
     "index": ("StoreError", "transforms_fingerprint"),
     "preprocessing": ("PreprocessSummary", "VolumeFailedError", "preprocess"),
