@@ -107,6 +107,18 @@ def test_preprocess_after_the_sources_moved_rewrites_the_index_and_keeps_the_vol
     assert [source for _, source in served.data] == [str(link / f"images/case_{i}.nii.gz") for i in range(4)]
 
 
+def test_the_preprocess_command_records_the_source_root_it_is_given(tmp_path, capsys):
+    from components.__main__ import preprocess as command
+
+    datalist = write_tiny_ct(tmp_path / "data" / "ct", num=2)
+    command(str(datalist), str(tmp_path / "store"), bundle=str(SSL), overrides={"roi_size": ROI},
+            source_root=str(tmp_path / "data"))  # fmt: skip
+    assert "2 written" in capsys.readouterr().out
+    store = open_store(tmp_path / "store")
+    assert store.source_root == str(tmp_path / "data") and store.entries[1]["key"] == "ct/images/case_1.nii.gz"
+    assert store.index["command"].endswith(f"--source_root {tmp_path / 'data'}")
+
+
 # ---------------------------------------------------------------------------------------------- stale sources
 
 
@@ -243,7 +255,8 @@ def test_a_rank_reads_its_shards_entries_of_the_index_not_the_corpus(tmp_path, m
     data = _synthetic_store(tmp_path / "store", 1000)
     assert (tmp_path / "store" / "index.json").stat().st_size < len(json.dumps(TRANSFORMS)) + 1000
     read = []
-    monkeypatch.setattr(module, "read_entries", lambda root, rows: read.append(len(rows)) or read_entries(root, rows))
+    monkeypatch.setattr(module, "read_entries",
+                        lambda root, rows, fields=None: read.append(len(rows)) or read_entries(root, rows, fields))  # fmt: skip
     served = {}
     for rank in range(4):
         monkeypatch.setattr("components.data.partition.get_rank", lambda rank=rank: rank)

@@ -58,7 +58,8 @@ ON_READ_ERROR: tuple[str, ...] = ("stop", "skip")
 #: how a training run checks that its volumes' sources are those the store was written from: their size and
 #: modification time, their size and content (SHA-256: reads every source of the rank's shard), or not at all.
 SOURCE_CHECKS: tuple[str, ...] = ("stat", "sha256", "off")
-_BLOCK = 4096  # entries read at once where a whole store is gone through
+_BLOCK = 4096  # entries read at once where many are gone through
+_SERVED = ("id", "key", "files")  # what a dataset needs of an entry: its folder, and its sources to name and check
 
 
 class Store:
@@ -96,9 +97,17 @@ class Store:
     def __len__(self) -> int:
         return int(self.index["count"])
 
-    def read(self, rows: Sequence[int] | np.ndarray) -> list[dict]:
-        """The entries at ``rows`` (:func:`~.index.read_entries`)."""
-        return read_entries(self.root, rows)
+    def read(self, rows: Sequence[int] | np.ndarray, fields: Sequence[str] | None = None) -> list[dict]:
+        """The entries at ``rows``, whole or only their ``fields`` (:func:`~.index.read_entries`)."""
+        return read_entries(self.root, rows, fields)
+
+    def volumes(self, rows: np.ndarray) -> list[tuple[str, str | None]]:
+        """The (id, first source) of the volumes at ``rows``, read a block of entries at a time: what a dataset
+        serving them holds."""
+        volumes = []
+        for start in range(0, len(rows), _BLOCK):
+            volumes += [(e["id"], self.source(e)) for e in self.read(rows[start : start + _BLOCK], _SERVED)]
+        return volumes
 
     def find(self, hashes: np.ndarray) -> np.ndarray:
         """The row of the entry of each key hash (:func:`~.index.key_hashes`), -1 where the store has none."""
@@ -218,28 +227,26 @@ class StoreDataset(Dataset):
             :class:`~components.data.store.handle.StoreReadError` naming the store file and the source volume;
             ``"skip"``: it is logged at WARNING with the count of volumes this process has skipped, and the next
             volume of the shard takes its place (a batch keeps its size; all volumes unreadable still raises).
-        entries: the index entries to serve, in order (:func:`training_store` passes a rank's shard of its
-            datalist); default: every stored volume, or this rank's shard of them with ``shard``.
-        source_root: where the sources are now, for the names errors give (default: the store's source root).
+        volumes: the (id, source file) of the volumes to serve, in order (:func:`training_store` passes a rank's
+            shard of its datalist); default: every stored volume, or this rank's shard of them with ``shard``.
 
     Picklable: it holds the store's folder and the volumes' ids and sources; files are opened by the worker that
     reads them.
     """
 
     def __init__(self, store: Store | str | os.PathLike, transform: Callable | None = None, shard: bool = False,
-                 seed: int = 0, on_read_error: str = "stop", entries: Sequence[Mapping] | None = None,
-                 source_root: str | os.PathLike | None = None) -> None:  # fmt: skip
+                 seed: int = 0, on_read_error: str = "stop",
+                 volumes: Sequence[tuple[str, str | None]] | None = None) -> None:  # fmt: skip
         if on_read_error not in ON_READ_ERROR:
             raise ValueError(f"on_read_error must be one of {ON_READ_ERROR}, got {on_read_error!r}.")
         store = store if isinstance(store, Store) else open_store(store)
-        if entries is None:
+        if volumes is None:
             rows = np.arange(len(store))
-            entries = store.read(rows[shard_indices(len(rows), seed)] if shard else rows)
-        volumes = [(entry["id"], store.source(entry, source_root)) for entry in entries]
+            volumes = store.volumes(rows[shard_indices(len(rows), seed)] if shard else rows)
         self.root = store.root
         self.on_read_error = on_read_error
         self.skipped = 0
-        super().__init__(volumes, transform)
+        super().__init__(list(volumes), transform)
 
     def _read(self, index: int) -> Any:
         item = read_item(self.root, *self.data[index])
@@ -348,12 +355,13 @@ def _missing(store: Store, data: Sequence[Mapping], absent: np.ndarray, keys: tu
     return StoreError(f"{text}: write them into the store with `{command}` (the volumes already there are kept)")
 
 
-def _changed(entries: Sequence[Mapping], root: str, check: str) -> list[str]:
-    """One line per volume of ``entries`` whose sources under ``root`` changed since they were stored (``check``:
-    :data:`SOURCE_CHECKS`), naming the volume, the file and what changed."""
+def _changed(entries: Sequence[Mapping], root: str, check: str, seen: set[str]) -> list[str]:
+    """One line per volume of ``entries`` (but those ``seen`` before, which it adds to) whose sources under ``root``
+    changed since they were stored (``check``: :data:`SOURCE_CHECKS`), naming the volume, the file and what
+    changed."""
     if check == "off":
         return []
-    changed, seen = [], set()
+    changed = []
     for entry in entries:
         if entry["id"] in seen:
             continue
@@ -442,13 +450,18 @@ def training_store(
     if shard:
         check_shard_sizes(len(positions), get_world_size(), batch_size, "disk", list_name="stored", source=opened.root)
         positions = positions[shard_indices(len(positions), seed)]
-    entries = opened.read(rows[positions])
-    for position, entry in zip(positions.tolist(), entries):  # a hash shared by two keys would pair other files
-        if entry["key"] != source_key(source_files(data[position], keys), root):
-            raise StoreError(f"{opened.root}: entry {position} of {source} and stored volume {entry['id']} share a "
-                             "key hash; rebuild the store into a new folder")  # fmt: skip
-    _refuse_changed(opened, _changed(entries, root, source_check), len(entries), source_check)
-    return StoreDataset(opened, transform, on_read_error=on_read_error, entries=entries, source_root=root)
+    volumes, changed, seen = [], [], set()
+    for start in range(0, len(positions), _BLOCK):  # a block of entries at a time: the rank keeps (id, source)
+        block = positions[start : start + _BLOCK]
+        entries = opened.read(rows[block], _SERVED)
+        for position, entry in zip(block.tolist(), entries):  # a hash shared by two keys would pair other files
+            if entry["key"] != source_key(source_files(data[position], keys), root):
+                raise StoreError(f"{opened.root}: entry {position} of {source} and stored volume {entry['id']} share "
+                                 "a key hash; rebuild the store into a new folder")  # fmt: skip
+            volumes.append((entry["id"], opened.source(entry, root)))
+        changed += _changed(entries, root, source_check, seen)
+    _refuse_changed(opened, changed, len(volumes), source_check)
+    return StoreDataset(opened, transform, on_read_error=on_read_error, volumes=volumes)
 
 
 class ReadStoredd(MapTransform):

@@ -328,8 +328,11 @@ def find_rows(root: str | os.PathLike, hashes: np.ndarray) -> np.ndarray:
     return np.where(keys[at] == hashes, rows[at], -1).astype(np.int64)
 
 
-def read_entries(root: str | os.PathLike, rows: Sequence[int] | np.ndarray) -> list[dict]:
-    """The entries at ``rows`` (in that order), each read from its own line of ``entries.jsonl``.
+def read_entries(root: str | os.PathLike, rows: Sequence[int] | np.ndarray, fields: Sequence[str] | None = None
+                 ) -> list[dict]:  # fmt: skip
+    """The entries at ``rows`` (in that order), each read from its own line of ``entries.jsonl``; with ``fields``,
+    only those of each entry are kept (a rank serving a shard keeps its volumes' ids and sources, not their
+    arrays' records and values).
 
     Raises:
         StoreError: a row beyond the index, or a line that is not an entry (the index was damaged).
@@ -346,8 +349,9 @@ def read_entries(root: str | os.PathLike, rows: Sequence[int] | np.ndarray) -> l
             f.seek(int(offsets[row]))
             line = f.read(int(offsets[row + 1] - offsets[row]))
             try:
-                read[row] = json.loads(line)
+                entry = json.loads(line)
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 raise StoreError(f"{path}: line {row + 1} is not an index entry ({err}); rerun the preprocessing "
                                  "to rewrite the index") from None  # fmt: skip
+            read[row] = entry if fields is None else {field: entry[field] for field in fields}
     return [read[row] for row in rows.tolist()]
