@@ -200,14 +200,15 @@ def markdown(result: dict) -> str:
              f"{max(r['baseline_rss_mib'] for r in result['sizes'][next(iter(result['sizes']))]['index']['ranks']):.0f} "
              "MiB):", "",
              "| index entries | index on disk | a rank's `StoreDataset(shard=True)` | `load_datalist` of every entry "
-             "| `training_store` over it | 0.4.0's `index.json`, loaded by every rank |",
+             "| `training_store` over it | 0.4.0's `index.json`, loaded whole by every rank (one measured) |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for size, entry in result["sizes"].items():
         def cost(mode: str, step: str, read: bool = True) -> str:
             if mode not in entry:
                 return "not measured"
             summary = entry[mode]["summary"][step]
-            text = f"{summary['rss_mib']['max']:,.0f} MiB, {summary['wall_s']['max']:.2f} s"
+            text = (f"{summary['rss_mib']['max']:,.0f} MiB, {summary['wall_s']['max']:.2f} s "
+                    f"({summary['cpu_s']['max']:.2f} CPU s)")  # fmt: skip
             return f"{summary['entries_read']['max']:,} entries read; {text}" if read and "entries_read" in summary else text
 
         disk = entry["bytes"]
