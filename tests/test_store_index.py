@@ -194,14 +194,16 @@ def _as_040(store: Path) -> None:
     index = json.loads((store / "index.json").read_text())
     root = index.pop("source_root")
     entries = []
-    for path in sorted((store / "volumes").glob("*/item.json"), key=lambda p: json.loads(p.read_text())["entry"]["position"]):
+    for path in (store / "volumes").glob("*/item.json"):
         stored = json.loads(path.read_text())
         entry = stored["entry"]
         files = [str(Path(root) / f["path"]) for f in entry.pop("files")]
         entry.pop("key")
-        entry.update(source=encode_value({"image": files[0]}), sha256={f: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files})
+        entry["source"] = encode_value({"image": files[0]})
+        entry["sha256"] = {f: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files}
         path.write_text(json.dumps({**stored, "entry": entry}))
         entries.append(entry)
+    entries.sort(key=lambda entry: entry["position"])
     for field in ("index_layout", "count"):
         index.pop(field)
     (store / "index.json").write_text(json.dumps({**index, "entries": entries}))

@@ -204,8 +204,9 @@ def open_store(path: str | os.PathLike, fingerprint: str | None = None, rebuild:
         raise StoreError(f"{root} has store format {store.index.get('format_version')}, this version reads "
                          f"{FORMAT_VERSION}: rebuild it with `{command}`")  # fmt: skip
     if store.index.get("index_layout") != INDEX_LAYOUT:
-        raise StoreError(f"{root} has the index of 0.4.0 (one {INDEX} that every rank loads whole): rewrite it with "
-                         f"`{command}`, which keeps the stored volumes and writes the index this version reads")  # fmt: skip
+        raise StoreError(f"{root} has the index of 0.4.0 (one {INDEX} that every rank loads whole): rewrite it "
+                         f"with `{command}`, which keeps the stored volumes and writes the index this version "
+                         "reads")  # fmt: skip
     if fingerprint is not None and store.fingerprint != fingerprint:
         raise StoreError(f"{root} was written by other deterministic transforms (fingerprint {store.fingerprint:.12}, "
                          f"these {fingerprint:.12}): rebuild it with `{command}`")  # fmt: skip
@@ -444,8 +445,9 @@ def training_store(
         if len(missing):
             write = rebuild or f"components.data.store.preprocess(<this datalist>, out={str(opened.root)!r})"
             raise _missing(opened, data, missing, keys, root, source, write)
-        logger.warning("loader#store %s: %d volume(s) of %s skipped or failed at preprocessing are not trained on: %s",
-                       opened.root, len(named), source, "; ".join(f"{v['source']} ({v['reason']})" for v in named))  # fmt: skip
+        logger.warning("loader#store %s: %d volume(s) of %s skipped or failed at preprocessing are not trained on: "
+                       "%s", opened.root, len(named), source,
+                       "; ".join(f"{v['source']} ({v['reason']})" for v in named))  # fmt: skip
     positions = np.flatnonzero(rows >= 0)
     if shard:
         check_shard_sizes(len(positions), get_world_size(), batch_size, "disk", list_name="stored", source=opened.root)
