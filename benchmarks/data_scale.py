@@ -68,7 +68,7 @@ from store_format import _nii_gz_bytes, ct_volume
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from components import atomic_write  # noqa: E402
+from components import atomic_write, open_store  # noqa: E402
 
 RESULT = REPO / "benchmarks" / "results" / "data_scale.json"
 SSL = "swin_unetr_ssl_pretrain"
@@ -232,7 +232,7 @@ def preprocess_size(settings: Settings, corpus: Path, store: Path, size: int) ->
     if proc.returncode:
         raise RuntimeError(f"preprocess of {size} volumes failed: {' '.join(cmd)}\n{proc.stderr[-3000:]}")
     written, reused = map(int, re.search(r"(\d+) written, (\d+) already there", proc.stdout).groups())
-    entries = json.loads((store / "index.json").read_text())["entries"]
+    entries = open_store(store).entries
     stored = [_folder_bytes(store / "volumes" / e["id"]) for e in entries]
     training = json.loads((corpus / f"datalist_{size}.json").read_text())["training"]
     nii = [os.path.getsize(corpus / item["image"]) for item in training]  # a link: its target's bytes

@@ -121,7 +121,8 @@ def sizing_table(result: dict) -> list[str]:
     """What a corpus of N volumes like the benchmark's needs, computed from the measured figures of the largest
     corpus: the store on disk (stored bytes per volume), preprocessing hours on C cores (core-seconds per volume),
     host memory per node with the disk store (the largest measured peak per rank times the ranks; loader workers
-    not included), and loader workers per GPU (the SSL recipe at each step time of the workers table)."""
+    and what the datalist and index add beyond the measured sizes not included), and loader workers per GPU (the
+    SSL recipe at each step time of the workers table)."""
     largest = max(result["preprocess"], key=int)
     run = result["preprocess"][largest]
     disk_memory = max(result["memory"][size]["disk"]["peak_rank_pss_gb"] for size in result["memory"])
@@ -134,10 +135,13 @@ def sizing_table(result: dict) -> list[str]:
     return [f"Sizing, computed from the figures above (the {int(largest):,}-volume corpus: "
             f"{_mb(run['store_bytes_per_volume'])} MB and {run['core_s_per_volume']:.2f} core-seconds per {shape} "
             f"volume; {disk_memory:.2f} GiB per rank with the disk store, at most over the sizes; the SSL recipe's "
-            "loader workers per GPU by step time). Scale the store and the times by your volumes' voxels; memory per "
-            "rank does not grow with N:", "",
+            "loader workers per GPU by step time). Scale the store and the times by your volumes' voxels. Every row "
+            f"is extrapolated: memory per rank was measured up to {int(largest):,} volumes only, and the host memory "
+            "column leaves out what a rank's datalist and index add at N volumes (measured apart: "
+            "benchmarks/results/index_scale.json):", "",
             *_table(["volumes", "store on disk", *(f"preprocess on {c} cores" for c in SIZING_CORES),
-                     f"host memory, {SIZING_RANKS_PER_NODE} ranks (no workers)", "SSL loader workers per GPU"], rows)]
+                     f"host memory, {SIZING_RANKS_PER_NODE} ranks (no workers, nor datalist and index)",
+                     "SSL loader workers per GPU"], rows)]
 
 
 def goals_lines(result: dict) -> list[str]:

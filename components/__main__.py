@@ -202,6 +202,7 @@ def preprocess(
     overrides=None,
     overwrite: bool = False,
     floats: str = "quantized",
+    source_root: str | None = None,
 ) -> None:
     """Writes the on-disk store OUT of the volumes of DATALIST (Decathlon dataset.json, its LIST_KEY list): each
     volume decoded once through BUNDLE's deterministic transforms (train#deterministic_transforms; a bundle folder or
@@ -212,7 +213,9 @@ def preprocess(
     make the same store as one run. A rerun resumes after the volumes already written; --overwrite true replaces a
     store of other transforms. Chunks follow the size of BUNDLE's training crops; float images (a normalised MRI)
     are stored quantized to 16 bits per channel (the error recorded per array), or as they are with --floats
-    exact."""
+    exact. The sources are recorded under --source_root (default: the datalist's folder when it
+    holds them all), so a training run reads the store wherever they are (loader#source_root); a rerun after they
+    moved rewrites the index only, and writes anew the volumes whose source changed."""
     import json
     import shlex
 
@@ -231,11 +234,13 @@ def preprocess(
     words += ["--list_key", list_key] if list_key != "training" else []
     words += ["--overrides", json.dumps(overrides, sort_keys=True)] if overrides else []
     words += ["--floats", floats] if floats != "quantized" else []
+    words += ["--source_root", source_root] if source_root else []
     command = " ".join(words[:1] + [shlex.quote(str(w)) for w in words[1:]])
     channels = _bundle_channels(folder, overrides)
     summary = run_preprocess(datalist, out, transforms, list_key=list_key, workers=workers, part=part, parts=parts,
                              on_error=on_error, overwrite=as_bool(overwrite, "overwrite"), channels=channels,
-                             command=command, patch_size=bundle_crop_size(folder, overrides), floats=floats)  # fmt: skip
+                             command=command, patch_size=bundle_crop_size(folder, overrides), floats=floats,
+                             source_root=source_root)  # fmt: skip
     print(summary.line())
 
 

@@ -112,11 +112,12 @@ def test_crops_from_the_store_equal_the_in_memory_path(bundle, datalists, tmp_pa
         _assert_same(disk, _crops(original.get_parsed_content("train#dataset")), keys)
 
 
-def test_a_store_of_other_transforms_or_another_datalist_is_refused_in_one_line(datalists, tmp_path):
+def test_a_store_of_other_transforms_or_without_the_datalists_volumes_is_refused_in_one_line(datalists, tmp_path):
+    """The datalist decides: a subset of the store's volumes trains; a volume the store lacks is refused, named."""
     datalist = datalists["ct"]
     store = _store(SSL, datalist, tmp_path / "store")
-    data = json.loads(datalist.read_text())["training"]
-    entries = [{"image": str(datalist.parent / e["image"])} for e in data]
+    data = json.loads(datalist.read_text())
+    entries = [{"image": str(datalist.parent / e["image"])} for e in data["training"]]
     other = bundle_transforms(_parser(SSL, datalist, intensity_range=[-500, 500]))
     from components.data.store import transforms_fingerprint
 
@@ -124,8 +125,17 @@ def test_a_store_of_other_transforms_or_another_datalist_is_refused_in_one_line(
         training_store(store, entries, None, fingerprint=transforms_fingerprint(other))
     assert "components.data.store.preprocess(..., out=" in str(err.value)  # written from Python: no command recorded
     assert "\n" not in str(err.value)
-    with pytest.raises(StoreError, match=r"holds 4 volume\(s\) of another datalist than <items> \(3 entries; e.g. .*case_003.nii.gz is none of them\): rebuild"):
-        training_store(store, entries[:3], None, fingerprint=transforms_fingerprint(bundle_transforms(_parser(SSL, datalist))))
+    same = transforms_fingerprint(bundle_transforms(_parser(SSL, datalist)))
+    subset = training_store(store, entries[1:3], None, fingerprint=same)
+    assert [Path(source).name for _, source in subset.data] == ["case_001.nii.gz", "case_002.nii.gz"]
+    held_out = {"image": str(datalist.parent / data["validation"][0]["image"])}
+    with pytest.raises(StoreError) as err:
+        training_store(store, [*entries[:3], held_out], None, fingerprint=same)
+    assert str(err.value) == (
+        f"{store} has no volume for 1 of the 4 entries of <items> (e.g. entry 3, {held_out['image']}), looking under "
+        f"the source root {datalist.parent}: write them into the store with "
+        f"`components.data.store.preprocess(<this datalist>, out={str(store)!r})` (the volumes already there are kept)"
+    )
 
 
 def test_the_disk_cache_needs_a_store(datalists):
@@ -172,3 +182,19 @@ def test_two_ranks_read_disjoint_equal_shards_covering_the_store(datalists, tmp_
     assert not set(first["sources"]) & set(second["sources"])
     stored = {e["image"] for e in json.loads(datalist.read_text())["training"]}
     assert {Path(s).name for s in first["sources"] + second["sources"]} == {Path(s).name for s in stored}
+
+
+def test_a_store_and_its_data_copied_elsewhere_give_the_same_crops_with_loader_source_root(datalists, tmp_path):
+    """The bundle's ids: the data and the store copied to another folder, read with loader#source_root there."""
+    import shutil
+
+    datalist = datalists["ct"]
+    store = _store(SSL, datalist, tmp_path / "store")
+    shutil.copytree(datalist.parent, tmp_path / "moved")
+    shutil.copytree(store, tmp_path / "moved_store")
+    moved = tmp_path / "moved" / datalist.name
+    memory = _crops(_parser(SSL, moved, **{"loader#cache": "none"}).get_parsed_content("train#dataset"))
+    disk = _parser(SSL, moved, **{"loader#cache": "disk", "loader#store": str(tmp_path / "moved_store"),
+                                  "loader#source_root": str(tmp_path / "moved")}).get_parsed_content("train#dataset")  # fmt: skip
+    assert all(source.startswith(str(tmp_path / "moved" / "imagesTr")) for _, source in disk.data)
+    _assert_same(_crops(disk), memory, ("image",))

@@ -223,9 +223,12 @@ def test_the_index_records_what_the_issue_asks_for(ssl_store):
     assert len(store) == 4 and store.skipped == [] and store.failed == []
     entry = store.entries[1]
     assert entry["position"] == 1 and entry["id"].startswith("case_1-")
-    image = entry["source"]["image"]
-    assert image == str(datalist.parent / "images" / "case_1.nii.gz")
-    assert entry["sha256"] == {image: hashlib.sha256(Path(image).read_bytes()).hexdigest()}
+    assert store.source_root == str(datalist.parent) and entry["key"] == "images/case_1.nii.gz"  # relative: movable
+    image = datalist.parent / "images" / "case_1.nii.gz"
+    assert entry["files"] == [{"path": "images/case_1.nii.gz", "size": image.stat().st_size,
+                               "mtime_ns": image.stat().st_mtime_ns,
+                               "sha256": hashlib.sha256(image.read_bytes()).hexdigest()}]  # fmt: skip
+    assert store.source(entry) == str(image)
     record = entry["arrays"]["image"]
     assert record["dtype"] == record["stored_dtype"] == "<i2"
     assert record["nbytes"] == (root / "volumes" / entry["id"] / "image.b2nd").stat().st_size > 0
@@ -233,6 +236,7 @@ def test_the_index_records_what_the_issue_asks_for(ssl_store):
     geometry = decode_value(entry["values"]["image_compact"])
     assert geometry["scale"] == (-1000.0, 1000.0, 0.0, 1.0, True) and len(geometry["padded_shape"]) == 3
     assert store.fingerprint == transforms_fingerprint(transforms) and store.index["format_version"] == FORMAT_VERSION
+    assert store.index["index_layout"] == 2 and "entries" not in store.index  # the header only: entries stay on disk
 
 
 def test_a_store_of_other_transforms_is_refused_with_the_command_that_rebuilds_it(ssl_store, tmp_path):
@@ -390,7 +394,7 @@ def test_a_dataloader_reads_the_store_in_worker_processes(ssl_store):
     loader = DataLoader(StoreDataset(store, transform=_whole_image), batch_size=1, num_workers=2)
     batches = list(loader)
     assert len(batches) == 4 and all(torch.equal(got[0], want) for got, want in zip(batches, expected))
-    volumes = [(e["id"], e["source"]["image"]) for e in store.entries]
+    volumes = [(e["id"], store.source(e)) for e in store.entries]
     for rank in range(2):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr("components.data.partition.get_rank", lambda: rank)
@@ -411,7 +415,7 @@ def test_a_volume_that_fails_to_read_names_the_store_file_and_the_source(ssl_sto
         crop(StoreDataset(store)[0])
     error = caught.value if isinstance(caught.value, StoreReadError) else caught.value.__cause__
     assert isinstance(error, StoreReadError), repr(caught.value)
-    assert error.source == entry["source"]["image"] and error.store_file.endswith(f"{entry['id']}/image.b2nd")
+    assert error.source == store.source(entry) and error.store_file.endswith(f"{entry['id']}/image.b2nd")
     shutil.rmtree(copy / "volumes" / entry["id"])
     with pytest.raises(StoreReadError, match=rf"{entry['id']}/item.json \(from .*case_0.nii.gz\): no volume entry"):
         StoreDataset(store)[0]

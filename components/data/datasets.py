@@ -51,13 +51,17 @@ def build_dataset(
     list_name: str = "training",
     store: str | Path | None = None,
     on_read_error: str = "stop",
+    source_root: str | Path | None = None,
+    source_check: str = "stat",
 ) -> Dataset:
     """Builds this rank's dataset from ``data``: ``cache`` = "full" (``CacheDataset`` of ``cache_rate`` of the
     shard), "smart" (``SmartCacheDataset`` keeping ``cache_num`` volumes, ``replace_rate`` of them replaced
     each epoch: attach ``monai.handlers.SmartCacheHandler``), "none" (plain ``Dataset``) or "disk" (the on-disk
     ``store`` that ``python -m components preprocess`` wrote from ``data``: :func:`~components.data.store.training_store`,
     this rank's volumes, nothing cached and nothing read before the first step; ``transform`` is then the random
-    transforms only, see :func:`data_pipeline`; ``on_read_error`` "stop" or "skip" a volume that cannot be read).
+    transforms only, see :func:`data_pipeline`; ``on_read_error`` "stop" or "skip" a volume that cannot be read;
+    ``source_root`` where the store's sources are now, when they moved; ``source_check`` "stat", "sha256" or "off":
+    how this rank's sources are compared with those the store was written from).
 
     With ``partition`` the list is first split across ranks (``partition_for_rank``); sizes are checked (errors name
     ``list_name`` of ``source``), and with ``check`` every file of the shard is checked from its header
@@ -82,7 +86,8 @@ def build_dataset(
         from .store import training_store
 
         dataset = training_store(store, data, transform, shard=partition, seed=seed, on_read_error=on_read_error,
-                                 batch_size=batch_size, source=str(source))  # fmt: skip
+                                 batch_size=batch_size, source=str(source), source_root=source_root,
+                                 source_check=source_check)  # fmt: skip
         logger.info("rank %d: %d/%d volumes read from the store %s (cache=disk)", get_rank(), len(dataset), len(data), store)
         return dataset
     shard = partition_for_rank(data, seed=seed) if partition else list(data)

@@ -13,6 +13,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 from monai.data import partition_dataset
 
 from ..distributed import get_rank, get_world_size
@@ -20,7 +21,7 @@ from ..errors import ConfigError
 from .synthetic import split_sizes
 from .datalists import MissingDatalist
 
-__all__ = ["check_shard_sizes", "partition_for_rank", "split_for_rank"]
+__all__ = ["check_shard_sizes", "partition_for_rank", "shard_indices", "split_for_rank"]
 
 CACHE_MODES = ("full", "smart", "none", "disk")
 
@@ -87,6 +88,28 @@ def partition_for_rank(
     if world_size == 1:
         return list(data)
     return partition_dataset(data, num_partitions=world_size, shuffle=True, seed=seed, even_divisible=True)[rank]
+
+
+def shard_indices(count: int, seed: int = 0, rank: int | None = None, world_size: int | None = None) -> np.ndarray:
+    """The positions, in a list of ``count`` items, of the items :func:`partition_for_rank` gives this rank, in its
+    order, without the list: a numpy array of ``ceil(count / world_size)`` indices (8 bytes per item while it is
+    drawn), for a list too long to hold as Python objects.
+
+    Example:
+        >>> [data[i] for i in shard_indices(len(data), seed=3)] == partition_for_rank(data, seed=3)
+        True
+    """
+    world_size = get_world_size() if world_size is None else world_size
+    rank = get_rank() if rank is None else rank
+    indices = np.arange(count)
+    if world_size == 1:
+        return indices
+    if count < world_size:
+        raise ValueError(f"{count} item(s) cannot be split into {world_size} shards.")
+    np.random.RandomState(seed).shuffle(indices)  # the shuffle of monai.data.partition_dataset, on an array
+    total = math.ceil(count / world_size) * world_size
+    indices = np.concatenate([indices, indices[: total - count]])  # short shards repeat an item
+    return indices[rank:total:world_size]
 
 
 def split_for_rank(

@@ -9,13 +9,15 @@ Modules, each one concern:
 - ``format``: one array on disk (blosc2, zstd, chunks from the crop size, a CRC-32 per chunk, quantized floats)
   and why that format;
 - ``values``: the small values and metadata of an item as JSON that reads back as the same types;
-- ``index``: the store's layout, the transforms' fingerprint, index shards and their merge (``StoreError``);
+- ``index``: the store's layout, the transforms' fingerprint, where its sources are (a root and paths under it),
+  index shards and their merge into memory-mapped columns (``StoreError``);
 - ``transforms``: a bundle's ``train#deterministic_transforms`` as plain configs (``bundle_transforms``);
 - ``volume``: one volume's folder, written whole or not at all, and read back with lazy handles;
 - ``foreground``: a label map's sampled foreground locations per class (``ClassLocations``);
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
 - ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
-- ``dataset``: ``open_store``, ``Store``, ``StoreDataset`` and ``ReadStoredd`` (whole arrays as MetaTensors);
+- ``dataset``: ``open_store``, ``Store``, ``StoreDataset``, ``training_store`` (the datalist's volumes, a rank's
+  shard, their sources checked) and ``ReadStoredd`` (whole arrays as MetaTensors);
 - ``crops``: the finetuning bundles' crops cut from the store (``StoreRandCropByPosNegLabeld``,
   ``StoreRandSpatialCropSamplesd``), reading only the chunks each covers.
 
@@ -29,7 +31,8 @@ from ...lazy import lazy_names
 
 # submodule -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "dataset": ("ON_READ_ERROR", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint", "training_store"),
+    "dataset": ("ON_READ_ERROR", "SOURCE_CHECKS", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint",
+                "training_store"),
     "handle": ("StoreReadError", "StoredArray"),
     "index": ("StoreError", "transforms_fingerprint"),
     "preprocessing": ("PreprocessSummary", "VolumeFailedError", "preprocess"),

@@ -9,7 +9,10 @@
 - ``part`` / ``parts`` take every ``parts``-th entry from ``part`` (0-based): n machines writing onto one shared
   folder write the same volume folders as one run, each part writes its index shard, and whichever part finds
   all shards there writes ``index.json`` (the same file as one run's).
-- A rerun after a kill finds the volume folders already there (only complete ones exist) and writes the rest.
+- A rerun after a kill finds the volume folders already there (only complete ones exist) and writes the rest. A
+  volume folder is kept when its sources are the same files (size and modification time, or else content), wherever
+  they are now: a rerun after the sources moved (a new ``source_root``) rewrites the index only, and a volume whose
+  source changed is written anew.
 - A volume whose transforms fail is, by ``on_error``, the end of the run (the volumes written stay for the rerun)
   or listed as failed in the index and the summary line. Nothing is skipped silently.
 """
@@ -33,12 +36,14 @@ from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Any, TextIO
 
+from ...files import sha256_file
 from ..check import check_items
 from ..check_report import DataCheckError, DataReport
 from ..datalists import load_datalist
 from .format import FLOATS, FORMAT_VERSION
-from .index import HEADER, INDEX, ITEM, PARTS, VOLUMES, StoreError, merge_parts, part_path, read_json, volume_id
-from .index import transforms_fingerprint, write_json
+from .index import COLUMNS, HEADER, INDEX, ITEM, PARTS, VOLUMES, StoreError, default_source_root, merge_parts
+from .index import read_json, relative_source, source_key, transforms_fingerprint, volume_id
+from .index import write_json, write_part
 from .transforms import build_transforms, loaded_keys
 from .volume import write_volume
 
@@ -107,10 +112,11 @@ def _init_worker(configs: list[dict]) -> None:
 
 def _run_one(task: tuple) -> tuple[int, dict | None, str | None]:
     """(position, entry, None) for a written volume, (position, None, reason) for a failed one."""
-    position, item, keys, root, volume, fingerprint, tag, layout = task
+    position, item, keys, root, volume, fingerprint, tag, layout, source_root = task
     try:
         data = _WORKER["transform"](dict(item))
-        return position, write_volume(data, item, keys, root, volume, position, fingerprint, tag, **layout), None
+        entry = write_volume(data, item, keys, root, volume, position, fingerprint, tag, source_root, **layout)
+        return position, entry, None
     except Exception as err:  # noqa: BLE001 -- any failure of one volume is reported with its source
         return position, None, _reason(err)
 
@@ -168,10 +174,12 @@ def _check(items: list[dict], positions: list[int], ids: list[str], keys: tuple[
 _IDENTITY = ("format_version", "fingerprint", "datalist_sha256", "list_key", "volumes")
 
 
-def _prepare_folder(root: Path, header: dict, overwrite: bool) -> None:
+def _prepare_folder(root: Path, header: dict, overwrite: bool, parts: int) -> None:
     """Writes ``store.json``; a store of other transforms is refused (or emptied with ``overwrite``), the shards and
-    index of another datalist are removed. A header that differs only in how the datalist and the command were
-    spelled (parts started from other folders) is kept as the first part wrote it: every part merges one index."""
+    index of another datalist, or of the index layout of 0.4.0 (no source root), are removed. A header that differs
+    only in how the datalist and the command were spelled and where the sources are (parts started from other
+    folders or machines) is kept as the first part wrote it, so every part merges one index; a run in one part
+    writes its own (after the sources moved: their new root)."""
     old = read_json(root / HEADER, "store header") if (root / HEADER).is_file() else None
     if old is not None:
         if old.get("fingerprint") != header["fingerprint"]:
@@ -181,21 +189,62 @@ def _prepare_folder(root: Path, header: dict, overwrite: bool) -> None:
                                  "true to replace it, or another --out.")  # fmt: skip
             for name in (VOLUMES, PARTS):
                 shutil.rmtree(root / name, ignore_errors=True)
-        if all(old.get(field) == header[field] for field in _IDENTITY):
+        if "source_root" in old and all(old.get(field) == header[field] for field in _IDENTITY):
+            if parts == 1 and old != header:
+                write_json(root / HEADER, header, indent=1)
             return
-        shutil.rmtree(root / PARTS, ignore_errors=True)
+        for name in (PARTS, COLUMNS):
+            shutil.rmtree(root / name, ignore_errors=True)
         (root / INDEX).unlink(missing_ok=True)
     root.mkdir(parents=True, exist_ok=True)
     write_json(root / HEADER, header, indent=1)
 
 
-def _reusable(root: Path, volume: str, fingerprint: str) -> dict | None:
-    """The index entry of a volume folder a previous run completed with the same transforms, else None."""
-    path = root / VOLUMES / volume / ITEM
-    if not path.is_file():
+def _same_sources(entry: dict, files: list[str]) -> list[dict] | None:
+    """The size, modification time and SHA-256 of each of ``files`` when they are the sources ``entry`` was stored
+    from, else None: the same size and time, or, where only the time differs (a copy), the same content. An entry of
+    0.4.0 (absolute paths and their SHA-256, no size or time) is kept at its own paths, as 0.4.0 kept it, and
+    compared by content at others."""
+    stored = entry.get("files")
+    if stored is None:
+        legacy = entry.get("sha256", {})
+        same_paths = list(legacy) == [os.path.abspath(f) for f in files]
+        stored = [{"size": None, "mtime_ns": None, "sha256": digest} for digest in legacy.values()]
+    else:
+        same_paths = False
+    if len(stored) != len(files):
         return None
-    stored = read_json(path, "volume entry")
-    return stored["entry"] if stored.get("fingerprint") == fingerprint else None
+    records = []
+    for record, path in zip(stored, files):
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        unchanged = same_paths or (stat.st_size, stat.st_mtime_ns) == (record["size"], record["mtime_ns"])
+        if not unchanged and (record["size"] not in (None, stat.st_size) or sha256_file(path) != record["sha256"]):
+            return None
+        records.append({"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": record["sha256"]})
+    return records
+
+
+def _reusable(root: Path, volume: str, fingerprint: str, files: list[str], source_root: str) -> dict | None:
+    """The index entry of a volume folder a previous run completed with the same transforms from the same sources
+    (:func:`_same_sources`), its sources recorded under ``source_root`` (its ``item.json`` updated where that
+    changed them); else None, and a folder there is removed to be written anew."""
+    folder = root / VOLUMES / volume
+    if not (folder / ITEM).is_file():
+        return None
+    stored = read_json(folder / ITEM, "volume entry")
+    records = _same_sources(stored["entry"], files) if stored.get("fingerprint") == fingerprint else None
+    if records is None:
+        shutil.rmtree(folder)
+        return None
+    entry = {k: v for k, v in stored["entry"].items() if k not in ("source", "sha256")}  # 0.4.0's fields
+    entry["key"] = source_key(files, source_root)
+    entry["files"] = [{"path": relative_source(path, source_root), **r} for path, r in zip(files, records)]
+    if entry != stored["entry"]:
+        write_json(folder / ITEM, {**stored, "entry": entry})
+    return entry
 
 
 def preprocess(
@@ -214,6 +263,7 @@ def preprocess(
     stream: TextIO | None = None,
     patch_size: Sequence[int] | None = None,
     floats: str = "quantized",
+    source_root: str | os.PathLike | None = None,
 ) -> PreprocessSummary:
     """Writes the volumes of ``datalist`` (a Decathlon datalist file and its ``list_key`` list, or a list of
     entries with absolute paths) through ``transforms`` (:func:`~.transforms.bundle_transforms`) into the store
@@ -228,6 +278,9 @@ def preprocess(
             follow it (:func:`~.format.layout`); None: 64^3 chunks.
         floats: non-integer floating arrays (a normalised MRI) stored "quantized" (int16 and a scale per channel,
             the error recorded per array) or "exact" (:func:`~.format.write_array`).
+        source_root: the folder the sources are recorded under (:func:`~.index.default_source_root` by default:
+            the datalist's folder when it holds them all); a training run reads them under another with
+            ``loader#source_root``.
 
     Returns:
         a :class:`PreprocessSummary`; its ``line()`` is logged.
@@ -261,6 +314,10 @@ def preprocess(
     ids = [volume_id(entry, keys[0]) for entry in raw]
     positions = list(range(part, len(items), parts))
     source = os.fspath(datalist) if isinstance(datalist, (str, os.PathLike)) else "<items>"
+    if source_root is None:
+        folder = os.path.dirname(os.path.abspath(source)) if source != "<items>" else None
+        source_root = default_source_root((f for item in items for f in _files(item, keys)), folder)
+    source_root = os.path.abspath(os.fspath(source_root))
     broken, report = _check(items, positions, ids, keys, list_key, channels, source)
     if broken and on_error == "stop":
         raise DataCheckError(f"preprocess: the data check found {len(broken)} broken entr"
@@ -270,37 +327,40 @@ def preprocess(
     header = {"format_version": FORMAT_VERSION, "fingerprint": fingerprint, "transforms": configs,
               "datalist": source, "list_key": list_key, "datalist_sha256": datalist_sha256,
               "volumes": len(items), "command": command, "floats": floats,
-              "patch_size": None if patch_size is None else list(patch_size)}  # fmt: skip
-    _prepare_folder(root, header, overwrite)
+              "patch_size": None if patch_size is None else list(patch_size), "source_root": source_root}  # fmt: skip
+    _prepare_folder(root, header, overwrite, parts)
 
     summary = PreprocessSummary(root, part, parts)
-    summary.skipped = [{"position": p, "source": _first_file(items[p], keys), "reason": r} for p, r in broken.items()]
+    summary.skipped = [_left_out(items[p], p, keys, source_root, r) for p, r in broken.items()]
     tag = f"part{part}of{parts}"
     for leftover in (root / VOLUMES).glob(f".*.{tag}.tmp"):  # what a killed run of this part left half-written
         shutil.rmtree(leftover, ignore_errors=True)
     entries: dict[int, dict] = {}
     for position in positions:
-        if position not in broken and (entry := _reusable(root, ids[position], fingerprint)) is not None:
+        if position in broken:
+            continue
+        entry = _reusable(root, ids[position], fingerprint, _files(items[position], keys), source_root)
+        if entry is not None:
             entries[position] = {**entry, "position": position}
     summary.reused = len(entries)
     left = [p for p in positions if p not in broken and p not in entries]
     layout = {"patch_size": None if patch_size is None else list(patch_size), "floats": floats}
-    todo = [(p, items[p], keys, root, ids[p], fingerprint, tag, layout) for p in left]
+    todo = [(p, items[p], keys, root, ids[p], fingerprint, tag, layout, source_root) for p in left]
     progress = _Progress(len(todo), progress_every, stream or sys.stderr)
     for position, entry, reason in _run(todo, configs, int(workers), progress):
         if entry is not None:
             entries[position] = entry
             summary.written += 1
             continue
-        failure = {"position": position, "source": _first_file(items[position], keys), "reason": reason}
+        failure = _left_out(items[position], position, keys, source_root, reason)
         if on_error == "stop":
             raise VolumeFailedError(f"preprocess: {failure['source']} ({list_key}[{position}]) failed: {reason}; the "
                                     "volumes written so far are kept, a rerun continues after them.")  # fmt: skip
         summary.failed.append(failure)
-    write_json(part_path(root, part, parts), {
+    write_part(root, part, parts, {
         "fingerprint": fingerprint, "datalist_sha256": datalist_sha256, "part": part, "parts": parts,
-        "entries": [entries[p] for p in sorted(entries)], "skipped": summary.skipped, "failed": summary.failed,
-    })  # fmt: skip
+        "source_root": source_root, "skipped": summary.skipped, "failed": summary.failed,
+    }, [entries[p] for p in sorted(entries)])  # fmt: skip
     summary.index = merge_parts(root, parts)
     summary.seconds = time.monotonic() - started
     logger.info("%s", summary.line())
@@ -310,6 +370,21 @@ def preprocess(
 def _first_file(item: Any, keys: tuple[str, ...]) -> str:
     value = item.get(keys[0]) if isinstance(item, Mapping) else item
     return os.fspath(value[0] if isinstance(value, (list, tuple)) and value else value)
+
+
+def _files(item: Any, keys: tuple[str, ...]) -> list[str]:
+    """The source files of ``keys`` in a datalist entry, in order; the keys it lacks (the data check names them)
+    give none."""
+    if not isinstance(item, Mapping):
+        return [os.fspath(item)]
+    values = [item[key] for key in keys if key in item and item[key] is not None]
+    return [os.fspath(v) for value in values for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def _left_out(item: Any, position: int, keys: tuple[str, ...], source_root: str, reason: str) -> dict:
+    """The index's record of a volume the run did not store: its position, first source, key and the reason."""
+    return {"position": position, "source": _first_file(item, keys), "key": source_key(_files(item, keys), source_root),
+            "reason": reason}  # fmt: skip
 
 
 def _context() -> BaseContext:

@@ -34,8 +34,7 @@ from ..compact_cache import COMPACT_SUFFIX
 from .foreground import ClassLocations, label_and_image, locations_path, write_locations
 from .format import ARRAY_SUFFIX, write_array
 from .handle import StoredArray, StoreReadError
-from ...files import sha256_file
-from .index import ITEM, VOLUMES, StoreError, commit_volume, read_json, write_json
+from .index import ITEM, VOLUMES, StoreError, commit_volume, read_json, source_key, source_records, write_json
 from .values import decode_value, encode_value
 
 __all__ = ["read_item", "source_files", "write_volume"]
@@ -101,11 +100,12 @@ def split_item(data: Mapping, where: str) -> tuple[dict, dict, dict]:
 
 
 def write_volume(data: Mapping, item: Mapping, keys: tuple[str, ...], root: Path, volume: str, position: int,
-                 fingerprint: str, tag: str, patch_size: Sequence[int] | None = None, floats: str = "exact",
-                 locations: Sequence[str] | None = LOCATION_KEYS) -> dict:  # fmt: skip
+                 fingerprint: str, tag: str, source_root: str, patch_size: Sequence[int] | None = None,
+                 floats: str = "exact", locations: Sequence[str] | None = LOCATION_KEYS) -> dict:  # fmt: skip
     """Writes the transformed ``data`` of datalist entry ``item`` (at ``position``) as ``root/volumes/<volume>/``
-    and returns its index entry: ``id``, ``position``, ``source`` (the entry), ``sha256`` (of each source file of
-    ``keys``), ``arrays`` (shape, dtype, file of each), ``spacing`` (of the stored axes) and ``values``.
+    and returns its index entry: ``id``, ``position``, ``key`` and ``files`` (the source files of ``keys`` under
+    ``source_root``: :func:`~.index.source_key`, :func:`~.index.source_records`), ``arrays`` (shape, dtype, file of
+    each), ``spacing`` (of the stored axes) and ``values``.
 
     ``patch_size`` and ``floats`` go to :func:`~.format.write_array`; ``locations`` = (label key, image key): the
     foreground locations of that label, when it is a single-channel integer label map (None: none).
@@ -137,8 +137,8 @@ def write_volume(data: Mapping, item: Mapping, keys: tuple[str, ...], root: Path
     entry = {
         "id": volume,
         "position": position,
-        "source": encode_value(dict(item), where),
-        "sha256": {path: sha256_file(path) for path in files},
+        "key": source_key(files, source_root),
+        "files": source_records(files, source_root),
         "arrays": {key: {f: record[f] for f in _INDEXED} for key, record in records.items()},
         "spacing": _spacing(None if first_affine is None else np.asarray(first_affine)),
         "values": values,
@@ -161,7 +161,8 @@ def read_item(root: Path, volume: str, source: str | None = None) -> dict:
         stored = read_json(folder / ITEM, "volume entry")
     except StoreError as err:
         raise StoreReadError(folder / ITEM, source, str(err).removeprefix(f"{folder / ITEM}: ")) from err
-    source = next(iter(stored["entry"]["sha256"]), source)
+    if source is None:
+        source = next((f["path"] for f in stored["entry"].get("files", ())), None)
     item = {key: decode_value(value) for key, value in stored["entry"]["values"].items()}
     item.update({key: decode_value(value) for key, value in stored["meta"].items()})
     sampled = stored.get("locations", {})
