@@ -62,7 +62,8 @@ TINY_COMMON = ["--max_epochs", "2", "--loader#num_workers", "0", "--device", "cp
                "--speed#use_checkpoint", "false", "--network_def#window_size", "4"]  # the window of the docs' tiny runs, which later commands load
 USER_FILES = {"model_swinvit.pt"}  # files the docs expect the reader to bring
 COVERED_ELSEWHERE = {"python -m components demo": "tests/test_demo.py",
-                     "python benchmarks/pretrain_curve.py": "tests/test_pretrain_curve.py"}
+                     "python benchmarks/pretrain_curve.py": "tests/test_pretrain_curve.py",
+                     "python benchmarks/curve_probe.py": "tests/test_curve_probe.py"}
 # the docs whose own tiny SSL run writes bundles/swin_unetr_ssl_pretrain/models/model.pt: every other doc is given it
 WRITES_SSL_MODEL = {"docs/pretraining.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md"}
 # docs with no command, and docs none of whose commands the suite runs: named, so a doc whose commands stop being
