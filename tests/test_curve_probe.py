@@ -89,3 +89,18 @@ def test_the_docs_table_shows_the_probe_beside_the_signals():
             "0.612 vs 0.401, +0.211 +- 0.020 beyond | not probed |") in text
     assert text.index("| ssl | 204 |") < text.index("| ssl | 1003 |") and "| not probed | not probed |" in text
     assert "probe Dice vs random encoder, finetuning window | probe Dice vs random encoder, pretraining window |" in text
+
+
+@pytest.mark.slow
+def test_the_command_probes_a_random_encoder_and_writes_its_record(tmp_path, monkeypatch):
+    """The documented command end to end, on the demo's labeled data, with one random baseline and fewer points."""
+    records = {window: tmp_path / "records" / window for window in curve_probe.WINDOWS}
+    monkeypatch.setattr(curve_probe, "RECORDS", records)
+    monkeypatch.setattr(curve_probe, "RANDOM_SEEDS", (0,))
+    monkeypatch.setattr(curve_probe, "POINTS", (64, 16, 16, 16, 16, 16))
+    (tmp_path / "runs").mkdir()
+    assert curve_probe.main(["--work", str(tmp_path)]) == 0
+    record = curve_probe.load_records()["random_seed0"]
+    assert record["fit"]["converged"] and record["settings"]["window"] == "finetuning"
+    assert len(record["dice"]["validation"]) == len(record["dice"]["test"]) == 4
+    assert 0.0 < record["mean_dice"] < 1.0
