@@ -33,7 +33,7 @@ from components import (
     transforms_fingerprint,
 )
 from components.data.partition import partition_for_rank
-from components.data.store.format import chunk_numbers, storage_dtype, write_array
+from components.data.store.format import FORMAT_VERSION, chunk_numbers, storage_dtype, write_array
 from components.data.store.transforms import build_transforms
 from components.data.store.values import decode_value, encode_value
 from components.demo.runner import bundle_dir
@@ -150,6 +150,54 @@ def test_a_truncated_file_is_refused_when_opened(tmp_path):
         StoredArray(tmp_path / "image.b2nd", record, source="case_0.nii.gz")[:, 0:4]
 
 
+def _frame_regions(record: dict) -> dict[str, range]:
+    """The byte positions of a stored file's header, compressed chunks and tail (offsets and trailer)."""
+    size, head, tail = record["nbytes"], record["head_bytes"], record["tail_bytes"]
+    return {"header": range(0, head), "chunks": range(head, size - tail), "tail": range(size - tail, size)}
+
+
+def test_every_corrupt_byte_of_a_stored_volume_raises_a_read_error_naming_it(ssl_store, tmp_path):
+    """Seeded fuzz over one stored volume's image file: every byte of its header and tail, and 64 bytes of its
+    compressed chunks, each replaced by another value (a random non-zero XOR): reading the volume raises
+    StoreReadError naming the file and the source, never another error and never other values. (Without the header's
+    CRC, header bytes 95-98 of this file made blosc2 return an SChunk, so the read raised AttributeError, and
+    bytes 178, 192 and 193 changed the block shape: other values, no error.)"""
+    _, root, _ = ssl_store
+    store = open_store(root)
+    stored = store.item(0)["image"]
+    original, clean = stored.path.read_bytes(), stored[...]
+    regions = _frame_regions(stored.record)
+    assert sum(map(len, regions.values())) == len(original) and min(map(len, regions.values())) > 0
+    rng = np.random.default_rng(45)
+    chunk_bytes = sorted(rng.choice(np.asarray(regions["chunks"]), 64, replace=False).tolist())
+    positions = [*regions["header"], *chunk_bytes, *regions["tail"]]
+    assert 98 in positions and len(positions) > 300
+    for position in positions:
+        data = bytearray(original)
+        data[position] ^= int(rng.integers(1, 256))
+        path = tmp_path / f"byte_{position}.b2nd"  # a fresh path: no opened array of another case is reused
+        path.write_bytes(bytes(data))
+        handle = StoredArray(path, stored.record, source=stored.source)
+        with pytest.raises(StoreReadError) as caught:
+            handle.read()
+        assert caught.value.store_file == str(path) and caught.value.source == stored.source, (position, caught.value)
+        path.unlink()
+    assert np.array_equal(StoredArray(stored.path, stored.record, stored.source)[...], clean)
+
+
+def test_verify_names_a_corrupt_header(ssl_store, tmp_path):
+    _, root, _ = ssl_store
+    copy = tmp_path / "store"
+    shutil.copytree(root, copy)
+    store = open_store(copy)
+    path = copy / "volumes" / store.entries[1]["id"] / "image.b2nd"
+    data = bytearray(path.read_bytes())
+    data[98] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"1 corrupt file.*image.b2nd \(from .*case_1.nii.gz\): its header .* CRC-32"):
+        store.verify()
+
+
 def test_a_handle_reads_numpy_and_torch_and_pickles_without_its_open_file(tmp_path):
     array = np.random.default_rng(0).integers(-1000, 1000, (1, 40, 36, 28)).astype(np.int16)
     handle = StoredArray(tmp_path / "a.b2nd", write_array(array, tmp_path / "a.b2nd"))
@@ -232,7 +280,7 @@ def test_the_index_records_what_the_issue_asks_for(ssl_store):
     assert entry["spacing"] == pytest.approx([0.8, 0.8, 2.5])
     geometry = decode_value(entry["values"]["image_compact"])
     assert geometry["scale"] == (-1000.0, 1000.0, 0.0, 1.0, True) and len(geometry["padded_shape"]) == 3
-    assert store.fingerprint == transforms_fingerprint(transforms) and store.index["format_version"] == 1
+    assert store.fingerprint == transforms_fingerprint(transforms) and store.index["format_version"] == FORMAT_VERSION
 
 
 def test_a_store_of_other_transforms_is_refused_with_the_command_that_rebuilds_it(ssl_store, tmp_path):
@@ -250,7 +298,7 @@ def test_a_store_of_other_transforms_is_refused_with_the_command_that_rebuilds_i
                        r"--overwrite true`$"):  # fmt: skip
         open_store(copy, fingerprint=other)
     (copy / "index.json").write_text(json.dumps({**index, "format_version": 0}))
-    with pytest.raises(StoreError, match="has store format 0, this version reads 1: rebuild it with"):
+    with pytest.raises(StoreError, match=f"has store format 0, this version reads {FORMAT_VERSION}: rebuild it with"):
         open_store(copy)
     with pytest.raises(StoreError, match="no index.json: not a store"):
         open_store(tmp_path)

@@ -25,7 +25,7 @@ from monai.transforms import MapTransform, apply_transform
 from ...config.running import running_bundle
 from ...distributed import get_world_size
 from ..partition import check_shard_sizes, partition_for_rank
-from .format import FORMAT_VERSION, chunk_checksums
+from .format import FORMAT_VERSION, chunk_checksums, frame_problem
 from .handle import StoredArray, StoreReadError
 from .index import HEADER, INDEX, PARTS, StoreError, read_json, transforms_fingerprint
 from .volume import read_item
@@ -115,6 +115,9 @@ def _file_problem(path: Path, record: Mapping) -> str | None:
         return f"{type(err).__name__}: {err.strerror or err}"
     if size != record["nbytes"]:
         return f"{size} bytes, the index says {record['nbytes']} (truncated or replaced)"
+    problem = frame_problem(path, record)
+    if problem:
+        return problem
     try:
         checksums = chunk_checksums(path)
     except Exception as err:  # noqa: BLE001 -- blosc2 refuses a damaged file with several error types
