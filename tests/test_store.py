@@ -34,6 +34,7 @@ from components import (
 )
 from components.data.partition import partition_for_rank
 from components.data.store.format import FORMAT_VERSION, chunk_numbers, storage_dtype, write_array
+from components.data.store.packages import package_versions
 from components.data.store.transforms import build_transforms
 from components.data.store.values import decode_value, encode_value
 from components.demo.runner import bundle_dir
@@ -281,6 +282,31 @@ def test_the_index_records_what_the_issue_asks_for(ssl_store):
     geometry = decode_value(entry["values"]["image_compact"])
     assert geometry["scale"] == (-1000.0, 1000.0, 0.0, 1.0, True) and len(geometry["padded_shape"]) == 3
     assert store.fingerprint == transforms_fingerprint(transforms) and store.index["format_version"] == FORMAT_VERSION
+
+
+def test_the_versions_of_the_packages_that_compute_the_values_are_part_of_the_fingerprint(ssl_store, tmp_path,
+                                                                                           monkeypatch):
+    """MONAI, nibabel, numpy and torch compute what a store holds: a store written under another version of any of
+    them is refused, naming the package and both versions, and preprocessing does not add to it unless asked;
+    blosc2 (lossless, every byte checked at read) and a build's local label (+cpu) are not part of it."""
+    datalist, root, transforms = ssl_store
+    installed = package_versions()
+    assert set(installed) == {"monai", "nibabel", "numpy", "torch"} and "+" not in installed["torch"]
+    assert open_store(root).index["packages"] == installed
+    for package in installed:
+        other = {**installed, package: "0.0.1"}
+        assert transforms_fingerprint(transforms, other) != transforms_fingerprint(transforms), package
+    older = {**installed, "monai": "1.3.0"}
+    monkeypatch.setattr("components.data.store.preprocessing.package_versions", lambda: older)
+    preprocess(datalist, tmp_path / "older", transforms)
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match=rf"was written with other package versions \(monai 1.3.0, now "
+                       rf"{installed['monai']}\) \(fingerprint .*\): rebuild it with"):  # fmt: skip
+        open_store(tmp_path / "older", fingerprint=transforms_fingerprint(transforms))
+    with pytest.raises(StoreError, match=r"holds a store written with other package versions \(monai 1.3.0, now .*"
+                       r"--overwrite true"):  # fmt: skip
+        preprocess(datalist, tmp_path / "older", transforms)
+    assert preprocess(datalist, tmp_path / "older", transforms, overwrite=True).written == 4
 
 
 def test_a_store_of_other_transforms_is_refused_with_the_command_that_rebuilds_it(ssl_store, tmp_path):

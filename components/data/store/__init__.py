@@ -9,6 +9,7 @@ Modules, each one concern:
 - ``format``: one array on disk (blosc2, zstd, 64^3 chunks, a CRC-32 per chunk) and why that format;
 - ``values``: the small values and metadata of an item as JSON that reads back as the same types;
 - ``index``: the store's layout, the transforms' fingerprint, index shards and their merge (``StoreError``);
+- ``packages``: the package versions a store's values depend on (part of the fingerprint);
 - ``transforms``: a bundle's ``train#deterministic_transforms`` as plain configs (``bundle_transforms``);
 - ``volume``: one volume's folder, written whole or not at all, and read back with lazy handles;
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);

@@ -28,6 +28,7 @@ from ..partition import check_shard_sizes, partition_for_rank
 from .format import FORMAT_VERSION, chunk_checksums, frame_problem
 from .handle import StoredArray, StoreReadError
 from .index import HEADER, INDEX, PARTS, StoreError, read_json, transforms_fingerprint
+from .packages import version_changes
 from .volume import read_item
 
 __all__ = ["ON_READ_ERROR", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint", "training_store"]
@@ -150,7 +151,8 @@ def open_store(path: str | os.PathLike, fingerprint: str | None = None, rebuild:
 
     Raises:
         StoreError: in one line, naming the store and how to rebuild or finish it: no index (not a store, or a
-            split run not finished: the missing parts are named), another format version, another fingerprint.
+            split run not finished: the missing parts are named), another format version, another fingerprint (the
+            packages whose versions changed are named).
     """
     root = Path(path)
     if not (root / INDEX).is_file():
@@ -163,8 +165,10 @@ def open_store(path: str | os.PathLike, fingerprint: str | None = None, rebuild:
         raise StoreError(f"{root} has store format {store.index.get('format_version')}, this version reads "
                          f"{FORMAT_VERSION}: rebuild it with `{command}`")  # fmt: skip
     if fingerprint is not None and store.fingerprint != fingerprint:
-        raise StoreError(f"{root} was written by other deterministic transforms (fingerprint {store.fingerprint:.12}, "
-                         f"these {fingerprint:.12}): rebuild it with `{command}`")  # fmt: skip
+        changes = version_changes(store.index.get("packages"))
+        what = f"with other package versions ({changes})" if changes else "by other deterministic transforms"
+        raise StoreError(f"{root} was written {what} (fingerprint {store.fingerprint:.12}, these {fingerprint:.12}): "
+                         f"rebuild it with `{command}`")  # fmt: skip
     return store
 
 

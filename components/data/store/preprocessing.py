@@ -39,6 +39,7 @@ from ..datalists import load_datalist
 from .format import FORMAT_VERSION
 from .index import HEADER, INDEX, ITEM, PARTS, VOLUMES, StoreError, merge_parts, part_path, read_json, volume_id
 from .index import transforms_fingerprint, write_json
+from .packages import package_versions, version_changes
 from .transforms import build_transforms, loaded_keys
 from .volume import write_volume
 
@@ -176,9 +177,11 @@ def _prepare_folder(root: Path, header: dict, overwrite: bool) -> None:
     if old is not None:
         if old.get("fingerprint") != header["fingerprint"]:
             if not overwrite:
-                raise StoreError(f"{root} holds a store of other transforms (fingerprint "
-                                 f"{old.get('fingerprint')!s:.12}, now {header['fingerprint']:.12}): pass --overwrite "
-                                 "true to replace it, or another --out.")  # fmt: skip
+                changes = version_changes(old.get("packages"))
+                what = f"written with other package versions ({changes})" if changes else "of other transforms"
+                raise StoreError(f"{root} holds a store {what} (fingerprint {old.get('fingerprint')!s:.12}, now "
+                                 f"{header['fingerprint']:.12}): pass --overwrite true to replace it, or another "
+                                 "--out.")  # fmt: skip
             for name in (VOLUMES, PARTS):
                 shutil.rmtree(root / name, ignore_errors=True)
         if all(old.get(field) == header[field] for field in _IDENTITY):
@@ -255,8 +258,9 @@ def preprocess(
         raise DataCheckError(f"preprocess: the data check found {len(broken)} broken entr"
                              f"{'y' if len(broken) == 1 else 'ies'}, nothing written (--on_error skip skips them): "
                              + "; ".join(f"{list_key}[{p}] {r}" for p, r in broken.items()), report=report)  # fmt: skip
-    fingerprint = transforms_fingerprint(configs)
-    header = {"format_version": FORMAT_VERSION, "fingerprint": fingerprint, "transforms": configs,
+    packages = package_versions()
+    fingerprint = transforms_fingerprint(configs, packages)
+    header = {"format_version": FORMAT_VERSION, "fingerprint": fingerprint, "transforms": configs, "packages": packages,
               "datalist": source, "list_key": list_key, "datalist_sha256": datalist_sha256,
               "volumes": len(items), "command": command}  # fmt: skip
     _prepare_folder(root, header, overwrite)
