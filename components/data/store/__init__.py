@@ -15,6 +15,7 @@ Modules, each one concern:
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
 - ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
 - ``dataset``: ``open_store``, ``Store``, ``StoreDataset`` and ``ReadStoredd`` (whole arrays as MetaTensors).
+- ``read_errors``: ``ReadErrors``, the skipped reads counted in memory shared with the loader's workers.
 
 Public names are imported on first use (PEP 562), so ``import components.data.store`` loads neither blosc2 nor
 MONAI.

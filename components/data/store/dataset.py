@@ -29,6 +29,7 @@ from .format import FORMAT_VERSION, chunk_checksums, frame_problem
 from .handle import StoredArray, StoreReadError
 from .index import HEADER, INDEX, PARTS, StoreError, read_json, transforms_fingerprint
 from .packages import version_changes
+from .read_errors import ReadErrors
 from .volume import read_item
 
 __all__ = ["ON_READ_ERROR", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint", "training_store"]
@@ -185,11 +186,14 @@ class StoreDataset(Dataset):
         seed: the partition's seed.
         on_read_error: ``"stop"``: a volume that cannot be read raises
             :class:`~components.data.store.handle.StoreReadError` naming the store file and the source volume;
-            ``"skip"``: it is logged at WARNING with the count of volumes this process has skipped, and the next
-            volume of the shard takes its place (a batch keeps its size; all volumes unreadable still raises).
+            ``"skip"``: the next volume of the shard takes its place (a batch keeps its size; all volumes
+            unreadable still raises), the skip is counted in :attr:`skipped_reads` and the volume's first failure
+            is logged at WARNING, naming it and the error. ``components.SkippedReads`` tells the counts once per
+            epoch, summed over ranks, and caps them.
 
-    Picklable: it holds the store's folder and the volumes' ids and sources; files are opened by the worker that
-    reads them.
+    It holds the store's folder, the volumes' ids and sources and the skip counts (in memory shared with the
+    loader's workers, :class:`~components.data.store.read_errors.ReadErrors`); files are opened by the worker that
+    reads them. It is handed to spawned workers as they start, and shared with forked ones.
     """
 
     def __init__(self, store: Store | str | os.PathLike, transform: Callable | None = None, shard: bool = False,
@@ -199,9 +203,20 @@ class StoreDataset(Dataset):
         store = store if isinstance(store, Store) else open_store(store)
         volumes = [(entry["id"], _source(entry)) for entry in store.entries]
         self.root = store.root
+        self.rebuild_command = store.rebuild_command()
         self.on_read_error = on_read_error
-        self.skipped = 0
         super().__init__(partition_for_rank(volumes, seed=seed) if shard else volumes, transform)
+        self._errors = ReadErrors(len(self.data))
+
+    @property
+    def skipped_reads(self) -> int:
+        """The reads this dataset skipped (``on_read_error`` "skip"), in this process and its loader workers."""
+        return self._errors.reads
+
+    def unreadable_volumes(self) -> list[str]:
+        """The source of every volume of this dataset that failed to read at least once (in this process or its loader
+        workers), in the dataset's order."""
+        return [str(self.data[index][1]) for index in self._errors.volumes()]
 
     def _read(self, index: int) -> Any:
         item = read_item(self.root, *self.data[index])
@@ -209,15 +224,17 @@ class StoreDataset(Dataset):
 
     def _transform(self, index: int) -> Any:
         for attempt in range(len(self.data)):
+            volume = (index + attempt) % len(self.data)
             try:
-                return self._read((index + attempt) % len(self.data))
+                return self._read(volume)
             except Exception as err:  # the transforms wrap a read error raised inside them
                 read_error = _read_error(err)
                 if self.on_read_error == "stop" or read_error is None:
                     raise
-                self.skipped += 1
-                logger.warning("skipped a stored volume (loader#on_read_error skip; %d skipped in this process): %s",
-                               self.skipped, read_error)  # fmt: skip
+                if self._errors.record(volume):
+                    logger.warning("loader#on_read_error skip: a stored volume cannot be read, another takes its place "
+                                   "whenever it is drawn (said once; the epoch's line counts every skip): %s",
+                                   read_error)  # fmt: skip
         raise StoreError(f"{self.root}: none of the {len(self.data)} volumes of this shard could be read.")
 
 
