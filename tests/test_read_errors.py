@@ -135,3 +135,86 @@ def test_two_ranks_count_the_run_total_over_both(store, tmp_path):
     for result in (first, second):  # its broken volume is read (and skipped) once per epoch
         assert len(broken & set(result["shard"])) == 1 and result["local"] == 2
     assert first["metrics"] == second["metrics"] == {"store_skipped_reads": 4, "store_unreadable_volumes": 2}
+
+
+# ---------------------------------------------------------------- the SSL bundle under torchrun (slow)
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from components import write_dataset  # noqa: E402
+from components.data.partition import partition_for_rank  # noqa: E402
+from components.demo.runner import read_scalars  # noqa: E402
+from tests.probes import read_volumes  # noqa: E402
+from tests.test_multi_gpu_bundle import BUNDLE, CONFIGS, TINY, _bundle_args, _env, _launch_all, _torchrun  # noqa: E402
+from tests.test_multi_gpu_bundle import _write_datalist  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bundle_store(tmp_path_factory) -> tuple[Path, Path, str]:
+    """6 synthetic CT volumes (4 training, 2 validation), the SSL bundle's store of the training ones at its tiny
+    settings, and the source of the volume made unreadable (a corrupt chunk): the first of rank 1's shard."""
+    root = tmp_path_factory.mktemp("bundle_read_errors")
+    write_dataset(root / "data", kind="ct", num=6, seed=0)
+    datalist = _write_datalist(root / "data", "datalist.json", [0, 1, 2, 3], [4, 5])
+    preprocess(datalist, root / "store", bundle_transforms(BUNDLE, {"roi_size": [64, 32, 32]}))
+    volumes = [(e["id"], e["source"]["image"]) for e in open_store(root / "store").entries]
+    volume, source = partition_for_rank(volumes, seed=0, rank=1, world_size=2)[0]  # training#seed 0
+    _corrupt_chunk(root / "store" / "volumes" / volume / "image.b2nd", 0)
+    return datalist, root / "store", os.path.basename(source)
+
+
+def _store_overrides(datalist: Path, store: Path, tmp: Path, **extra) -> dict:
+    return {**TINY, "dataset_dir": datalist.parent, "datalist": datalist, "ckpt_dir": tmp / "models",
+            "output_dir": tmp / "eval", "max_epochs": 2, "speed#use_checkpoint": "false", "loader#cache": "disk",
+            "loader#store": store, "loader#on_read_error": "skip", "loader#num_workers": 1, **extra}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_ranks_with_loader_workers_train_from_the_store_and_count_the_skips_of_both(bundle_store, tmp_path):
+    """torchrun, 2 gloo ranks, one loader worker each, 2 epochs, on_read_error skip: rank 1's worker cannot read one
+    volume of its shard; the run ends normally, every batch came from its rank's shard of the store (rank 1 trains
+    twice on its other volume), the volume is named once, and rank 0's line of each epoch gives the run's total over
+    both ranks, as the TensorBoard metrics do."""
+    datalist, store, broken = bundle_store
+    order = tmp_path / "order.rank"
+    record = f"$probes.record_lr(@train#trainer, {str(order)!r} + str(components.get_rank()))"
+    extra = tmp_path / "extra.json"
+    extra.write_text(json.dumps({"run": ["$import tests.probes as probes", record, "$@train#trainer.run()"]}))
+    overrides = _store_overrides(datalist, store, tmp_path)
+    cmd = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", *_bundle_args(CONFIGS + [str(extra)], overrides))
+    (launch,) = _launch_all([cmd], _env(None), tmp_path, timeout=420)
+    assert launch.code == 0 and not launch.timed_out, launch.ok()
+    output = launch.output
+    assert output.count("a stored volume cannot be read") == 1 and f"(from {datalist.parent}/imagesTr/{broken})" in output
+    for epoch in (1, 2):
+        assert (f"loader#on_read_error skip: 1 read(s) of unreadable stored volumes skipped in epoch {epoch}, {epoch} in "
+                "the run, of 1 volume(s) over 2 rank(s) (loader#max_read_errors: no limit)") in output, launch.ok()
+    shards = {rank: [os.path.basename(s) for _, s in partition_for_rank(
+        [(e["id"], e["source"]["image"]) for e in open_store(store).entries], seed=0, rank=rank, world_size=2)]
+        for rank in (0, 1)}  # fmt: skip
+    for rank in (0, 1):
+        seen = [os.path.basename(v) for _, volumes in read_volumes(f"{order}{rank}") for v in volumes]
+        assert len(seen) == 4 and set(seen) <= set(shards[rank]) - {broken}, (rank, seen, shards)
+    assert [os.path.basename(v) for v in seen] == [shards[1][1]] * 4  # rank 1: its readable volume, every time
+    scalars = read_scalars(tmp_path / "eval")
+    assert scalars["store_skipped_reads"] == [(1, 1.0), (2, 2.0)] and scalars["store_unreadable_volumes"] == [(1, 1.0), (2, 1.0)]
+
+
+@pytest.mark.slow
+def test_a_run_with_more_unreadable_volumes_than_max_read_errors_stops_in_one_line(bundle_store, tmp_path):
+    """One process with a loader worker, loader#max_read_errors 0: the first skipped volume stops the run, exit 1,
+    with one line on stderr naming the cap, the volume and what to do."""
+    datalist, store, broken = bundle_store
+    overrides = _store_overrides(datalist, store, tmp_path, **{"loader#max_read_errors": 0})
+    overrides.pop("dist_timeout_s")  # an id of multi_gpu_train.json only
+    args = _bundle_args(["configs/train.json"], overrides)
+    proc = subprocess.run([sys.executable, *args], cwd=BUNDLE, env=_env(None), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(lines) == 1 and lines[0].startswith("swin_unetr_ssl_pretrain: error: StoreError: 1 stored volume(s) "
+                                                   "could not be read on rank 0, more than loader#max_read_errors 0 "
+                                                   f"(e.g. {datalist.parent}/imagesTr/{broken}): "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr

@@ -19,6 +19,7 @@ from ignite.engine import Engine, Events
 
 from ..data.store import StoreError
 from ..distributed import all_reduce_sum, get_rank, get_world_size
+from ..errors import ConfigError
 
 __all__ = ["SkippedReads"]
 
@@ -39,7 +40,7 @@ class SkippedReads:
             often it is drawn) before the run stops with a ``StoreError`` in one line; None: no limit.
 
     Raises:
-        ValueError: ``max_read_errors`` neither None nor an integer >= 0.
+        ConfigError: ``max_read_errors`` neither None nor an integer >= 0.
 
     Example (a bundle's ``train#handlers``, on every rank)::
 
@@ -50,7 +51,7 @@ class SkippedReads:
     def __init__(self, dataset: Any, max_read_errors: int | None = None) -> None:
         if max_read_errors is not None and (isinstance(max_read_errors, bool) or not isinstance(max_read_errors, int)
                                             or max_read_errors < 0):  # fmt: skip
-            raise ValueError(f"loader#max_read_errors must be null or an integer >= 0, got {max_read_errors!r}.")
+            raise ConfigError(f"loader#max_read_errors must be null or an integer >= 0, got {max_read_errors!r}.")
         self.dataset = dataset
         self.max_read_errors = max_read_errors
         self._seen = 0  # this rank's count at its last check
