@@ -17,6 +17,7 @@ import pytest
 
 from components import DataCheckError, StoreError, bundle_transforms, open_store, preprocess
 from components.data.store import VolumeFailedError
+from tests.processes import HAS_PROC, alive, descendants
 from tests.test_store import write_tiny_ct
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # Orientationd's `labels` default notice
@@ -222,33 +223,6 @@ def test_the_command_fails_in_one_line_naming_the_broken_files(tmp_path, capsys)
 # ---------------------------------------------------------------- worker processes die with their parent
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process below ``pid`` (Linux /proc): its fork server, resource tracker and workers."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 def _pid_recording_bundle(root: Path, pids: Path, seconds: float) -> Path:
     """A bundle whose transforms append the worker's PID to ``pids``, then take ``seconds`` per volume."""
     func = (f"$lambda x: (open({str(pids)!r}, 'a').write(str(__import__('os').getpid()) + chr(10)), "
@@ -256,7 +230,7 @@ def _pid_recording_bundle(root: Path, pids: Path, seconds: float) -> Path:
     return _bundle(root, func)
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process tree from Linux /proc")
+@pytest.mark.skipif(not HAS_PROC, reason="reads the process tree from Linux /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_workers_die_with_the_preprocess_command(tmp_path, sig):
     """`preprocess --workers 2` killed (SIGTERM or SIGKILL) while both workers are in the middle of a 60 s volume:
@@ -273,12 +247,12 @@ def test_workers_die_with_the_preprocess_command(tmp_path, sig):
         assert command.poll() is None, (tmp_path / "output.log").read_text()
         time.sleep(0.05)
     workers = {int(p) for p in pids.read_text().split()}
-    started = _descendants(command.pid)
+    started = descendants(command.pid)
     assert len(workers) == 2 and workers <= started
     command.send_signal(sig)
     assert command.wait(timeout=30) == -sig
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_alive(p) for p in started):
+    while time.monotonic() < deadline and any(alive(p) for p in started):
         time.sleep(0.1)
-    assert not [p for p in started if _alive(p)], f"left running after {sig.name}: {[p for p in started if _alive(p)]}"
+    assert not [p for p in started if alive(p)], f"left running after {sig.name}: {[p for p in started if alive(p)]}"
     assert not (tmp_path / "store" / "index.json").exists()
