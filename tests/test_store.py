@@ -401,6 +401,79 @@ def test_crops_from_the_store_equal_the_in_memory_compact_path_and_monais_transf
     assert padded_crops  # some crops reached outside the stored region
 
 
+class _CountingArray:
+    """An opened stored array that records, per slice read, the chunks decompressed (those the slice covers) and,
+    per compressed chunk fetched (the CRC check), its number: what a crop costs, counted where blosc2 is called."""
+
+    def __init__(self, array, decompressed: list[list[int]], fetched: list[int]) -> None:
+        self._array, self._decompressed, self._fetched = array, decompressed, fetched
+
+    def __getattr__(self, name):
+        return getattr(self._array, name)
+
+    @property
+    def schunk(self):
+        array, fetched = self._array, self._fetched
+
+        class _Chunks:
+            nchunks = array.schunk.nchunks
+
+            def get_chunk(self, number):
+                fetched.append(number)
+                return array.schunk.get_chunk(number)
+
+        return _Chunks()
+
+    def __getitem__(self, region):
+        self._decompressed.append(chunk_numbers(self._array.shape, self._array.chunks, region))
+        return self._array[region]
+
+
+def test_a_pretraining_crop_reads_only_the_chunks_it_covers(tmp_path, monkeypatch):
+    """The SSL recipe's crops from a stored volume of 18 chunks (3 x 3 x 2 of 64^3): every read a 32^3 crop makes
+    covers at most 2 x 2 x 2 chunks, and only the chunks read are fetched and checked. A crop that read the whole
+    volume and sliced it (``array.read()[region]``) would decompress all 18 for every crop."""
+    rng = np.random.default_rng(3)
+    shape = (150, 140, 80)
+    x, y, z = np.meshgrid(*(np.linspace(-1, 1, n) for n in shape), indexing="ij")
+    body = (x / 0.95) ** 2 + (y / 0.95) ** 2 + (z / 1.3) ** 2 < 1.0
+    image = np.where(body, 40.0, -1000.0) + rng.normal(0, 15, shape)
+    (tmp_path / "data").mkdir()
+    nib.save(nib.Nifti1Image(np.rint(image).astype(np.int16), np.eye(4)), tmp_path / "data" / "big.nii.gz")
+    roi = [32, 32, 32]
+    preprocess([{"image": str(tmp_path / "data" / "big.nii.gz")}], tmp_path / "store", bundle_transforms(SSL, {"roi_size": roi}))
+    decompressed: list[list[int]] = []
+    fetched: list[int] = []
+    from components.data.store import handle as handle_module
+
+    opened = handle_module.open_array
+    monkeypatch.setattr(handle_module, "open_array", lambda path: _CountingArray(opened(path), decompressed, fetched))
+    dataset = StoreDataset(tmp_path / "store", transform=Compose([
+        RandCompactSpatialCropSamplesd("image", roi_size=roi, num_samples=2), EnsureTyped("image", track_meta=False)]))
+    stored = dataset[0]  # the crops of one item
+    assert len(stored) == 2
+    whole = open_store(tmp_path / "store").item(0)["image"]
+    record = whole.record
+    total = len(chunk_numbers(record["shape"], record["chunks"], [slice(0, n) for n in record["shape"]]))
+    assert total == 18, record
+    crops = 0
+    for seed in range(8):
+        dataset.transform.set_random_state(seed)
+        before = len(decompressed)
+        for crop in dataset[0]:
+            assert crop["image"].shape == (1, *roi)
+        reads = decompressed[before:]
+        assert 1 <= len(reads) <= 2  # one read per crop (none for a crop wholly in the padding)
+        assert all(1 <= len(chunks) <= 8 for chunks in reads), reads
+        crops += len(reads)
+    assert crops >= 12 and max(len(chunks) for chunks in decompressed) < total
+    assert set(fetched) == {n for chunks in decompressed for n in chunks}  # checked: the chunks read, each once
+    assert len(fetched) == len(set(fetched))
+    decompressed.clear()
+    whole.read()
+    assert decompressed == [list(range(total))]  # the counting sees a whole read
+
+
 def test_a_finetuning_store_keeps_float_images_narrow_labels_and_metatensor_metadata(tmp_path):
     """The BTCV bundle's deterministic transforms (Spacingd, ScaleIntensityRanged, CropForegroundd): the float32
     label is stored as uint8 and read back as float32, and ReadStoredd gives the in-memory MetaTensors back."""
