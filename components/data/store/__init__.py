@@ -13,6 +13,7 @@ Modules, each one concern:
 - ``transforms``: a bundle's ``train#deterministic_transforms`` as plain configs (``bundle_transforms``);
 - ``volume``: one volume's folder, written whole or not at all, and read back with lazy handles;
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
+- ``workers``: the worker processes of ``preprocess``, which die with it and fail only the volume of one that dies;
 - ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
 - ``dataset``: ``open_store``, ``Store``, ``StoreDataset`` and ``ReadStoredd`` (whole arrays as MetaTensors).
 - ``read_errors``: ``ReadErrors``, the skipped reads counted in memory shared with the loader's workers.
