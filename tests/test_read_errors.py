@@ -52,13 +52,16 @@ def _sources(store: Path) -> list[str]:
     return [os.path.basename(e["source"]["image"]) for e in open_store(store).entries]
 
 
-@pytest.mark.parametrize("loader", [DataLoader, PersistentWorkerLoader], ids=["fresh_workers", "persistent_workers"])
-def test_skips_in_two_loader_workers_are_counted_in_the_training_process(store, loader):
-    """Two workers each skip one broken volume per epoch (fresh workers every epoch, or workers kept for the run);
-    the training process, which read nothing itself, counts all 4 skips of the 2 epochs and names both volumes."""
+@pytest.mark.parametrize("loader, context", [(DataLoader, None), (PersistentWorkerLoader, None),
+                                             (PersistentWorkerLoader, "spawn")],
+                         ids=["fresh_workers", "persistent_workers", "spawned_workers"])  # fmt: skip
+def test_skips_in_two_loader_workers_are_counted_in_the_training_process(store, loader, context):
+    """Two workers each skip one broken volume per epoch (fresh forked workers every epoch, forked workers kept for
+    the run, or spawned ones, to which the dataset travels pickled); the training process, which read nothing
+    itself, counts all 4 skips of the 2 epochs and names both volumes."""
     dataset = _dataset(store)
     names = _sources(store)
-    batches = loader(dataset, batch_size=1, num_workers=2)
+    batches = loader(dataset, batch_size=1, num_workers=2, multiprocessing_context=context)
     for _ in range(2):
         assert [b[0] for b in batches] == [names[1], names[1], names[3], names[3]]  # each broken one replaced
     assert dataset.skipped_reads == 4

@@ -95,10 +95,10 @@ class SkippedReads:
 
     def _exceeded(self, count: int, where: str, examples: list[str]) -> StoreError:
         named = ", ".join(examples[:_EXAMPLES]) + (", ..." if len(examples) > _EXAMPLES else "")
-        root = getattr(self.dataset, "root", "the store")
+        root = self.dataset.root
         return StoreError(
             f"{count} stored volume(s) could not be read {where}, more than loader#max_read_errors "
             f"{self.max_read_errors} (e.g. {named or 'on another rank'}): {root} is damaged; "
             f"components.open_store('{root}').verify() names every corrupt file: remove their volume folders and run "
-            f"`{getattr(self.dataset, 'rebuild_command', 'python -m components preprocess ...')}`, which writes them again"
+            f"`{self.dataset.rebuild_command}`, which writes them again"
         )

@@ -86,8 +86,8 @@ class Store:
                 if reason:
                     bad.append(f"{handle.path} (from {handle.source}): {reason}")
         if bad:
-            raise StoreError(f"{self.root}: {len(bad)} corrupt file(s), rebuild them ({self.rebuild_command()}): "
-                             + "; ".join(bad))  # fmt: skip
+            raise StoreError(f"{self.root}: {len(bad)} corrupt file(s); remove their volume folders and run "
+                             f"`{self.rebuild_command()}`, which writes them again: " + "; ".join(bad))  # fmt: skip
 
     def rebuild_command(self) -> str:
         """The command that rebuilds this store from its datalist with the transforms it is opened for."""

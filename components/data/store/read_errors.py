@@ -20,8 +20,8 @@ __all__ = ["ReadErrors"]
 class ReadErrors:
     """The skipped reads of a dataset of ``volumes`` volumes, and which of its volumes failed, in shared memory.
 
-    Picklable while a worker process is started (``multiprocessing`` hands the shared memory over), and shared
-    with forked workers as they are.
+    Picklable while a worker process is started, whatever its start method (``multiprocessing`` hands the shared
+    memory over), and shared with forked workers as they are.
 
     Example:
         >>> errors = ReadErrors(4)
@@ -30,7 +30,9 @@ class ReadErrors:
     """
 
     def __init__(self, volumes: int) -> None:
-        self._reads = multiprocessing.Value("q", 0)  # with a lock: workers count at once
+        # with a lock (workers count at once) of a spawn context: such a lock travels to spawned and fork-server
+        # workers as well as it is shared by forked ones; a fork context's lock refuses to go to a spawned worker
+        self._reads = multiprocessing.get_context("spawn").Value("q", 0)
         self._failed = multiprocessing.Array("b", max(int(volumes), 1), lock=False)
 
     def record(self, volume: int) -> bool:
