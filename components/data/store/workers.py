@@ -71,8 +71,9 @@ class _Worker:
         self.task: Any = None
 
     def give(self, task: Any) -> None:
-        self.task = task
+        """Sends ``task``; an ``OSError`` when the worker has ended since its last answer."""
         self.connection.send(task)
+        self.task = task
 
     def stop(self) -> None:
         """Ends the worker: an idle one is told to (and leaves on its own), a busy one is terminated."""
@@ -103,15 +104,23 @@ def run_in_workers(function: Callable[[Any], Any], tasks: Sequence[Any], workers
     lifeline, keeper = context.Pipe(duplex=False)  # the workers hold the read end, only this process the write end
     pool: list[_Worker] = []
 
-    def next_task(worker: _Worker) -> None:
-        worker.task = None
-        if pending:
-            worker.give(pending.pop())
+    def next_task(index: int) -> None:
+        """Gives the next task to worker ``index``, or to a new worker in its place if it ended after its answer."""
+        pool[index].task = None
+        while pending:
+            try:
+                pool[index].give(pending[-1])
+            except OSError:
+                pool[index].stop()
+                pool[index] = _Worker(context, lifeline, function, initializer, initargs)
+                continue
+            pending.pop()
+            return
 
     try:
-        for _ in range(min(int(workers), len(pending))):
+        for index in range(min(int(workers), len(pending))):
             pool.append(_Worker(context, lifeline, function, initializer, initargs))
-            next_task(pool[-1])
+            next_task(index)
         while any(worker.task is not None for worker in pool):
             busy = [worker for worker in pool if worker.task is not None]
             wait([w.connection for w in busy] + [w.process.sentinel for w in busy])
@@ -125,7 +134,7 @@ def run_in_workers(function: Callable[[Any], Any], tasks: Sequence[Any], workers
                         result = _DIED
                     if result is not _DIED:
                         task = worker.task
-                        next_task(worker)
+                        next_task(index)
                         yield task, result, None
                         continue
                 if worker.process.is_alive():
@@ -135,7 +144,7 @@ def run_in_workers(function: Callable[[Any], Any], tasks: Sequence[Any], workers
                 reason = death_reason(worker.process.exitcode)
                 if pending:
                     pool[index] = _Worker(context, lifeline, function, initializer, initargs)
-                    next_task(pool[index])
+                    next_task(index)
                 yield task, None, reason
     finally:
         for worker in pool:
