@@ -169,6 +169,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "PretrainingTrainer",
         "Recipe",
         "ReseedEachEpoch",
+        "SkippedReads",
         "StatsWithEta",
         "StopOnNonFiniteLoss",
         "VolumeProgress",

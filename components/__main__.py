@@ -209,7 +209,8 @@ def preprocess(
     the name of one this package carries; --overrides '{"roi_size": [64, 64, 64]}' changes its ids), stored as
     compressed chunked arrays and indexed, so training reads only the crops it cuts. The data check runs first: a
     broken file stops the run before any work (--on_error stop) or is skipped and listed (skip). --workers N
-    processes. --part i --parts n (i from 0) writes every n-th volume from the i-th: n machines onto one shared OUT
+    processes, which end with this command; a worker that dies (out of memory) fails its volume as an error would.
+    --part i --parts n (i from 0) writes every n-th volume from the i-th: n machines onto one shared OUT
     make the same store as one run. A rerun resumes after the volumes already written; --overwrite true replaces a
     store of other transforms. Chunks follow the size of BUNDLE's training crops; float images (a normalised MRI)
     are stored quantized to 16 bits per channel (the error recorded per array), or as they are with --floats

@@ -32,6 +32,7 @@ __all__ = [
     "TORCHRUN_ENV_VARS",
     "all_gather_with_grad",
     "all_reduce_mean",
+    "all_reduce_sum",
     "barrier",
     "broadcast_from_rank0",
     "check_equal_shapes",
@@ -462,6 +463,17 @@ def all_reduce_mean(x: torch.Tensor | float, weight: torch.Tensor | float | None
     packed = torch.cat([(x * w).reshape(-1), w.reshape(1)])
     dist.all_reduce(packed, op=dist.ReduceOp.SUM)
     return (packed[:-1] / packed[-1]).reshape(x.shape)
+
+
+def all_reduce_sum(values: list[int]) -> list[int]:
+    """The sum over the ranks of each of this rank's integer ``values`` (one ``all_reduce``, read back to the host):
+    for counts every rank must see alike, such as the stored volumes a run skipped. Returns ``values`` itself on one
+    process."""
+    if not is_distributed() or dist.get_world_size() == 1:
+        return [int(v) for v in values]
+    packed = torch.tensor(values, dtype=torch.int64, device=collective_device())
+    dist.all_reduce(packed, op=dist.ReduceOp.SUM)
+    return [int(v) for v in packed.tolist()]
 
 
 def broadcast_from_rank0(values: list[float]) -> list[float]:

@@ -4,14 +4,17 @@ the pictures. What the demo learns at its real budget is measured, not tested (R
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from components.demo.recipes import RECIPES
 from components.demo.run import BUDGETS, run_demo
 from components.data.synthetic import DEMO_ORGANS
+from tests.processes import HAS_PROC, alive, command_line, descendants
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -184,3 +187,29 @@ def test_the_masked_image_demo_pretrains_with_its_bundle_and_finetunes_from_it(t
     assert "swin_unetr_mim_pretrain" in " ".join(pretraining)
     assert "loaded 126/126 encoder tensors" in (tmp_path / "finetune_mim" / "train.log").read_text()
     assert summary["pictures"] == ["dice_curves.png", "mim_losses.png", "mim_views.png", "segmentations.png"]
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="reads the process tree from Linux /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_demo_ends_its_bundle_run(tmp_path, sig):
+    """`python -m components demo` stopped by SIGTERM or SIGINT (sent to it alone, as `kill` does) once its SSL
+    pretraining bundle has started training: the demo exits, and within seconds no process it started is left."""
+    with open(tmp_path / "demo.log", "w") as log:  # a file: a pipe would stay open while the bundle run holds it
+        demo = subprocess.Popen([sys.executable, "-m", "components", "demo", "--out", str(tmp_path / "out"), "--budget",
+                                 "quick", "--seed", "0"], stdout=log, stderr=log)  # fmt: skip
+    train_log = tmp_path / "out" / "ssl_pretrain" / "train.log"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and "Engine run starting" not in (train_log.read_text() if train_log.is_file() else ""):
+        assert demo.poll() is None, (tmp_path / "demo.log").read_text()[-3000:]
+        time.sleep(0.05)
+    tree = descendants(demo.pid)
+    bundles = [p for p in tree if "monai.bundle run" in command_line(p)]
+    assert len(bundles) == 1, f"the training has not started: {[command_line(p)[:120] for p in tree]}"
+    demo.send_signal(sig)
+    code = demo.wait(timeout=60)
+    assert code == 128 + sig, code  # 143, 130: the shell's status for a command ended by that signal
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(alive(p) for p in tree):
+        time.sleep(0.1)
+    assert not [p for p in tree if alive(p)], [command_line(p)[:120] for p in tree if alive(p)]
+    assert f"stopping: ending the swin_unetr_ssl_pretrain run (pid {bundles[0]})" in (tmp_path / "demo.log").read_text()

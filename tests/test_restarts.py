@@ -135,8 +135,11 @@ BUNDLES = [
            "val_mean_dice", higher_is_better=True),
     Bundle("swin_unetr_ssl_pretrain", "ct", {**SSL_TINY, "loader#cache": "disk"}, SSL_TINY["training#warmup_iterations"],
            "val_recon_l1"),
+    # the store read by two loader workers, kept for the run and reseeded per epoch (PersistentWorkerLoader)
+    Bundle("swin_unetr_ssl_pretrain", "ct", {**SSL_TINY, "loader#cache": "disk", "loader#num_workers": 2},
+           SSL_TINY["training#warmup_iterations"], "val_recon_l1"),
 ]
-IDS = ["ssl", "dino", "mim", "mim_distill", "btcv", "brats", "ssl_disk"]
+IDS = ["ssl", "dino", "mim", "mim_distill", "btcv", "brats", "ssl_disk", "ssl_disk_workers"]
 
 
 def _overrides(bundle: Bundle, data: Path) -> dict:

@@ -34,6 +34,7 @@ from components import (
 )
 from components.data.partition import partition_for_rank
 from components.data.store.format import FORMAT_VERSION, chunk_numbers, storage_dtype, write_array
+from components.data.store.packages import package_versions
 from components.data.store.transforms import build_transforms
 from components.data.store.values import decode_value, encode_value
 from components.demo.runner import bundle_dir
@@ -150,6 +151,54 @@ def test_a_truncated_file_is_refused_when_opened(tmp_path):
         StoredArray(tmp_path / "image.b2nd", record, source="case_0.nii.gz")[:, 0:4]
 
 
+def _frame_regions(record: dict) -> dict[str, range]:
+    """The byte positions of a stored file's header, compressed chunks and tail (offsets and trailer)."""
+    size, head, tail = record["nbytes"], record["head_bytes"], record["tail_bytes"]
+    return {"header": range(0, head), "chunks": range(head, size - tail), "tail": range(size - tail, size)}
+
+
+def test_every_corrupt_byte_of_a_stored_volume_raises_a_read_error_naming_it(ssl_store, tmp_path):
+    """Seeded fuzz over one stored volume's image file: every byte of its header and tail, and 64 bytes of its
+    compressed chunks, each replaced by another value (a random non-zero XOR): reading the volume raises
+    StoreReadError naming the file and the source, never another error and never other values. (Without the header's
+    CRC, header bytes 95-98 of this file made blosc2 return an SChunk, so the read raised AttributeError, and
+    bytes 178, 192 and 193 changed the block shape: other values, no error.)"""
+    _, root, _ = ssl_store
+    store = open_store(root)
+    stored = store.item(0)["image"]
+    original, clean = stored.path.read_bytes(), stored[...]
+    regions = _frame_regions(stored.record)
+    assert sum(map(len, regions.values())) == len(original) and min(map(len, regions.values())) > 0
+    rng = np.random.default_rng(45)
+    chunk_bytes = sorted(rng.choice(np.asarray(regions["chunks"]), 64, replace=False).tolist())
+    positions = [*regions["header"], *chunk_bytes, *regions["tail"]]
+    assert 98 in positions and len(positions) > 300
+    for position in positions:
+        data = bytearray(original)
+        data[position] ^= int(rng.integers(1, 256))
+        path = tmp_path / f"byte_{position}.b2nd"  # a fresh path: no opened array of another case is reused
+        path.write_bytes(bytes(data))
+        handle = StoredArray(path, stored.record, source=stored.source)
+        with pytest.raises(StoreReadError) as caught:
+            handle.read()
+        assert caught.value.store_file == str(path) and caught.value.source == stored.source, (position, caught.value)
+        path.unlink()
+    assert np.array_equal(StoredArray(stored.path, stored.record, stored.source)[...], clean)
+
+
+def test_verify_names_a_corrupt_header(ssl_store, tmp_path):
+    _, root, _ = ssl_store
+    copy = tmp_path / "store"
+    shutil.copytree(root, copy)
+    store = open_store(copy)
+    path = copy / "volumes" / store.entries[1]["id"] / "image.b2nd"
+    data = bytearray(path.read_bytes())
+    data[98] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"1 corrupt file.*image.b2nd \(from .*case_1.nii.gz\): its header .* CRC-32"):
+        store.verify()
+
+
 def test_a_handle_reads_numpy_and_torch_and_pickles_without_its_open_file(tmp_path):
     array = np.random.default_rng(0).integers(-1000, 1000, (1, 40, 36, 28)).astype(np.int16)
     handle = StoredArray(tmp_path / "a.b2nd", write_array(array, tmp_path / "a.b2nd"))
@@ -237,6 +286,31 @@ def test_the_index_records_what_the_issue_asks_for(ssl_store):
     assert geometry["scale"] == (-1000.0, 1000.0, 0.0, 1.0, True) and len(geometry["padded_shape"]) == 3
     assert store.fingerprint == transforms_fingerprint(transforms) and store.index["format_version"] == FORMAT_VERSION
     assert store.index["index_layout"] == 2 and "entries" not in store.index  # the header only: entries stay on disk
+
+
+def test_the_versions_of_the_packages_that_compute_the_values_are_part_of_the_fingerprint(ssl_store, tmp_path,
+                                                                                           monkeypatch):
+    """MONAI, nibabel, numpy and torch compute what a store holds: a store written under another version of any of
+    them is refused, naming the package and both versions, and preprocessing does not add to it unless asked;
+    blosc2 (lossless, every byte checked at read) and a build's local label (+cpu) are not part of it."""
+    datalist, root, transforms = ssl_store
+    installed = package_versions()
+    assert set(installed) == {"monai", "nibabel", "numpy", "torch"} and "+" not in installed["torch"]
+    assert open_store(root).index["packages"] == installed
+    for package in installed:
+        other = {**installed, package: "0.0.1"}
+        assert transforms_fingerprint(transforms, other) != transforms_fingerprint(transforms), package
+    older = {**installed, "monai": "1.3.0"}
+    monkeypatch.setattr("components.data.store.preprocessing.package_versions", lambda: older)
+    preprocess(datalist, tmp_path / "older", transforms)
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match=rf"was written with other package versions \(monai 1.3.0, now "
+                       rf"{installed['monai']}\) \(fingerprint .*\): rebuild it with"):  # fmt: skip
+        open_store(tmp_path / "older", fingerprint=transforms_fingerprint(transforms))
+    with pytest.raises(StoreError, match=r"holds a store written with other package versions \(monai 1.3.0, now .*"
+                       r"--overwrite true"):  # fmt: skip
+        preprocess(datalist, tmp_path / "older", transforms)
+    assert preprocess(datalist, tmp_path / "older", transforms, overwrite=True).written == 4
 
 
 def test_a_store_of_other_transforms_is_refused_with_the_command_that_rebuilds_it(ssl_store, tmp_path):
@@ -329,6 +403,79 @@ def test_crops_from_the_store_equal_the_in_memory_compact_path_and_monais_transf
                 for key in ("foreground_start_coord", "foreground_end_coord"):
                     assert np.array_equal(sample_got[key], sample_original[key]), (index, key)
     assert padded_crops  # some crops reached outside the stored region
+
+
+class _CountingArray:
+    """An opened stored array that records, per slice read, the chunks decompressed (those the slice covers) and,
+    per compressed chunk fetched (the CRC check), its number: what a crop costs, counted where blosc2 is called."""
+
+    def __init__(self, array, decompressed: list[list[int]], fetched: list[int]) -> None:
+        self._array, self._decompressed, self._fetched = array, decompressed, fetched
+
+    def __getattr__(self, name):
+        return getattr(self._array, name)
+
+    @property
+    def schunk(self):
+        array, fetched = self._array, self._fetched
+
+        class _Chunks:
+            nchunks = array.schunk.nchunks
+
+            def get_chunk(self, number):
+                fetched.append(number)
+                return array.schunk.get_chunk(number)
+
+        return _Chunks()
+
+    def __getitem__(self, region):
+        self._decompressed.append(chunk_numbers(self._array.shape, self._array.chunks, region))
+        return self._array[region]
+
+
+def test_a_pretraining_crop_reads_only_the_chunks_it_covers(tmp_path, monkeypatch):
+    """The SSL recipe's crops from a stored volume of 18 chunks (3 x 3 x 2 of 64^3): every read a 32^3 crop makes
+    covers at most 2 x 2 x 2 chunks, and only the chunks read are fetched and checked. A crop that read the whole
+    volume and sliced it (``array.read()[region]``) would decompress all 18 for every crop."""
+    rng = np.random.default_rng(3)
+    shape = (150, 140, 80)
+    x, y, z = np.meshgrid(*(np.linspace(-1, 1, n) for n in shape), indexing="ij")
+    body = (x / 0.95) ** 2 + (y / 0.95) ** 2 + (z / 1.3) ** 2 < 1.0
+    image = np.where(body, 40.0, -1000.0) + rng.normal(0, 15, shape)
+    (tmp_path / "data").mkdir()
+    nib.save(nib.Nifti1Image(np.rint(image).astype(np.int16), np.eye(4)), tmp_path / "data" / "big.nii.gz")
+    roi = [32, 32, 32]
+    preprocess([{"image": str(tmp_path / "data" / "big.nii.gz")}], tmp_path / "store", bundle_transforms(SSL, {"roi_size": roi}))
+    decompressed: list[list[int]] = []
+    fetched: list[int] = []
+    from components.data.store import handle as handle_module
+
+    opened = handle_module.open_array
+    monkeypatch.setattr(handle_module, "open_array", lambda path: _CountingArray(opened(path), decompressed, fetched))
+    dataset = StoreDataset(tmp_path / "store", transform=Compose([
+        RandCompactSpatialCropSamplesd("image", roi_size=roi, num_samples=2), EnsureTyped("image", track_meta=False)]))
+    stored = dataset[0]  # the crops of one item
+    assert len(stored) == 2
+    whole = open_store(tmp_path / "store").item(0)["image"]
+    record = whole.record
+    total = len(chunk_numbers(record["shape"], record["chunks"], [slice(0, n) for n in record["shape"]]))
+    assert total == 18, record
+    crops = 0
+    for seed in range(8):
+        dataset.transform.set_random_state(seed)
+        before = len(decompressed)
+        for crop in dataset[0]:
+            assert crop["image"].shape == (1, *roi)
+        reads = decompressed[before:]
+        assert 1 <= len(reads) <= 2  # one read per crop (none for a crop wholly in the padding)
+        assert all(1 <= len(chunks) <= 8 for chunks in reads), reads
+        crops += len(reads)
+    assert crops >= 12 and max(len(chunks) for chunks in decompressed) < total
+    assert set(fetched) == {n for chunks in decompressed for n in chunks}  # checked: the chunks read, each once
+    assert len(fetched) == len(set(fetched))
+    decompressed.clear()
+    whole.read()
+    assert decompressed == [list(range(total))]  # the counting sees a whole read
 
 
 @pytest.mark.parametrize("floats", ["quantized", "exact"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 from components import DataCheckError, StoreError, bundle_transforms, open_store, preprocess
 from components.data.store import VolumeFailedError
+from tests.processes import HAS_PROC, alive, descendants
 from tests.test_store import write_tiny_ct
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # Orientationd's `labels` default notice
@@ -149,12 +151,26 @@ def test_a_volume_whose_transforms_fail_stops_the_run_or_is_listed_as_failed(tmp
     assert [f["position"] for f in open_store(tmp_path / "skip").failed] == [2]
 
 
-def test_a_worker_that_dies_stops_the_run_with_one_line(tmp_path):
-    datalist = write_tiny_ct(tmp_path / "data", num=4)
-    exit_on_case_2 = "$lambda x: x if x.shape[1] != 38 else __import__('os')._exit(9)"
-    transforms = bundle_transforms(_bundle(tmp_path / "bundle", exit_on_case_2))
-    with pytest.raises(VolumeFailedError, match=r"a worker process died while writing .*case_\d.nii.gz or another"):
-        preprocess(datalist, tmp_path / "store", transforms, workers=2, on_error="skip")
+@pytest.mark.parametrize("death", ["__import__('os')._exit(9)", "__import__('os').kill(__import__('os').getpid(), 9)"],
+                         ids=["exit", "SIGKILL"])
+def test_a_worker_that_dies_fails_its_volume_and_the_run_goes_on(tmp_path, death):
+    """The worker writing case_2 ends (os._exit, or SIGKILL as the kernel's out-of-memory killer sends it): with
+    on_error skip that volume is listed as failed with the reason and the other three are written by the workers
+    left and a new one; a rerun meets the same death, says so again and finishes; with stop the run stops naming
+    case_2."""
+    datalist = write_tiny_ct(tmp_path / "data", num=4)  # volume i has 40 - i voxels along x
+    transforms = bundle_transforms(_bundle(tmp_path / "bundle", f"$lambda x: x if x.shape[1] != 38 else {death}"))
+    failing = str(datalist.parent / "images" / "case_2.nii.gz")
+    why = "exited with status 9" if "exit" in death else "was killed by SIGKILL (the kernel's out-of-memory killer"
+    for run in range(2):
+        summary = preprocess(datalist, tmp_path / "store", transforms, workers=2, on_error="skip")
+        assert (summary.written, summary.reused) == ((3, 0) if run == 0 else (0, 3))
+        assert [f["source"] for f in summary.failed] == [failing], summary.line()
+        assert summary.failed[0]["reason"].startswith(f"the worker process writing it {why}")
+        assert [f["position"] for f in open_store(tmp_path / "store").failed] == [2]
+    with pytest.raises(VolumeFailedError, match=rf"{failing} \(training\[2\]\) failed: the worker process writing it "
+                       rf"{re.escape(why)}"):  # fmt: skip
+        preprocess(datalist, tmp_path / "stop", transforms, workers=2)
 
 
 def test_a_store_of_other_transforms_is_not_overwritten_unless_asked(tmp_path):
@@ -202,3 +218,41 @@ def test_the_command_fails_in_one_line_naming_the_broken_files(tmp_path, capsys)
     assert truncated in err and missing in err and not (tmp_path / "s").exists()
     assert main(["preprocess", "--help"]) == 0
     assert "--on_error ON_ERROR" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- worker processes die with their parent
+
+
+def _pid_recording_bundle(root: Path, pids: Path, seconds: float) -> Path:
+    """A bundle whose transforms append the worker's PID to ``pids``, then take ``seconds`` per volume."""
+    func = (f"$lambda x: (open({str(pids)!r}, 'a').write(str(__import__('os').getpid()) + chr(10)), "
+            f"__import__('time').sleep({seconds}), x)[2]")  # fmt: skip
+    return _bundle(root, func)
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="reads the process tree from Linux /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_workers_die_with_the_preprocess_command(tmp_path, sig):
+    """`preprocess --workers 2` killed (SIGTERM or SIGKILL) while both workers are in the middle of a 60 s volume:
+    within seconds no process it started is left (fork server, workers; recorded PIDs and the process tree)."""
+    datalist = write_tiny_ct(tmp_path / "data", num=4)
+    pids = tmp_path / "worker.pids"
+    bundle = _pid_recording_bundle(tmp_path / "bundle", pids, 60)
+    args = ("--datalist", str(datalist), "--out", "store", "--bundle", str(bundle), "--workers", "2")
+    with open(tmp_path / "output.log", "w") as log:  # a file: a pipe would stay open while any worker holds it
+        command = subprocess.Popen([sys.executable, "-m", "components", "preprocess", *args], cwd=tmp_path,
+                                   env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=log)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(pids.read_text().split() if pids.is_file() else []) < 2:
+        assert command.poll() is None, (tmp_path / "output.log").read_text()
+        time.sleep(0.05)
+    workers = {int(p) for p in pids.read_text().split()}
+    started = descendants(command.pid)
+    assert len(workers) == 2 and workers <= started
+    command.send_signal(sig)
+    assert command.wait(timeout=30) == -sig
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(alive(p) for p in started):
+        time.sleep(0.1)
+    assert not [p for p in started if alive(p)], f"left running after {sig.name}: {[p for p in started if alive(p)]}"
+    assert not (tmp_path / "store" / "index.json").exists()

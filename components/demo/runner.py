@@ -1,7 +1,9 @@
 """Runs the bundles of this collection as a user does: ``python -m monai.bundle run`` in a subprocess.
 
 The demo, the low-data benchmark and the command line share it, so every step they report on is a real bundle
-run with command-line overrides only (no configuration a user could not type).
+run with command-line overrides only (no configuration a user could not type). A run in progress ends with the
+process that started it: stopped by SIGINT (Ctrl-C) or SIGTERM, or by any error, :func:`run_bundle` ends its bundle
+run before it returns (Python's default SIGTERM would end this process at once and leave the bundle training).
 """
 
 from __future__ import annotations
@@ -9,10 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["BUNDLES_DIR", "bundle_dir", "bundle_command", "fresh_run_dir", "run_bundle", "read_scalars"]
@@ -74,6 +79,41 @@ def bundle_command(bundle: str | Path, configs: Sequence[str] = ("train.json",),
     return cmd
 
 
+#: seconds a bundle run asked to stop (SIGTERM) has to end before it is killed
+STOP_GRACE_S = 30.0
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit(143)`` here for the ``with`` block (as SIGINT raises ``KeyboardInterrupt``), so that
+    the block's cleanup runs; signal handlers belong to the main thread, elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _end(proc: subprocess.Popen, name: str) -> None:
+    """Ends a bundle run still going: SIGTERM, then SIGKILL after :data:`STOP_GRACE_S` seconds."""
+    if proc.poll() is not None:
+        return
+    print(f"stopping: ending the {name} run (pid {proc.pid})", file=sys.stderr, flush=True)
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_bundle(
     bundle: str | Path,
     configs: Sequence[str] = ("train.json",),
@@ -84,7 +124,8 @@ def run_bundle(
 ) -> float:
     """Runs a bundle in a subprocess and returns the seconds it took. The full output goes to ``log``; with
     ``echo``, its progress lines (epochs, metrics, loading, saving) are printed as they come; ``threads`` caps the
-    run's CPU threads (``OMP_NUM_THREADS``), for several runs side by side.
+    run's CPU threads (``OMP_NUM_THREADS``), for several runs side by side. The run is ended (SIGTERM, then SIGKILL)
+    when this call is interrupted: SIGINT, SIGTERM (in the main thread) or any other exception, which then propagates.
 
     Raises:
         RuntimeError: when the run fails, with its command line and the end of its output.
@@ -100,14 +141,19 @@ def run_bundle(
         # `monai.bundle run` warns, before any bundle code loads, that configs are eval()'ed: a notice for configs of
         # unknown origin; this runner runs this collection's own bundles, so the notice is filtered for its runs
         env["PYTHONWARNINGS"] = ",".join(w for w in (env.get("PYTHONWARNINGS"), _EVAL_NOTICE) if w)
-        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
-            for line in proc.stdout:
-                lines.append(line)
-                if sink:
-                    sink.write(line)
-                if echo and any(mark in line for mark in _PROGRESS_MARKS):
-                    print("    " + line.split(" - ")[-1].strip(), flush=True)
-            code = proc.wait()
+        with _sigterm_raises(), subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                 env=env) as proc:  # fmt: skip
+            try:
+                for line in proc.stdout:
+                    lines.append(line)
+                    if sink:
+                        sink.write(line)
+                    if echo and any(mark in line for mark in _PROGRESS_MARKS):
+                        print("    " + line.split(" - ")[-1].strip(), flush=True)
+                code = proc.wait()
+            except BaseException:
+                _end(proc, Path(str(bundle)).name)
+                raise
     finally:
         if sink:
             sink.close()

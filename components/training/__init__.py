@@ -8,6 +8,7 @@
 - ``settings``: ``check_settings`` (a run's settings before any data is read), ``rotation_axes``.
 - ``progress``: ``StatsWithEta``, ``VolumeProgress``; ``quiet``: the log filters every process installs.
 - ``rankme``: ``EmbeddingRankHandler`` (RankMe of the encoder on fixed crops).
+- ``read_errors``: ``SkippedReads`` (the stored volumes a run skipped, per epoch and in total; the cap).
 - ``health``: pretext and collapse signals beside their trivial answers, read together (``HealthReport``);
   ``health_handler``: ``HealthHandler`` (a run's health at every validation), ``recipe_health``.
 - ``segmentation``: the finetuning bundles' ``PerClassMetrics``, class weights and BraTS labels.
@@ -40,6 +41,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "progress": ("StatsWithEta", "VolumeProgress"),
     "quiet": ("install_filters", "log_from_rank_zero"),
     "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
+    "read_errors": ("SkippedReads",),
     "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
     "settings": ("check_accumulation_steps", "check_settings", "rotation_axes"),
     "validation": ("FinalValidationHandler",),

@@ -11,15 +11,18 @@ Modules, each one concern:
 - ``values``: the small values and metadata of an item as JSON that reads back as the same types;
 - ``index``: the store's layout, the transforms' fingerprint, where its sources are (a root and paths under it),
   index shards and their merge into memory-mapped columns (``StoreError``);
+- ``packages``: the package versions a store's values depend on (part of the fingerprint);
 - ``transforms``: a bundle's ``train#deterministic_transforms`` as plain configs (``bundle_transforms``);
 - ``volume``: one volume's folder, written whole or not at all, and read back with lazy handles;
 - ``foreground``: a label map's sampled foreground locations per class (``ClassLocations``);
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
+- ``workers``: the worker processes of ``preprocess``, which die with it and fail only the volume of one that dies;
 - ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
 - ``dataset``: ``open_store``, ``Store``, ``StoreDataset``, ``training_store`` (the datalist's volumes, a rank's
   shard, their sources checked) and ``ReadStoredd`` (whole arrays as MetaTensors);
 - ``crops``: the finetuning bundles' crops cut from the store (``StoreRandCropByPosNegLabeld``,
   ``StoreRandSpatialCropSamplesd``), reading only the chunks each covers.
+- ``read_errors``: ``ReadErrors``, the skipped reads counted in memory shared with the loader's workers.
 
 Public names are imported on first use (PEP 562), so ``import components.data.store`` loads neither blosc2 nor
 MONAI.

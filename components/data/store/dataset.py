@@ -33,10 +33,12 @@ from ...config.running import running_bundle
 from ...distributed import all_reduce_mean, collective_device, get_world_size
 from ...errors import ConfigError
 from ..partition import check_shard_sizes, shard_indices
-from .format import FORMAT_VERSION, chunk_checksums
+from .format import FORMAT_VERSION, chunk_checksums, frame_problem
 from .handle import StoredArray, StoreReadError
 from .index import HEADER, INDEX, INDEX_LAYOUT, PARTS, StoreError, find_rows, key_hashes, read_entries, read_json
 from .index import resolve_source, source_change, source_key, transforms_fingerprint
+from .packages import version_changes
+from .read_errors import ReadErrors
 from .transforms import loaded_keys
 from .volume import read_item, source_files
 
@@ -138,8 +140,8 @@ class Store:
                     if reason:
                         bad.append(f"{handle.path} (from {handle.source}): {reason}")
         if bad:
-            raise StoreError(f"{self.root}: {len(bad)} corrupt file(s), rebuild them ({self.rebuild_command()}): "
-                             + "; ".join(bad))  # fmt: skip
+            raise StoreError(f"{self.root}: {len(bad)} corrupt file(s); remove their volume folders and run "
+                             f"`{self.rebuild_command()}`, which writes them again: " + "; ".join(bad))  # fmt: skip
 
     def rebuild_command(self) -> str:
         """The command that rebuilds this store from its datalist with the transforms it is opened for."""
@@ -157,6 +159,9 @@ def _file_problem(path: Path, record: Mapping) -> str | None:
         return f"{type(err).__name__}: {err.strerror or err}"
     if size != record["nbytes"]:
         return f"{size} bytes, the index says {record['nbytes']} (truncated or replaced)"
+    problem = frame_problem(path, record)
+    if problem:
+        return problem
     try:
         checksums = chunk_checksums(path)
     except Exception as err:  # noqa: BLE001 -- blosc2 refuses a damaged file with several error types
@@ -191,7 +196,8 @@ def open_store(path: str | os.PathLike, fingerprint: str | None = None, rebuild:
     Raises:
         StoreError: in one line, naming the store and how to rebuild or finish it: no index (not a store, or a
             split run not finished: the missing parts are named), another format version, the index layout of
-            0.4.0 (rewritten by the same preprocessing command, which keeps the stored volumes), another fingerprint.
+            0.4.0 (rewritten by the same preprocessing command, which keeps the stored volumes), another fingerprint
+            (the packages whose versions changed are named).
     """
     root = Path(path)
     if not (root / INDEX).is_file():
@@ -208,8 +214,10 @@ def open_store(path: str | os.PathLike, fingerprint: str | None = None, rebuild:
                          f"with `{command}`, which keeps the stored volumes and writes the index this version "
                          "reads")  # fmt: skip
     if fingerprint is not None and store.fingerprint != fingerprint:
-        raise StoreError(f"{root} was written by other deterministic transforms (fingerprint {store.fingerprint:.12}, "
-                         f"these {fingerprint:.12}): rebuild it with `{command}`")  # fmt: skip
+        changes = version_changes(store.index.get("packages"))
+        what = f"with other package versions ({changes})" if changes else "by other deterministic transforms"
+        raise StoreError(f"{root} was written {what} (fingerprint {store.fingerprint:.12}, these {fingerprint:.12}): "
+                         f"rebuild it with `{command}`")  # fmt: skip
     return store
 
 
@@ -226,13 +234,16 @@ class StoreDataset(Dataset):
         seed: the partition's seed.
         on_read_error: ``"stop"``: a volume that cannot be read raises
             :class:`~components.data.store.handle.StoreReadError` naming the store file and the source volume;
-            ``"skip"``: it is logged at WARNING with the count of volumes this process has skipped, and the next
-            volume of the shard takes its place (a batch keeps its size; all volumes unreadable still raises).
+            ``"skip"``: the next volume of the shard takes its place (a batch keeps its size; all volumes
+            unreadable still raises), the skip is counted in :attr:`skipped_reads` and the volume's first failure
+            is logged at WARNING, naming it and the error. ``components.SkippedReads`` tells the counts once per
+            epoch, summed over ranks, and caps them.
         volumes: the (id, source file) of the volumes to serve, in order (:func:`training_store` passes a rank's
             shard of its datalist); default: every stored volume, or this rank's shard of them with ``shard``.
 
-    Picklable: it holds the store's folder and the volumes' ids and sources; files are opened by the worker that
-    reads them.
+    It holds the store's folder, the volumes' ids and sources and the skip counts (in memory shared with the
+    loader's workers, :class:`~components.data.store.read_errors.ReadErrors`); files are opened by the worker that
+    reads them. It is handed to spawned workers as they start, and shared with forked ones.
     """
 
     def __init__(self, store: Store | str | os.PathLike, transform: Callable | None = None, shard: bool = False,
@@ -245,9 +256,20 @@ class StoreDataset(Dataset):
             rows = np.arange(len(store))
             volumes = store.volumes(rows[shard_indices(len(rows), seed)] if shard else rows)
         self.root = store.root
+        self.rebuild_command = store.rebuild_command()
         self.on_read_error = on_read_error
-        self.skipped = 0
         super().__init__(list(volumes), transform)
+        self._errors = ReadErrors(len(self.data))
+
+    @property
+    def skipped_reads(self) -> int:
+        """The reads this dataset skipped (``on_read_error`` "skip"), in this process and its loader workers."""
+        return self._errors.reads
+
+    def unreadable_volumes(self) -> list[str]:
+        """The source of every volume of this dataset that failed to read at least once (in this process or its loader
+        workers), in the dataset's order."""
+        return [str(self.data[index][1]) for index in self._errors.volumes()]
 
     def _read(self, index: int) -> Any:
         item = read_item(self.root, *self.data[index])
@@ -255,15 +277,17 @@ class StoreDataset(Dataset):
 
     def _transform(self, index: int) -> Any:
         for attempt in range(len(self.data)):
+            volume = (index + attempt) % len(self.data)
             try:
-                return self._read((index + attempt) % len(self.data))
+                return self._read(volume)
             except Exception as err:  # the transforms wrap a read error raised inside them
                 read_error = _read_error(err)
                 if self.on_read_error == "stop" or read_error is None:
                     raise
-                self.skipped += 1
-                logger.warning("skipped a stored volume (loader#on_read_error skip; %d skipped in this process): %s",
-                               self.skipped, read_error)  # fmt: skip
+                if self._errors.record(volume):
+                    logger.warning("loader#on_read_error skip: a stored volume cannot be read, another takes its place "
+                                   "whenever it is drawn (said once; the epoch's line counts every skip): %s",
+                                   read_error)  # fmt: skip
         raise StoreError(f"{self.root}: none of the {len(self.data)} volumes of this shard could be read.")
 
 

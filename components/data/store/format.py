@@ -29,9 +29,13 @@ raw ``.npy`` memmap                2.314           0.007         0.26
 crop: opening the file and checking the CRC-32 of the chunks a crop covers add about 0.6 ms.
 
 Why the CRCs: blosc2 holds no checksum of its own; a flipped byte in a compressed chunk decompresses into wrong
-values without an error (tried with blosc2 4.14). So each compressed chunk's CRC-32 is recorded at write time
-(:func:`chunk_checksums`) and a reader checks the chunks a slice covers before decompressing them; the file's size
-is checked when it is opened (truncation).
+values without an error, and a flipped byte of the frame's header can make ``blosc2.open`` return another kind of
+object or an array of another block shape, whose values then come out scrambled (tried with blosc2 4.14). So every
+byte of the file is checked before blosc2 parses it: a blosc2 frame is a header, the compressed chunks one after the
+other, and a tail (the chunk offsets and the trailer); the CRC-32 of the header and of the tail are recorded with
+their lengths, and that of each compressed chunk (:func:`chunk_checksums`). A reader checks the file's size and the
+header and tail when it opens the file (:func:`frame_problem`), and the chunks a slice covers before decompressing
+them.
 
 Integer-valued floating arrays (a label map that ``LoadImaged`` loaded as float32) are stored in the narrowest
 integer dtype that holds their values exactly and read back in their own dtype (:func:`storage_dtype`). Other
@@ -46,7 +50,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +64,7 @@ __all__ = [
     "decode",
     "dequantize",
     "layout",
+    "frame_problem",
     "open_array",
     "quantize",
     "storage_dtype",
@@ -68,7 +73,7 @@ __all__ = [
 
 FORMAT_VERSION = 2
 """Part of every store's fingerprint: a store of another version is refused and rebuilt (2: quantized floats,
-foreground locations, chunks from the crop size)."""
+foreground locations, chunks from the crop size, the frame's header and tail checked, the block shape recorded)."""
 
 ARRAY_SUFFIX = ".b2nd"
 CODEC, CLEVEL, FILTER = "ZSTD", 3, "BITSHUFFLE"
@@ -175,12 +180,57 @@ def chunk_checksums(path: str | os.PathLike) -> list[int]:
     return [zlib.crc32(array.schunk.get_chunk(n)) for n in range(array.schunk.nchunks)]
 
 
+_MAGIC = b"b2frame\x00"
+
+
+def _frame_parts(data: bytes, chunks: list[bytes]) -> tuple[int, int]:
+    """(header length, tail length) of the blosc2 frame ``data`` whose compressed chunks are ``chunks``: the header
+    (msgpack: magic at byte 2, its length as int32 at 11, the frame's length as uint64 at 16, the stored chunks'
+    bytes as int64 at 39, big endian), the stored chunks one after the other, then the tail.
+
+    Raises:
+        ValueError: a layout other than that (another frame format version): nothing could check such a file.
+    """
+    if len(data) < 48 or data[2:10] != _MAGIC or (data[10], data[15], data[38]) != (0xD2, 0xCF, 0xD3):
+        raise ValueError("not a blosc2 frame of the known layout (magic, header length, frame length, chunk bytes)")
+    header = int.from_bytes(data[11:15], "big")
+    frame = int.from_bytes(data[16:24], "big")
+    stored = int.from_bytes(data[39:47], "big")
+    at = header
+    for chunk in chunks:  # chunks of one special value (all zeros) are described in the offsets, not stored
+        if data[at : at + len(chunk)] == chunk:
+            at += len(chunk)
+    if frame != len(data) or at != header + stored or at > len(data):
+        raise ValueError(f"the frame's chunks are not stored one after the other from byte {header} "
+                         f"({at - header} of {stored} bytes found)")  # fmt: skip
+    return header, len(data) - at
+
+
+def frame_problem(path: str | os.PathLike, record: Mapping) -> str | None:
+    """What is wrong with the header or tail of the ``.b2nd`` file at ``path`` against its ``record`` (they are
+    read and checked against their CRC-32), or None; the file's size must already match ``record["nbytes"]``."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(int(record["head_bytes"]))
+            f.seek(-int(record["tail_bytes"]), os.SEEK_END)
+            tail = f.read()
+    except OSError as err:
+        return f"{type(err).__name__}: {err.strerror or err}"
+    if zlib.crc32(head) != record["head_crc32"]:
+        return f"its header (bytes 0-{len(head) - 1}) fails its CRC-32 check (the file is corrupt)"
+    if zlib.crc32(tail) != record["tail_crc32"]:
+        return f"its tail (the last {len(tail)} bytes: chunk offsets, trailer) fails its CRC-32 check (the file is corrupt)"
+    return None
+
+
 def write_array(array: np.ndarray, path: str | os.PathLike, patch_size: Sequence[int] | None = None,
                 floats: str = "exact", chunks: Sequence[int] | None = None) -> dict:  # fmt: skip
     """Writes ``array`` (channel-first ``(C, *spatial)``; at least 1-D) to ``path`` as a blosc2 NDArray and returns
     what the index records of it: ``file`` (the name), ``shape``, ``dtype`` (read back as), ``stored_dtype``,
-    ``chunks``, ``nbytes`` (the file's size) and ``crc32`` (one per compressed chunk); for a quantized array also
-    ``scales`` (one per channel) and ``max_abs_error`` / ``mean_abs_error`` (measured against ``array``).
+    ``chunks``, ``blocks``, ``nbytes`` (the file's size), ``crc32`` (one per compressed chunk) and the lengths and
+    CRC-32 of the frame's header and tail (``head_bytes``, ``head_crc32``, ``tail_bytes``, ``tail_crc32``); for a
+    quantized array also ``scales`` (one per channel) and ``max_abs_error`` / ``mean_abs_error`` (measured against
+    ``array``).
 
     Args:
         patch_size: the crop size the array is read in (:func:`layout`); None: 64^3 chunks.
@@ -215,14 +265,24 @@ def write_array(array: np.ndarray, path: str | os.PathLike, patch_size: Sequence
         codec=getattr(blosc2.Codec, CODEC), clevel=CLEVEL, filters=[getattr(blosc2.Filter, FILTER)], nthreads=1
     )
     blosc2.asarray(data, urlpath=str(path), mode="w", chunks=chunks, blocks=blocks, cparams=cparams)
+    written = blosc2.open(str(path), mode="r")
+    compressed = [written.schunk.get_chunk(n) for n in range(written.schunk.nchunks)]
+    del written
+    content = path.read_bytes()
+    head, tail = _frame_parts(content, compressed)
     return {
         "file": path.name,
         "shape": list(array.shape),
         "dtype": array.dtype.str,
         "stored_dtype": np.dtype(stored).str,
         "chunks": list(chunks),
-        "nbytes": path.stat().st_size,
-        "crc32": chunk_checksums(path),
+        "blocks": list(blocks),
+        "nbytes": len(content),
+        "crc32": [zlib.crc32(chunk) for chunk in compressed],
+        "head_bytes": head,
+        "head_crc32": zlib.crc32(content[:head]),
+        "tail_bytes": tail,
+        "tail_crc32": zlib.crc32(content[len(content) - tail :]),
         **extra,
     }
 

@@ -2,10 +2,11 @@
 
 :class:`StoredArray` is what a :class:`~components.data.store.StoreDataset` item holds in place of an array. It
 opens its file on the first read, in the process that reads (a DataLoader worker), memory-mapped; pickling it
-(to a worker) carries the path and the index's record, never an open file. ``handle[region]`` checks the CRC-32
-of every compressed chunk the region covers (once per chunk and process), decompresses those chunks only and
-returns a numpy array in the array's own dtype. Any failure to open, verify or decompress raises
-:class:`StoreReadError` naming the store file and the source volume.
+(to a worker) carries the path and the index's record, never an open file. Opening checks the file's size and the
+CRC-32 of its header and tail before blosc2 parses them; ``handle[region]`` checks the CRC-32 of every compressed
+chunk the region covers (once per chunk and process), decompresses those chunks only and returns a numpy array in
+the array's own dtype. Any failure to open, verify or decompress raises :class:`StoreReadError` naming the store
+file and the source volume: no corrupt byte reaches blosc2.
 
 A process keeps the last :data:`OPEN_ARRAYS` arrays it opened, with the chunks it verified, across handles: a
 dataset makes a new handle for every item it reads, and reopening the file and re-checking its chunks made a crop
@@ -27,7 +28,7 @@ import torch
 
 from ...errors import UserError
 
-from .format import chunk_numbers, decode, open_array
+from .format import chunk_numbers, decode, frame_problem, open_array
 
 __all__ = ["OPEN_ARRAYS", "StoreReadError", "StoredArray"]
 
@@ -113,13 +114,19 @@ class StoredArray:
             return self._array
         if stat.st_size != int(self.record["nbytes"]):
             raise self._error(f"the file has {stat.st_size} bytes, the index {self.record['nbytes']} (truncated or replaced)")
+        problem = frame_problem(self.path, self.record)  # before blosc2 parses any of it
+        if problem:
+            raise self._error(problem)
         try:
             array = open_array(self.path)
+            held = (tuple(array.shape), array.dtype, list(array.chunks), list(array.blocks), array.schunk.nchunks)
         except Exception as err:  # blosc2 raises RuntimeError / ValueError for files it cannot parse
             raise self._error(f"not a blosc2 array ({type(err).__name__}: {err})") from err
-        if tuple(array.shape) != self.shape or array.dtype != np.dtype(self.record["stored_dtype"]):
-            raise self._error(f"holds {array.dtype}{tuple(array.shape)}, the index {self.record['stored_dtype']}"
-                              f"{self.shape}")  # fmt: skip
+        recorded = (self.shape, np.dtype(self.record["stored_dtype"]), self.record["chunks"], self.record["blocks"],
+                    len(self.record["crc32"]))  # fmt: skip
+        if held != recorded:
+            raise self._error(f"holds {held[1]}{held[0]} in chunks {held[2]} of blocks {held[3]} ({held[4]} chunks), "
+                              f"the index {recorded[1]}{recorded[0]} in {recorded[2]} of {recorded[3]} ({recorded[4]})")  # fmt: skip
         self._array, self._pid, self._verified = array, os.getpid(), set()
         _OPENED[self.path] = (self._pid, identity, array, self._verified)
         while len(_OPENED) > OPEN_ARRAYS:

@@ -49,6 +49,7 @@ import numpy as np
 from ...errors import UserError
 from ...files import atomic_write, fsync_dir, sha256_file
 from .format import FORMAT_VERSION
+from .packages import package_versions
 
 __all__ = [
     "INDEX_LAYOUT",
@@ -84,15 +85,19 @@ class StoreError(UserError, ValueError):
     finished, or not a store; the message says how to rebuild or finish it."""
 
 
-def transforms_fingerprint(transforms: Sequence[Mapping]) -> str:
-    """The sha256 of the deterministic transforms' configs (``_target_`` and resolved arguments, in order) and the
-    store's :data:`~.format.FORMAT_VERSION`: a store answers one fingerprint.
+def transforms_fingerprint(transforms: Sequence[Mapping], packages: Mapping[str, str] | None = None) -> str:
+    """The sha256 of the deterministic transforms' configs (``_target_`` and resolved arguments, in order), the
+    store's :data:`~.format.FORMAT_VERSION` and the versions of the packages that compute the stored values
+    (``packages``, default :func:`~.packages.package_versions`: MONAI, nibabel, numpy, torch): a store answers one
+    fingerprint.
 
     Example:
         >>> transforms_fingerprint([{"_target_": "LoadImaged", "keys": ["image"]}])[:12]
         '...'
     """
-    text = json.dumps({"format_version": FORMAT_VERSION, "transforms": list(transforms)}, sort_keys=True, default=str)
+    versions = package_versions() if packages is None else dict(packages)
+    text = json.dumps({"format_version": FORMAT_VERSION, "transforms": list(transforms), "packages": versions},
+                      sort_keys=True, default=str)  # fmt: skip
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -4,8 +4,10 @@
 - The data check runs first, on this part's entries (headers only): a broken file is named and, by
   ``on_error``, stops the run before any volume is written ("stop") or is skipped and listed ("skip"). The same
   image twice in the datalist is an error of the later entry.
-- ``workers`` processes (``concurrent.futures.ProcessPoolExecutor``, forked from a fork server that imported
-  torch and MONAI once) each build the transforms once and write whole volume folders; 1 runs in this process.
+- ``workers`` processes (:mod:`~.workers`, forked from a fork server that imported torch and MONAI once) each
+  build the transforms once and write whole volume folders; they die with this process however it ends, and a
+  worker that dies (out of memory) fails the volume it was writing, which ``on_error`` then handles as any failed
+  volume. 1 runs in this process.
 - ``part`` / ``parts`` take every ``parts``-th entry from ``part`` (0-based): n machines writing onto one shared
   folder write the same volume folders as one run, each part writes its index shard, and whichever part finds
   all shards there writes ``index.json`` (the same file as one run's).
@@ -27,8 +29,6 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing import get_all_start_methods, get_context
@@ -44,8 +44,10 @@ from .format import FLOATS, FORMAT_VERSION
 from .index import COLUMNS, HEADER, INDEX, ITEM, PARTS, VOLUMES, StoreError, default_source_root, merge_parts
 from .index import read_json, relative_source, source_key, transforms_fingerprint, volume_id
 from .index import write_json, write_part
+from .packages import package_versions, version_changes
 from .transforms import build_transforms, loaded_keys
 from .volume import write_volume
+from .workers import run_in_workers
 
 __all__ = ["PreprocessSummary", "VolumeFailedError", "preprocess"]
 
@@ -184,9 +186,11 @@ def _prepare_folder(root: Path, header: dict, overwrite: bool, parts: int) -> No
     if old is not None:
         if old.get("fingerprint") != header["fingerprint"]:
             if not overwrite:
-                raise StoreError(f"{root} holds a store of other transforms (fingerprint "
-                                 f"{old.get('fingerprint')!s:.12}, now {header['fingerprint']:.12}): pass --overwrite "
-                                 "true to replace it, or another --out.")  # fmt: skip
+                changes = version_changes(old.get("packages"))
+                what = f"written with other package versions ({changes})" if changes else "of other transforms"
+                raise StoreError(f"{root} holds a store {what} (fingerprint {old.get('fingerprint')!s:.12}, now "
+                                 f"{header['fingerprint']:.12}): pass --overwrite true to replace it, or another "
+                                 "--out.")  # fmt: skip
             for name in (VOLUMES, PARTS):
                 shutil.rmtree(root / name, ignore_errors=True)
         if "source_root" in old and all(old.get(field) == header[field] for field in _IDENTITY):
@@ -323,8 +327,9 @@ def preprocess(
         raise DataCheckError(f"preprocess: the data check found {len(broken)} broken entr"
                              f"{'y' if len(broken) == 1 else 'ies'}, nothing written (--on_error skip skips them): "
                              + "; ".join(f"{list_key}[{p}] {r}" for p, r in broken.items()), report=report)  # fmt: skip
-    fingerprint = transforms_fingerprint(configs)
-    header = {"format_version": FORMAT_VERSION, "fingerprint": fingerprint, "transforms": configs,
+    packages = package_versions()
+    fingerprint = transforms_fingerprint(configs, packages)
+    header = {"format_version": FORMAT_VERSION, "fingerprint": fingerprint, "transforms": configs, "packages": packages,
               "datalist": source, "list_key": list_key, "datalist_sha256": datalist_sha256,
               "volumes": len(items), "command": command, "floats": floats,
               "patch_size": None if patch_size is None else list(patch_size), "source_root": source_root}  # fmt: skip
@@ -398,8 +403,9 @@ def _context() -> BaseContext:
 
 
 def _run(todo: list[tuple], configs: list[dict], workers: int, progress: _Progress):
-    """Yields ``_run_one``'s result for every task, in this process or ``workers`` others; on an early exit
-    (a failed volume with ``on_error="stop"``) the tasks not started are cancelled."""
+    """Yields ``_run_one``'s result for every task, in this process or in ``workers`` others
+    (:func:`~.workers.run_in_workers`: they die with this process; a volume whose worker died fails with the reason,
+    and the next volume gets a new worker); leaving early (a failed volume with ``on_error="stop"``) ends them."""
     if not todo:
         return
     if workers == 1:
@@ -409,25 +415,8 @@ def _run(todo: list[tuple], configs: list[dict], workers: int, progress: _Progre
             progress.update(done)
             yield result
         return
-    with ProcessPoolExecutor(min(workers, len(todo)), _context(), _init_worker, (configs,)) as pool:
-        try:
-            pending = {pool.submit(_run_one, task): task for task in todo}
-            done = 0
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    task = pending.pop(future)
-                    try:
-                        result = future.result()
-                    except BrokenProcessPool as err:
-                        source = _first_file(task[1], task[2])
-                        raise VolumeFailedError(
-                            f"preprocess: a worker process died while writing {source} or another of the "
-                            f"{len(pending) + 1} volume(s) left (killed, out of memory? try fewer --workers); the "
-                            "volumes written so far are kept, a rerun continues after them."
-                        ) from err
-                    done += 1
-                    progress.update(done)
-                    yield result
-        finally:
-            pool.shutdown(cancel_futures=True)
+    build_transforms(configs)  # a config that cannot be built fails here, once, not in every worker
+    results = run_in_workers(_run_one, todo, workers, _context(), _init_worker, (configs,))
+    for done, (task, result, died) in enumerate(results, 1):
+        progress.update(done)
+        yield result if died is None else (task[0], None, f"the worker process writing it {died}")
