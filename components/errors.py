@@ -19,9 +19,9 @@ raises), and an error raised while an engine runs was printed three times: ignit
   before it propagates.
 
 Under ``torchrun`` each distinct error is printed once, by the first rank that reaches it, whichever rank that is:
-ranks count the errors they are about to print in torchrun's own key-value store (``torch.distributed.TCPStore`` at
-``MASTER_ADDR:MASTER_PORT``, which torchrun's agent serves), keyed by the error's type and first line, and the line
-says which rank printed it (``(from rank 1 of 2; ...)``). A rank that stays quiet (another printed the same error,
+ranks count the errors they are about to print in torchrun's own key-value store (the one its agent serves at
+``MASTER_ADDR:MASTER_PORT``: :func:`components.distributed.agent_store`), keyed by the error's type and first line,
+and the line says which rank printed it (``(from rank 1 of 2; ...)``). A rank that stays quiet (another printed the same error,
 or the error names other ranks as the ones to report it: :attr:`UserError.reporting_ranks`) waits, a few seconds at
 most, until some rank has printed before it exits, since torchrun stops the other ranks as soon as one exits. An
 error that only a rank > 0 meets (a bad volume in its own shard) is so printed by that rank. Any other exception of a
@@ -30,7 +30,7 @@ exited) is one line too, ``<bundle>: rank 0 of 2 stopped after rank 1's error: .
 torchrun's store (another launcher) every rank prints its own errors.
 
 Importing this module imports neither torch nor MONAI (:func:`report_errors` imports MONAI's handlers; a rank of a
-``torchrun`` run imports ``torch.distributed`` when it reports).
+``torchrun`` run imports :mod:`components.distributed` when it reports).
 """
 
 from __future__ import annotations
@@ -116,30 +116,19 @@ def error_lines(prefix: str, err: BaseException, hint: str) -> list[str]:
 
 class _RankReports:
     """The errors the ranks of a ``torchrun`` run have printed, counted in torchrun's store (see the module's
-    docstring); unusable (:attr:`store` None) without torchrun's agent store or when it does not answer."""
+    docstring; :func:`components.distributed.agent_store`); unusable (:attr:`store` None) without it."""
 
     def __init__(self) -> None:
-        self.store = None
-        # torchrun's own keys live under /worker/attempt_<n>; a restarted attempt prints its errors again
-        self.prefix = f"components/errors/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true":
-            return
-        try:
-            from datetime import timedelta
+        from .distributed import agent_store  # imports torch: only when a rank of a torchrun run reports
 
-            from torch.distributed import TCPStore
-
-            self.store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                  timeout=timedelta(seconds=QUIET_RANK_WAIT_S), wait_for_workers=False)  # fmt: skip
-        except Exception:  # noqa: BLE001 -- no store: every rank prints its own errors rather than none
-            self.store = None
+        self.store = agent_store("errors", QUIET_RANK_WAIT_S)
 
     def first(self, err: UserError) -> bool:
         """Whether this rank is the first to reach ``err`` (its type and first line)."""
         head = (str(err).splitlines() or [""])[0]
         key = hashlib.sha256(f"{type(err).__name__}: {head}".encode()).hexdigest()
         try:
-            return self.store is None or self.store.add(f"{self.prefix}/{key}", 1) == 1
+            return self.store is None or self.store.add(key, 1) == 1
         except Exception:  # noqa: BLE001
             return True
 
@@ -147,15 +136,15 @@ class _RankReports:
         """Tells the other ranks that ``rank`` has put an error on the user's screen."""
         try:
             if self.store is not None:
-                self.store.set(f"{self.prefix}/printed", str(rank))
+                self.store.set("printed", str(rank))
         except Exception:  # noqa: BLE001
             pass
 
     def printed_by(self) -> str | None:
         """The rank that has printed an error, if one has; asks without waiting."""
         try:
-            if self.store is not None and self.store.check([f"{self.prefix}/printed"]):
-                return self.store.get(f"{self.prefix}/printed").decode()
+            if self.store is not None and self.store.check(["printed"]):
+                return self.store.get("printed").decode()
         except Exception:  # noqa: BLE001
             pass
         return None
@@ -165,7 +154,7 @@ class _RankReports:
         soon as one exits, maybe before the rank that prints has reached its report."""
         try:
             if self.store is not None:
-                self.store.wait([f"{self.prefix}/printed"])
+                self.store.wait(["printed"])
         except Exception:  # noqa: BLE001 -- waited long enough
             pass
 

@@ -35,6 +35,7 @@ from monai.utils import CommonKeys as Keys
 from torch.optim.lr_scheduler import LRScheduler
 
 from ..checkpoint.training_state import CheckpointEvents, register_checkpoint_events
+from ..config.values import is_null
 from ..data.sources import NOT_TRACKED, batch_filenames
 from ..distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
 from ..errors import UserError
@@ -56,7 +57,8 @@ __all__ = [
 
 LOG_KEY = "log"
 LOSS_PARTS_KEY = "loss_parts"
-_AMP_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+#: the autocast dtypes ``amp_dtype`` names (None or "null": bf16 where the device supports it, fp16 otherwise)
+AMP_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
 @runtime_checkable
@@ -88,10 +90,10 @@ class Recipe(Protocol):
 
 def resolve_amp_dtype(device: torch.device, amp_dtype: str | None) -> torch.dtype:
     """The autocast dtype: ``amp_dtype`` if given, else bf16 where the device supports it, fp16 otherwise."""
-    if amp_dtype is not None:
-        if amp_dtype not in _AMP_DTYPES:
-            raise ValueError(f"amp_dtype must be one of {sorted(_AMP_DTYPES)} or None (auto), got {amp_dtype!r}.")
-        return _AMP_DTYPES[amp_dtype]
+    if not is_null(amp_dtype):  # "null" from a command line is None
+        if amp_dtype not in AMP_DTYPES:
+            raise ValueError(f"amp_dtype must be one of {sorted(AMP_DTYPES)} or None (auto), got {amp_dtype!r}.")
+        return AMP_DTYPES[amp_dtype]
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
@@ -303,7 +305,7 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         )
         self._setup_recipe(recipe, seed, amp, amp_dtype)
         self.lr_scheduler = lr_scheduler
-        self.clip_grad_norm = clip_grad_norm
+        self.clip_grad_norm = None if is_null(clip_grad_norm) else clip_grad_norm  # "null" from a command line
         use_scaler = self.use_amp and self.amp_dtype == torch.float16
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
         self._reseed_data = ReseedEachEpoch(self.seed)
