@@ -40,6 +40,7 @@ import logging
 import os
 import sys
 import threading
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -73,16 +74,20 @@ class MissingFileError(UserError, FileNotFoundError):
     """A file the run needs is not there (a datalist, a trained ``model.pt``)."""
 
 
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from as Python prints it: ``__cause__``, else ``__context__`` unless
+    suppressed."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        yield exc
+        seen.add(id(exc))
+        exc = exc.__cause__ if exc.__cause__ is not None or exc.__suppress_context__ else exc.__context__
+
+
 def user_error(exc: BaseException | None) -> UserError | None:
     """The :class:`UserError` in ``exc``'s chain as Python prints it (``__cause__``, else ``__context__`` unless
     suppressed): ``exc`` itself, or what MONAI's ``RuntimeError("Failed to evaluate ...")`` wraps; None if none."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, UserError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ if exc.__cause__ is not None or exc.__suppress_context__ else exc.__context__
-    return None
+    return next((e for e in _chain(exc) if isinstance(e, UserError)), None)
 
 
 class _Report:
@@ -129,7 +134,7 @@ class _RankReports:
         key = hashlib.sha256(f"{type(err).__name__}: {head}".encode()).hexdigest()
         try:
             return self.store is None or self.store.add(key, 1) == 1
-        except Exception:  # noqa: BLE001
+        except RuntimeError:  # the store went away: print rather than stay quiet
             return True
 
     def printed(self, rank: int) -> None:
@@ -137,7 +142,7 @@ class _RankReports:
         try:
             if self.store is not None:
                 self.store.set("printed", str(rank))
-        except Exception:  # noqa: BLE001
+        except RuntimeError:  # the store went away: the quiet ranks stop waiting at their timeout
             pass
 
     def printed_by(self) -> str | None:
@@ -145,7 +150,7 @@ class _RankReports:
         try:
             if self.store is not None and self.store.check(["printed"]):
                 return self.store.get("printed").decode()
-        except Exception:  # noqa: BLE001
+        except RuntimeError:  # the store went away: leave the exception to Python
             pass
         return None
 
@@ -155,19 +160,8 @@ class _RankReports:
         try:
             if self.store is not None:
                 self.store.wait(["printed"])
-        except Exception:  # noqa: BLE001 -- waited long enough
+        except RuntimeError:  # waited long enough (torch's DistStoreError is a RuntimeError)
             pass
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    """The first exception of ``exc``'s chain as Python prints it (what MONAI's "Failed to instantiate" wraps)."""
-    seen = {id(exc)}
-    while True:
-        inner = exc.__cause__ if exc.__cause__ is not None or exc.__suppress_context__ else exc.__context__
-        if inner is None or id(inner) in seen:
-            return exc
-        seen.add(id(inner))
-        exc = inner
 
 
 def _print(lines: list[str]) -> None:
@@ -194,7 +188,7 @@ def _report(exc: BaseException) -> bool:
         by = reports.printed_by()
         if by is None:
             return False
-        cause = _root_cause(exc)
+        *_, cause = _chain(exc)  # what MONAI's "Failed to instantiate" wraps: gloo's closed connection
         head = (str(cause).splitlines() or ["(no message)"])[0]
         _print([f"{_Report.bundle}: rank {rank} of {world} stopped after rank {by}'s error: {type(cause).__name__}: "
                 f"{head} ({DEBUG_HINT})"])  # fmt: skip
