@@ -16,8 +16,8 @@ The packages, each one concern; imports point down this list, never up:
 - ``data``: datalists, rank partitioning, datasets and caches, the data check, the on-disk store, synthetic data;
 - ``networks``: the Swin ViT encoder, ``prepare_network``, fused attention, activation checkpointing, the probe;
 - ``config``: config values, the running bundle's files and overrides, the override check;
-- ``distributed`` (the one module that calls ``torch.distributed``), ``files`` (atomic writes, digests),
-  ``errors`` (the refusals told in one line) and ``lazy`` (these lazy names).
+- ``errors`` (the refusals told in one line, once across the ranks), ``distributed`` (the one module that calls
+  ``torch.distributed``), ``files`` (atomic writes, digests) and ``lazy`` (these lazy names).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "resolve_resume",
         "save_atomic",
     ),
-    "config": ("as_bool", "check_overrides", "defined_overrides", "optional_path", "require_file"),
+    "config": ("as_bool", "check_overrides", "check_types", "defined_overrides", "is_null", "optional_path", "require_file"),
     "data": (  # datalists, partitioning, datasets, the compact cache, the data check, the on-disk store, synthetic data
         "CheckVoxelsd",
         "CompactCropForegroundd",
@@ -115,6 +115,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "use_fused_attention",
     ),
     "recipes": (
+        "MASKED_IMAGE_SETTINGS",
+        "SELF_DISTILLATION_SETTINGS",
+        "SSL_SETTINGS",
         "InpaintingContrastRecipe",
         "MaskedImageModel",
         "MaskedImageRecipe",
@@ -156,6 +159,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "schema_path",
     ),
     "training": (
+        "BUNDLE_SETTINGS",
         "CompileMonitor",
         "EmbeddingRankHandler",
         "FinalValidationHandler",
@@ -176,6 +180,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "balanced_class_weights",
         "brats_labels_from_regions",
         "check_accumulation_steps",
+        "check_setting_types",
         "check_settings",
         "compiled_graphs",
         "default_num_workers",
@@ -186,6 +191,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "install_filters",
         "log_filter",
         "log_from_rank_zero",
+        "loss_class_weights",
         "per_class_means",
         "recipe_health",
         "rotation_axes",

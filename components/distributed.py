@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 __all__ = [
     "TORCHRUN_ENV_VARS",
+    "agent_store",
     "all_gather_with_grad",
     "all_reduce_mean",
     "all_reduce_sum",
@@ -216,6 +217,25 @@ def _restart_attempt_store(timeout: timedelta) -> dist.Store | None:
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     client = dist.TCPStore(host, port, int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
     return dist.PrefixStore(f"/components/attempt_{attempt}", client)
+
+
+def agent_store(name: str, timeout_s: float = 10.0) -> dist.Store | None:
+    """torchrun's agent store, under ``/components/<name>/attempt_<restart count>``: keys the ranks of this attempt
+    share without a process group (one may not exist yet, or may be broken by a rank that exited), e.g. the errors
+    :mod:`components.errors` has printed. Its operations wait at most ``timeout_s``.
+
+    None outside torchrun, when the workers do not use the agent's store (``TORCHELASTIC_USE_AGENT_STORE``), or when
+    the store does not answer.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    try:
+        client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                               timeout=timedelta(seconds=timeout_s), wait_for_workers=False)  # fmt: skip
+    except (KeyError, ValueError, RuntimeError):  # no address, or no answer (DistStoreError is a RuntimeError)
+        return None
+    return dist.PrefixStore(f"/components/{name}/attempt_{attempt}", client)
 
 
 def cleanup_distributed() -> None:

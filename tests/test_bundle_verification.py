@@ -134,17 +134,20 @@ def _imported_distributions() -> dict[str, list[str]]:
 def test_every_initialize_first_reports_which_components_runs(bundle, tmp_path, caplog):
     """Each config with an ``initialize`` first puts ``bundle_root`` first on sys.path (MONAI does it only in
     ``run()``, after ``initialize``) and imports components again (its ``imports`` were evaluated before, maybe without
-    that folder), then imports it through MONAI's optional_import (so that a bundle whose code is not importable says
-    why) and makes its errors one line naming the bundle (report_errors), then calls report_origin, which logs the
-    imported package's version and folder."""
+    that folder), then reads it through MONAI's optional_import (so that a bundle whose code is not importable says
+    why), makes its errors one line naming the bundle (report_errors, given the ``debug`` id that ``--debug`` sets;
+    MONAI parses an expression holding "import" before it replaces its references, so ``@debug`` needs a line of its
+    own), then calls report_origin, which logs the imported package's version and folder."""
     configs = [p for p in sorted((bundle / "configs").glob("*.json")) if "initialize" in json.loads(p.read_text())]
     assert {p.name for p in configs} >= {"train.json", "inference.json"}
     for config in configs:
-        path, again, errors, origin = json.loads(config.read_text())["initialize"][:4]
+        content = json.loads(config.read_text())
+        path, again, importable, errors, origin = content["initialize"][:5]
         assert path == "$sys.path.insert(0, os.path.abspath(@bundle_root))", config.name
         assert again == "$import components", config.name
-        assert errors.startswith("$monai.utils.optional_import('components', descriptor='{} failed: this bundle runs "
-                                 "its own code") and errors.endswith(f")[0].report_errors('{bundle.name}')"), config.name  # fmt: skip
+        assert importable.startswith("$monai.utils.optional_import('components', descriptor='{} failed: this bundle "
+                                     "runs its own code") and importable.endswith(")[0].__version__"), config.name  # fmt: skip
+        assert errors == f"$components.report_errors('{bundle.name}', @debug)" and content["debug"] is False, config.name
         assert origin == "$components.report_origin()", config.name
     caplog.set_level(logging.INFO, logger="components.release.origin")
     workflow = ConfigWorkflow(

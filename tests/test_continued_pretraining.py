@@ -211,7 +211,7 @@ def test_v2_file_into_the_default_v1_network_stops_before_reading_data_unless_au
     assert code != 0
     message = (f"checkpoint {path} was trained with another network: use_v2=true in the checkpoint, false in the "
                "network. Run with --network_def#use_v2 true.")  # fmt: skip
-    assert f": error: CheckpointLoadError: {message} (COMPONENTS_DEBUG=1 shows the traceback)\n" in output, output[-4000:]
+    assert f": error: CheckpointLoadError: {message} (--debug shows the traceback)\n" in output, output[-4000:]
     assert "dataset of" not in output and "Epoch: 1/" not in output and not (root / "models" / "checkpoint.pt").exists()
 
     code, output, root = outputs["auto"]

@@ -1,16 +1,20 @@
 """Errors as the user meets them (components.errors): one line on stderr naming the culprit, exit status 1, no
-traceback unless COMPONENTS_DEBUG=1; every bad override id at once; an error raised inside the engine said once;
-under torchrun, said once by rank 0. Each run is ``python -m monai.bundle run`` (or torchrun) in a subprocess."""
+traceback unless ``--debug``; every bad override id at once; an error raised inside the engine said once; under
+torchrun, said once by the first rank that meets it, also when only a rank > 0 does. Each run is
+``python -m monai.bundle run`` (or torchrun) in a subprocess."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import nibabel as nib
+import numpy as np
 import pytest
 import torch
 
@@ -41,6 +45,12 @@ def _run(cmd: list[str], tmp_path: Path, **env: str) -> tuple[int, list[str], st
     return proc.returncode, [line for line in proc.stderr.splitlines() if _ours(line)], proc.stdout + proc.stderr
 
 
+def _said(lines: list[str]) -> list[str]:
+    """The lines of our one-line errors, without the ``[rank0]: `` that torch's hook puts before each line a rank
+    prints once its process group exists."""
+    return [re.sub(r"^\[rank\d+\]: ", "", line) for line in lines if ": error: " in line]
+
+
 def _torchrun(cmd: list[str], nproc: int = 2) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
             f"--nproc_per_node={nproc}", *cmd[1:]]  # fmt: skip
@@ -53,17 +63,31 @@ def test_every_bad_override_id_is_one_line_and_nothing_else(tmp_path):
     assert len(lines) == 2, out[-3000:]
     assert lines[0].startswith("swin_unetr_btcv_finetune: error: ConfigError: --val_interval names no id of ")
     assert "run with --training#val_interval instead." in lines[0]
-    assert lines[0].endswith("(COMPONENTS_DEBUG=1 shows the traceback)")
+    assert lines[0].endswith("(--debug shows the traceback)")
     assert lines[1].startswith("  --max_epoch names no id of ") and lines[1].endswith("did you mean --max_epochs?")
     assert "Traceback" not in out and "Failed to evaluate" not in out
 
 
-def test_the_traceback_is_shown_with_components_debug(tmp_path):
+@pytest.mark.parametrize("flag", [["--debug"], ["--debug", "true"]])
+def test_the_traceback_is_shown_with_debug(tmp_path, flag):
+    """``--debug`` is an id of every bundle (MONAI passes it as an override, bare ``--debug`` as True)."""
     overrides = {"bundle_root": str(tmp_path), "dataset_dir": str(tmp_path / "none"), "val_interval": 1}
-    code, lines, _ = _run(bundle_command(BTCV, overrides=overrides), tmp_path, COMPONENTS_DEBUG="1")
+    code, lines, _ = _run(bundle_command(BTCV, overrides=overrides) + flag, tmp_path)
     assert code == 1
     assert lines[0] == "Traceback (most recent call last):" and "Failed to evaluate ConfigExpression" in lines[-2]
     assert any(line.startswith("components.errors.ConfigError: --val_interval names no id") for line in lines)
+
+
+def test_inference_shows_the_traceback_with_debug_too(tmp_path):
+    overrides = {"bundle_root": str(tmp_path), "dataset_dir": str(tmp_path)}
+    command = bundle_command(SSL, ["inference.json"], overrides)
+    code, lines, out = _run(command, tmp_path)
+    assert code == 1 and len(lines) == 1, out[-3000:]
+    assert lines[0].startswith("swin_unetr_ssl_pretrain: error: MissingFileError: datalist ")
+    assert lines[0].endswith("(--debug shows the traceback)")
+    code, lines, out = _run(command + ["--debug"], tmp_path)
+    assert code == 1 and lines[0] == "Traceback (most recent call last):", out[-3000:]
+    assert any(line.startswith("components.errors.MissingFileError: datalist ") for line in lines), out[-3000:]
 
 
 @pytest.mark.slow
@@ -84,14 +108,72 @@ def test_an_error_raised_inside_the_engine_is_said_once(ct, tmp_path):
 
 
 @pytest.mark.slow
-def test_under_torchrun_rank_zero_says_it_once_and_the_others_nothing(tmp_path):
+def test_under_torchrun_an_error_of_every_rank_is_said_once(tmp_path):
     overrides = {"bundle_root": str(tmp_path), "dataset_dir": str(tmp_path / "none"), "val_interval": 1}
     cmd = bundle_command(SSL, ["train.json", "multi_gpu_train.json"], overrides)
     code, lines, out = _run(_torchrun(cmd), tmp_path)
     assert code != 0
-    ours = [line for line in lines if ": error: " in line]
+    ours = _said(lines)
     assert len(ours) == 1 and ours[0].startswith("swin_unetr_ssl_pretrain: error: ConfigError: --val_interval "), out
+    assert re.search(r"\(from rank [01] of 2; --debug shows the traceback\)$", ours[0]), ours[0]
     assert out.count("names no id") == 1 and "Failed to evaluate" not in out, out[-3000:]
+
+
+@pytest.fixture
+def two_rank_ct(tmp_path) -> Path:
+    """A CT datalist for two ranks: one training volume per rank, two validation volumes."""
+    datalist = write_dataset(tmp_path / "ct", kind="ct", num=4, seed=0)
+    content = json.loads(datalist.read_text())
+    content["validation"] += content.pop("test")
+    datalist.write_text(json.dumps(content))
+    return datalist
+
+
+def _torchrun_ssl(datalist: Path, tmp_path: Path, extra: tuple[str, ...] = ()) -> tuple[int, list[str], str]:
+    overrides = {**TINY, "bundle_root": str(tmp_path), "dataset_dir": str(datalist.parent), "datalist": str(datalist),
+                 "dist_timeout_s": 120}  # fmt: skip
+    return _run(_torchrun(bundle_command(SSL, ["train.json", "multi_gpu_train.json", *extra], overrides)), tmp_path)
+
+
+@pytest.mark.slow
+def test_under_torchrun_an_error_only_rank_one_meets_is_said_once_by_it(two_rank_ct, tmp_path):
+    """Rank 1's own training volume holds NaN voxels: rank 1 stops when caching reads it, rank 0 (whose volume is
+    clean) waits for it at the next collective until torchrun stops it. Rank 0 alone printing said nothing."""
+    from components import partition_for_rank
+
+    content = json.loads(two_rank_ct.read_text())
+    (entry,) = partition_for_rank(content["training"], seed=0, rank=1, world_size=2)
+    path = two_rank_ct.parent / entry["image"]
+    volume = nib.load(path)
+    voxels = np.asarray(volume.dataobj, dtype=np.float32)
+    voxels[:2, :2, :2] = np.nan
+    nib.save(nib.Nifti1Image(voxels, volume.affine), path)
+    code, lines, out = _torchrun_ssl(two_rank_ct, tmp_path)
+    assert code != 0
+    ours = _said(lines)
+    assert len(ours) == 1, out[-5000:]
+    assert ours[0].startswith(f"swin_unetr_ssl_pretrain: error: DataItemError: image {path}: has non-finite voxels: 8 NaN")
+    assert ours[0].endswith("(from rank 1 of 2; --debug shows the traceback)"), ours[0]
+    assert out.count("has non-finite voxels") == 1, out[-5000:]
+    assert "[rank0]: Traceback" not in out, out[-5000:]  # gloo's "Connection closed by peer" on rank 0: one line
+
+
+@pytest.mark.slow
+def test_under_torchrun_an_error_raised_inside_the_engine_is_said_once(two_rank_ct, tmp_path):
+    """Both ranks' losses turn NaN at iteration 1 and both raise: one line, by one of them, naming its batch; ignite,
+    MONAI's StatsHandler and the other rank say nothing."""
+    probe = tmp_path / "nan_loss.json"
+    probe.write_text(json.dumps({"probes": "$import tests.probes as probes",
+                                 "train#trainer#loss_function": "$@probes.nan_loss_from(@train#loss, 1)"}))  # fmt: skip
+    code, lines, out = _torchrun_ssl(two_rank_ct, tmp_path, (str(probe),))
+    assert code != 0
+    ours = _said(lines)
+    assert len(ours) == 1, out[-5000:]
+    assert ours[0].startswith("swin_unetr_ssl_pretrain: error: NonFiniteLossError: non-finite training loss nan at "
+                              "epoch 1, iteration 1 (iteration 1/1 of the epoch) on ranks [0, 1] of 2. (from rank ")
+    assert out.count("non-finite training loss") == 1 and out.count("batch files (rank ") == 1, out[-5000:]
+    assert "Exception: " not in out and "terminating due to exception" not in out and "Failed to evaluate" not in out
+    assert "[rank0]: Traceback" not in out and "[rank1]: Traceback" not in out, out[-5000:]
 
 
 def test_the_user_error_is_found_behind_monai_wrappers():
@@ -115,8 +197,7 @@ def test_the_user_error_is_found_behind_monai_wrappers():
 def test_a_user_error_in_a_thread_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     monkeypatch.setattr(threading, "excepthook", threading.excepthook)
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("COMPONENTS_DEBUG", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(components.errors, "_handlers", lambda: [])  # no filter left on pytest's log handlers
     report_errors("tiny_bundle")
 
@@ -127,7 +208,7 @@ def test_a_user_error_in_a_thread_is_one_line(capsys, monkeypatch):
     thread.start()
     thread.join()
     assert capsys.readouterr().err.splitlines() == [
-        "tiny_bundle: error: ConfigError: first line (COMPONENTS_DEBUG=1 shows the traceback)", "  second line"]
+        "tiny_bundle: error: ConfigError: first line (--debug shows the traceback)", "  second line"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -180,8 +261,9 @@ def test_a_corrupt_checkpoint_found_by_auto_resume(ct, tmp_path):
 @pytest.mark.slow
 def test_accumulation_steps_of_one_and_a_half(ct, tmp_path):
     (line,) = _refused_before_caching(SSL, ct, tmp_path, **{"train#trainer#accumulation_steps": 1.5})
-    assert line.startswith("swin_unetr_ssl_pretrain: error: ConfigError: accumulation_steps must be the integer 1")
-    assert "got 1.5." in line
+    assert line.startswith("swin_unetr_ssl_pretrain: error: ConfigError: train#trainer#accumulation_steps must be the "
+                           "integer 1 (PretrainingTrainer does not accumulate gradients")
+    assert line.endswith("got 1.5. (--debug shows the traceback)"), line
 
 
 @pytest.mark.slow

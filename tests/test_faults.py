@@ -61,7 +61,7 @@ def test_nan_loss_stops_at_its_iteration_with_parts_and_files(kind, caplog):
     assert "vol_0" not in message and "vol_2" not in message
     assert seen == [1]
     assert trainer.state.iteration == 2
-    # on rank 0 the message is the error's alone (components.errors prints it once): the handler logs nothing itself
+    # the message is the error's alone (components.errors prints it once, from a bad rank): the handler logs nothing
     assert not any(r.name == "components.training.engine" and r.levelno == logging.ERROR for r in caplog.records)
 
 

@@ -189,7 +189,7 @@ def test_every_rank_stops_at_the_same_check_naming_the_bad_rank(ranks):
     for rank, result in enumerate(ranks):
         assert result["stopped_at"] == 4
         assert "iteration 4 (iteration 4/6 of the epoch)" in result["error"]
-        assert "ranks with a non-finite loss: [1]" in result["error"]
+        assert "of the epoch) on ranks [1] of 2." in result["error"].splitlines()[0]
     assert "non-finite training loss on another rank" in ranks[0]["error"]
     assert "non-finite training loss nan" in ranks[1]["error"]
 

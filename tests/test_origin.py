@@ -81,7 +81,7 @@ def test_the_bundle_is_found_from_its_config_files_whatever_the_working_director
     init = repo_config["initialize"]
     head = init[: init.index("$components.report_origin()") + 1]  # bundle_root onto sys.path ... report_origin
     config.write_text(json.dumps({"imports": ["$import os", "$import sys", "$import components"], "bundle_root": ".",
-                                  "initialize": head}))  # fmt: skip
+                                  "debug": False, "initialize": head}))  # fmt: skip
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

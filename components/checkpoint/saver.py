@@ -17,6 +17,7 @@ from ignite.engine import Engine, Events
 from monai.handlers import CheckpointSaver
 from torch import nn
 
+from ..config.values import is_null
 from ..files import temp_prefix
 from ..distributed import broadcast_from_rank0, get_rank
 from .pretrained import _unwrap_model
@@ -124,6 +125,7 @@ class ResumableCheckpointSaver:
         self.epoch_interval = _check_interval("epoch_interval", epoch_interval)
         self.iteration_interval = _check_interval("iteration_interval", iteration_interval)
         self.calibration_iterations = _check_interval("calibration_iterations", calibration_iterations)
+        time_interval_s = None if is_null(time_interval_s) else time_interval_s  # "null" from a command line
         if time_interval_s is not None and not (isinstance(time_interval_s, (int, float)) and time_interval_s > 0):
             raise ValueError(f"time_interval_s must be a positive number of seconds or None, got {time_interval_s!r}.")
         self.time_interval_s = None if time_interval_s is None else float(time_interval_s)

@@ -15,6 +15,7 @@ import torch
 from ignite.engine import Engine, EventEnum
 from torch.optim.lr_scheduler import LambdaLR
 
+from ..config.values import is_null
 from ..files import atomic_write
 
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
@@ -91,8 +92,8 @@ def restore_schedule(scheduler: Any, saved: Mapping[str, Any]) -> str:
     return "full"
 
 
-def _check_interval(name: str, value: int | None) -> int | None:
-    if value is None:
+def _check_interval(name: str, value: int | str | None) -> int | None:
+    if is_null(value):  # None, or "null" from a command line
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive integer or None, got {value!r}.")

@@ -4,6 +4,8 @@
 - ``running``: ``running_bundle``: the config files and overrides of the bundle this process runs.
 - ``overrides``: ``check_overrides``: a command-line override of an id no config has is refused, not added;
   ``defined_overrides``: the overrides one config of a bundle takes.
+- ``kinds``: what a setting accepts (``Flag``, ``Integer``, ``Number``, ``OneOf``, ``ListOf`` ...), said in words.
+- ``types``: ``check_types``: the running bundle's settings checked against their kinds.
 
 The names are re-exported here and in ``components``, imported on first use.
 """
@@ -16,6 +18,7 @@ from ..lazy import lazy_names
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "overrides": ("check_overrides", "defined_overrides"),
     "running": ("RunningBundle", "running_bundle"),
-    "values": ("as_bool", "optional_path", "require_file"),
+    "types": ("check_types",),
+    "values": ("as_bool", "is_null", "optional_path", "require_file"),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -12,7 +12,7 @@ import os
 
 from ..errors import ConfigError, MissingFileError
 
-__all__ = ["as_bool", "optional_path", "require_file"]
+__all__ = ["as_bool", "is_null", "optional_path", "require_file"]
 
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
@@ -33,9 +33,15 @@ def as_bool(value: bool | int | str, name: str = "value") -> bool:
 _NONE = ("", "none", "null")
 
 
+def is_null(value: object) -> bool:
+    """Whether a config value means "not set": ``None``, or ``""``, ``"None"`` or ``"null"``, which is what a command
+    line passes for it (``--checkpointing#iteration_interval null``; ``--x None`` leaves the config's value)."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in _NONE)
+
+
 def optional_path(value: str | os.PathLike | None) -> str | None:
-    """A config path that may be "none": ``None``, ``""``, ``"None"`` and ``"null"`` (what ``--pretrained_path null``
-    passes on a command line) are None; anything else is returned as a string."""
+    """A config path that may be "none": None when :func:`is_null` (``--pretrained_path null``); anything else is
+    returned as a string."""
     if value is None or str(value).strip().lower() in _NONE:
         return None
     return str(value)

@@ -19,6 +19,7 @@ from monai.handlers import SmartCacheHandler
 from monai.transforms import Compose, LoadImaged
 from torch.utils.data import DistributedSampler
 
+from ..config.values import optional_path
 from ..distributed import barrier, get_rank, get_world_size
 from .check import check_before_caching
 from .datalists import MissingDatalist
@@ -80,6 +81,7 @@ def build_dataset(
     if not isinstance(transform, SourceNamingCompose):
         transform = SourceNamingCompose(transform if isinstance(transform, Compose) else Compose(transform))
     if cache == "disk":
+        store = optional_path(store)  # "null" from a command line is None
         if store is None:
             raise ValueError("loader#cache 'disk' reads a store: set loader#store to the folder that `python -m "
                              "components preprocess --datalist LIST --out STORE` wrote.")  # fmt: skip

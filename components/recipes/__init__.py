@@ -1,6 +1,7 @@
 """Pretraining recipes for :class:`~components.training.engine.PretrainingTrainer`, one module or sub-package each."""
 
 from .inpainting_contrast import (
+    SSL_SETTINGS,
     InpaintingContrastRecipe,
     SSLEvaluator,
     SSLHead,
@@ -12,6 +13,7 @@ from .inpainting_contrast import (
     ssl_views,
 )
 from .masked_image import (
+    MASKED_IMAGE_SETTINGS,
     MaskedImageModel,
     MaskedImageRecipe,
     MaskedReconstructionLoss,
@@ -20,6 +22,7 @@ from .masked_image import (
     block_grid,
 )
 from .self_distillation import (
+    SELF_DISTILLATION_SETTINGS,
     MultiCrop,
     SelfDistillationLoss,
     SelfDistillationNetwork,
@@ -32,6 +35,9 @@ from .self_distillation import (
 )
 
 __all__ = [
+    "MASKED_IMAGE_SETTINGS",
+    "SELF_DISTILLATION_SETTINGS",
+    "SSL_SETTINGS",
     "InpaintingContrastRecipe",
     "MaskedImageModel",
     "MaskedImageRecipe",

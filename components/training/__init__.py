@@ -5,7 +5,8 @@
 - ``loader``: ``PersistentWorkerLoader`` (workers kept for the run, reseeded per epoch), ``default_num_workers``.
 - ``encoder_lr``: ``encoder_param_groups`` (layer-wise rates of the encoder), ``FreezeEncoder``.
 - ``compilation``: ``CompileMonitor``; ``allocator``: ``tune_allocator``.
-- ``settings``: ``check_settings`` (a run's settings before any data is read), ``rotation_axes``.
+- ``settings``: ``check_settings`` (a run's settings before any data is read), ``rotation_axes``;
+  ``setting_types``: ``check_setting_types`` (every setting's type and range, ``BUNDLE_SETTINGS``).
 - ``progress``: ``StatsWithEta``, ``VolumeProgress``; ``quiet``: the log filters every process installs.
 - ``rankme``: ``EmbeddingRankHandler`` (RankMe of the encoder on fixed crops).
 - ``read_errors``: ``SkippedReads`` (the stored volumes a run skipped, per epoch and in total; the cap).
@@ -42,8 +43,15 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "quiet": ("install_filters", "log_from_rank_zero"),
     "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
     "read_errors": ("SkippedReads",),
-    "segmentation": ("PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"),
+    "segmentation": (
+        "PerClassMetrics",
+        "balanced_class_weights",
+        "brats_labels_from_regions",
+        "loss_class_weights",
+        "per_class_means",
+    ),
     "settings": ("check_accumulation_steps", "check_settings", "rotation_axes"),
+    "setting_types": ("BUNDLE_SETTINGS", "Device", "check_setting_types"),
     "validation": ("FinalValidationHandler",),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

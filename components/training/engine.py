@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from monai.utils import CommonKeys as Keys
 from torch.optim.lr_scheduler import LRScheduler
 
 from ..checkpoint.training_state import CheckpointEvents, register_checkpoint_events
+from ..config.values import is_null
 from ..data.sources import NOT_TRACKED, batch_filenames
 from ..distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
 from ..errors import UserError
@@ -55,11 +55,10 @@ __all__ = [
     "unwrap",
 ]
 
-logger = logging.getLogger(__name__)
-
 LOG_KEY = "log"
 LOSS_PARTS_KEY = "loss_parts"
-_AMP_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+#: the autocast dtypes ``amp_dtype`` names (None or "null": bf16 where the device supports it, fp16 otherwise)
+AMP_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
 @runtime_checkable
@@ -91,10 +90,10 @@ class Recipe(Protocol):
 
 def resolve_amp_dtype(device: torch.device, amp_dtype: str | None) -> torch.dtype:
     """The autocast dtype: ``amp_dtype`` if given, else bf16 where the device supports it, fp16 otherwise."""
-    if amp_dtype is not None:
-        if amp_dtype not in _AMP_DTYPES:
-            raise ValueError(f"amp_dtype must be one of {sorted(_AMP_DTYPES)} or None (auto), got {amp_dtype!r}.")
-        return _AMP_DTYPES[amp_dtype]
+    if not is_null(amp_dtype):  # "null" from a command line is None
+        if amp_dtype not in AMP_DTYPES:
+            raise ValueError(f"amp_dtype must be one of {sorted(AMP_DTYPES)} or None (auto), got {amp_dtype!r}.")
+        return AMP_DTYPES[amp_dtype]
     if device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16
     return torch.bfloat16
@@ -306,7 +305,7 @@ class PretrainingTrainer(_RecipeEngineMixin, SupervisedTrainer):
         )
         self._setup_recipe(recipe, seed, amp, amp_dtype)
         self.lr_scheduler = lr_scheduler
-        self.clip_grad_norm = clip_grad_norm
+        self.clip_grad_norm = None if is_null(clip_grad_norm) else clip_grad_norm  # "null" from a command line
         use_scaler = self.use_amp and self.amp_dtype == torch.float16
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=use_scaler)
         self._reseed_data = ReseedEachEpoch(self.seed)
@@ -435,8 +434,7 @@ class _Seen:
 
 
 class StopOnNonFiniteLoss:
-    """Raises :class:`NonFiniteLossError` (after logging it at ERROR) when a training loss was not finite, naming
-    the first bad iteration.
+    """Raises :class:`NonFiniteLossError` when a training loss was not finite, naming the first bad iteration.
 
     Every iteration updates an on-device record of the first iteration whose loss was NaN / Inf (a few tiny kernels,
     nothing read back to the host); it is read (on CUDA, one sync) only at the checks: every ``check_interval``
@@ -445,7 +443,8 @@ class StopOnNonFiniteLoss:
     interval an iteration costs no host sync, a NaN state is never saved or validated, and the run stops at most
     ``check_interval - 1`` iterations after the first bad one. With ``check_interval=1`` it stops at that iteration.
     Under DDP each check is one all-reduce of every rank's first bad iteration (on every rank, at the same
-    iterations), so all ranks stop together; the message names the ranks whose own loss was bad.
+    iterations), so all ranks stop together; the message names the ranks whose own loss was bad, and only those
+    ranks report it (:attr:`~components.errors.UserError.reporting_ranks`): their messages name their own batches.
 
     The loss is ``from_engine([loss_key], first=True)`` of the output (a PretrainingTrainer dict, or a MONAI
     trainer's list of per-sample dicts); its parts come from ``output[parts_key]`` when the trainer provides them
@@ -528,20 +527,19 @@ class StopOnNonFiniteLoss:
             self._seen.clear()
             return
         iteration = min(per_rank[r] for r in bad_ranks)
-        message = self._message(engine, iteration, bad_ranks)
-        if rank > 0:  # rank 0's message reaches the user (components.errors); the others' name their own batches here
-            logger.error(message)
-        raise NonFiniteLossError(message)
+        error = NonFiniteLossError(self._message(engine, iteration, bad_ranks))
+        error.reporting_ranks = tuple(bad_ranks)  # a bad rank's message names its own batch (components.errors)
+        raise error
 
     def _message(self, engine: Engine, iteration: int, bad_ranks: list[int]) -> str:
         seen = self._seen[iteration]
         loss = _as_float(seen.loss)
         world, rank = get_world_size(), get_rank()
         checked = min(self.check_interval, engine.state.iteration - iteration + 1)
-        lines = [
+        lines = [  # the first line is the same on every bad rank of equal loss: said once (components.errors)
             f"non-finite training loss {loss if rank in bad_ranks else 'on another rank'} at epoch {seen.epoch}, "
-            f"iteration {iteration} (iteration {seen.in_epoch}/{seen.epoch_length or '?'} of the epoch) on rank "
-            f"{rank} of {world}."
+            f"iteration {iteration} (iteration {seen.in_epoch}/{seen.epoch_length or '?'} of the epoch)"
+            + (f" on ranks {bad_ranks} of {world}." if world > 1 else ".")
         ]
         if iteration != engine.state.iteration:
             lines.append(
@@ -552,7 +550,6 @@ class StopOnNonFiniteLoss:
             lines.append("loss parts: " + ", ".join(f"loss_{k}={_as_float(v)}" for k, v in seen.parts.items()))
         if world > 1:
             lines.append(f"this rank's own loss: {loss}")
-            lines.append(f"ranks with a non-finite loss: {bad_ranks}")
         if seen.files is None:
             lines.append(f"batch files: {NOT_TRACKED}")
         else:

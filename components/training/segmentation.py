@@ -7,6 +7,7 @@
   only show scalar entries of ``engine.state.metrics``, ``MeanDice(reduction="mean_batch")`` cannot be the key
   metric at the same time as the mean, and ``MetricsSaver`` writes CSVs whose columns are ``class0 .. classN`` with
   no class names and no JSON.
+- :func:`loss_class_weights`: ``training#class_weights`` as the loss's ``weight`` (None when null).
 - :func:`brats_labels_from_regions`: the inverse of MONAI's ``ConvertToMultiChannelBasedOnBratsClasses`` (TC, WT,
   ET region masks back to one BraTS label map with labels 0, 1, 2, 4), which MONAI lacks; used to write inference
   outputs in the label convention of the input data.
@@ -27,11 +28,12 @@ import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
+from ..config.values import is_null
 from ..files import atomic_write
 from ..distributed import get_rank
 from ..files import sha256_file
 
-__all__ = ["PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "per_class_means"]
+__all__ = ["PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "loss_class_weights", "per_class_means"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,17 @@ def per_class_means(details: torch.Tensor | Sequence, num_classes: int | None = 
     if num_classes is not None and values.shape[1] != num_classes:
         raise ValueError(f"expected {num_classes} classes (columns) in the metric details, got {values.shape[1]}.")
     return [float(v) for v in torch.nanmean(values, dim=0)]
+
+
+def loss_class_weights(weights: Sequence[float] | str | None, device: torch.device | str) -> torch.Tensor | None:
+    """``training#class_weights`` as ``DiceCELoss``'s ``weight``: a float32 tensor on ``device``, or None (no
+    weighting) when it is null, also "null" from a command line (:func:`~components.config.values.is_null`).
+
+    Example (``train#loss#weight`` of the finetuning bundles)::
+
+        "$components.loss_class_weights(@training#class_weights, @device)"
+    """
+    return None if is_null(weights) else torch.tensor(weights, dtype=torch.float32, device=device)
 
 
 def balanced_class_weights(label_paths: Sequence[str | os.PathLike], num_classes: int) -> list[float]:

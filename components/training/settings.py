@@ -3,7 +3,8 @@
 A disagreement found by the first iteration (a rotation of a non-square crop) or by the first validation (a metric
 given fewer classes than names) costs a whole epoch of caching and training and then fails far from the cause.
 :func:`check_settings` runs in a bundle's ``initialize`` and fails at once, in one line naming both settings. The
-overridden ids are checked by :func:`components.config.overrides.check_overrides`.
+overridden ids are checked by :func:`components.config.overrides.check_overrides`, the type and range of each setting
+by :func:`components.training.setting_types.check_setting_types`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ def check_settings(
     network: str = "network_def",
     rotation: bool = False,
     rotate90_prob: float | None = None,
-    accumulation_steps: Any = None,
 ) -> None:
     """Checks the settings that must agree; each argument left None is not checked.
 
@@ -48,8 +48,6 @@ def check_settings(
             last two ``roi_size`` values equal (else the first iteration fails in ``rot_rand``).
         rotate90_prob: the finetuning augmentation's ``RandRotate90d`` probability: above 0 it needs two equal axes
             of ``roi_size`` to rotate in (:func:`rotation_axes`).
-        accumulation_steps: the pretraining trainer's, checked by :func:`check_accumulation_steps` here, before the
-            dataset that the trainer's construction waits for is cached.
 
     Raises:
         ConfigError: a ``ValueError``, one line naming the two settings that disagree and how to fix them.
@@ -57,8 +55,6 @@ def check_settings(
     Example:
         >>> check_settings(roi_size=[96, 96, 96], network="SwinUNETR")
     """
-    if accumulation_steps is not None:
-        check_accumulation_steps(accumulation_steps)
     if roi_size is None:
         return
     roi = [int(s) for s in roi_size]

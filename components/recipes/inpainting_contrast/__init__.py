@@ -5,6 +5,7 @@ the trainer runs."""
 from .loss import SSLLoss, nt_xent_loss
 from .network import OUTPUT_MODES, UPSAMPLE_MODES, SSLHead
 from .recipe import InpaintingContrastRecipe, SSLEvaluator, SSLTrainer, SSLViewsImageHandler
+from .settings import SSL_SETTINGS
 from .views import SSLViews, aug_rand, rot_rand, ssl_views
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "SSLTrainer",
     "SSLViews",
     "SSLViewsImageHandler",
+    "SSL_SETTINGS",
     "UPSAMPLE_MODES",
     "aug_rand",
     "nt_xent_loss",

@@ -6,11 +6,13 @@ from .loss import LOSSES, MaskedReconstructionLoss, normalise_blocks
 from .masks import MaskedViews, block_grid, block_masks, masked_views
 from .network import DECODERS, MaskedImageModel, voxel_shuffle
 from .recipe import MaskedImageRecipe, MaskedViewsImageHandler
+from .settings import MASKED_IMAGE_SETTINGS
 
 __all__ = [
     "DECODERS",
     "TOKEN_STRIDE",
     "LOSSES",
+    "MASKED_IMAGE_SETTINGS",
     "MaskedImageModel",
     "MaskedImageRecipe",
     "MaskedReconstructionLoss",

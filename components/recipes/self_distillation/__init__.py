@@ -4,9 +4,11 @@ from .collapse import StopOnCollapse, TeacherCollapseError
 from .loss import SelfDistillationLoss, check_koleo_batch, koleo_loss
 from .network import ProjectionHead, SelfDistillationNetwork, SwinViTEmbedding, weight_decay_groups
 from .recipe import SelfDistillationRecipe, cosine_schedule, teacher_copy
+from .settings import SELF_DISTILLATION_SETTINGS
 from .views import MultiCrop, MultiCropViews, gaussian_blur
 
 __all__ = [
+    "SELF_DISTILLATION_SETTINGS",
     "MultiCrop",
     "MultiCropViews",
     "ProjectionHead",
