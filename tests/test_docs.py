@@ -393,6 +393,25 @@ def test_each_bundle_readme_is_short_and_in_the_model_zoos_order(readme):
 
 
 @pytest.mark.parametrize("readme", BUNDLE_READMES, ids=BUNDLES)
+def test_the_settings_table_names_ids_of_the_bundles_train_json(readme):
+    """Every id in the first column of a README's settings table is an id of the bundle's ``configs/train.json``, every
+    ``#`` step of it a key there: a renamed or regrouped id fails here until the table follows."""
+    config = json.loads((readme.parents[1] / "configs" / "train.json").read_text(encoding="utf-8"))
+    section = readme.read_text(encoding="utf-8").split("\n## Settings", 1)[1].split("\n## ", 1)[0]
+    ids = [i for row in re.findall(r"^\| (.+?) \|", section, re.M) for i in re.findall(r"`([^`]+)`", row)]
+    assert len(ids) >= 8, ids
+    missing = []
+    for name in ids:
+        node = config
+        for key in name.split("#"):
+            if not isinstance(node, dict) or key not in node:
+                missing.append(name)
+                break
+            node = node[key]
+    assert not missing, f"{readme.relative_to(REPO)}: not ids of configs/train.json: {missing}"
+
+
+@pytest.mark.parametrize("readme", BUNDLE_READMES, ids=BUNDLES)
 def test_a_bundle_readmes_links_resolve_and_say_when_they_leave_the_bundle(readme):
     """Every relative link of a bundle's README names a file of the repository (and its #anchor a heading there); a
     downloaded bundle holds only its own folder, so a link out of it says in its text that it leads into the
