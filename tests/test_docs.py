@@ -376,6 +376,61 @@ def test_the_readme_is_short_and_links_every_docs_page():
     assert pages <= linked, f"docs pages not linked from README.md: {sorted(pages - linked)}"
 
 
+BUNDLE_READMES = [REPO / "bundles" / name / "docs" / "README.md" for name in BUNDLES]
+BUNDLE_README_LIMIT = 8000  # bytes: what a bundle is, its data, how to run it, its settings and results; the rest in docs/
+# the Model Zoo's order: what it does, data, how to run (then a downloaded release), settings, results, references
+BUNDLE_SECTIONS = ["What it does", "Data", "How to run", "Run a downloaded bundle", "Settings", "Results", "References",
+                   "Licence"]  # fmt: skip
+
+
+@pytest.mark.parametrize("readme", BUNDLE_READMES, ids=BUNDLES)
+def test_each_bundle_readme_is_short_and_in_the_model_zoos_order(readme):
+    """A bundle's README holds what a user of that bundle needs, within BUNDLE_README_LIMIT bytes, in the same sections
+    in the same order for every bundle; the details are on the repository's docs/ pages it links."""
+    size = len(readme.read_bytes())
+    assert size <= BUNDLE_README_LIMIT, f"{readme.relative_to(REPO)} has {size} bytes (at most {BUNDLE_README_LIMIT}): move the rest to docs/"
+    assert re.findall(r"^## (.*)$", readme.read_text(encoding="utf-8"), re.M) == BUNDLE_SECTIONS
+
+
+@pytest.mark.parametrize("readme", BUNDLE_READMES, ids=BUNDLES)
+def test_the_settings_table_names_ids_of_the_bundles_train_json(readme):
+    """Every id in the first column of a README's settings table is an id of the bundle's ``configs/train.json``, every
+    ``#`` step of it a key there: a renamed or regrouped id fails here until the table follows."""
+    config = json.loads((readme.parents[1] / "configs" / "train.json").read_text(encoding="utf-8"))
+    section = readme.read_text(encoding="utf-8").split("\n## Settings", 1)[1].split("\n## ", 1)[0]
+    ids = [i for row in re.findall(r"^\| (.+?) \|", section, re.M) for i in re.findall(r"`([^`]+)`", row)]
+    assert len(ids) >= 8, ids
+    missing = []
+    for name in ids:
+        node = config
+        for key in name.split("#"):
+            if not isinstance(node, dict) or key not in node:
+                missing.append(name)
+                break
+            node = node[key]
+    assert not missing, f"{readme.relative_to(REPO)}: not ids of configs/train.json: {missing}"
+
+
+@pytest.mark.parametrize("readme", BUNDLE_READMES, ids=BUNDLES)
+def test_a_bundle_readmes_links_resolve_and_say_when_they_leave_the_bundle(readme):
+    """Every relative link of a bundle's README names a file of the repository (and its #anchor a heading there); a
+    downloaded bundle holds only its own folder, so a link out of it says in its text that it leads into the
+    repository."""
+    bundle, bad = readme.parents[1], []
+    for text, target in re.findall(r"\[([^\]]+)\]\(([^)\s]+)\)", readme.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (readme.parent / path).resolve() if path else readme
+        if not file.exists():
+            bad.append(f"{target}: no file {file}")
+        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            bad.append(f"{target}: no heading with the anchor #{anchor} in {file.relative_to(REPO)}")
+        elif bundle not in file.parents and "repository" not in " ".join(text.split()):
+            bad.append(f"[{text}]({target}): leaves the bundle; its text must say it is in the repository")
+    assert not bad, f"{readme.relative_to(REPO)}:\n" + "\n".join(bad)
+
+
 def _anchors(doc: Path) -> set[str]:
     """The anchors GitHub gives the headings of a Markdown file (lower case, punctuation dropped, spaces to '-')."""
     titles = re.findall(r"^#{1,6} (.*)$", doc.read_text(encoding="utf-8"), re.M)

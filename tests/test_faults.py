@@ -147,7 +147,7 @@ from tests.test_multi_gpu_bundle import BUNDLE, CONFIGS, TINY, _bundle_args, _en
 
 PROBES = "probes"  # imported by the first expression of "run" (RUN), before the trainer is built
 RUN = ["$import tests.probes as probes", "$@train#trainer.run()"]
-# A failing rank ends every rank within FAIL_BOUND_S of its error (the bound the bundles' docs state: torchrun's
+# A failing rank ends every rank within FAIL_BOUND_S of its error (the bound docs/pretraining.md states: torchrun's
 # agent polls its workers every 0.1 s and stops the others with SIGTERM, then SIGKILL after 30 s), far below the
 # process-group timeout of these runs; the whole launch has a limit below that timeout too, so a run whose ranks
 # waited for the timeout fails the test instead of passing late.

@@ -125,7 +125,7 @@ def test_tiny_run_is_quiet_and_starts_with_a_start_line(trained):
 
 def test_tiny_run_fits_a_laptop(trained):
     """The documented tiny CPU command peaks at 6 GB or less by default, with use_checkpoint "auto" (the tuned
-    allocator, now opt-in, took its earlier 64^3 version to 13-14 GB on the reference machine; see the bundle's docs)."""
+    allocator, now opt-in, took its earlier 64^3 version to 13-14 GB on the reference machine; see docs/speed.md)."""
     root, _, _ = trained
     peak = int((root.parent / "peak_rss_bytes").read_text())
     assert 0 < peak <= 6 * 2**30, f"peak RSS {peak / 2**30:.2f} GiB"
