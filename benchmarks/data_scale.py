@@ -35,7 +35,8 @@ command skips what is done and a killed run continues (a work folder of an earli
    volumes where that cache never hits), first with the store's files evicted from the page cache before the pass
    (``page_cache.drop_page_cache``: fsync and ``posix_fadvise(POSIX_FADV_DONTNEED)`` per file, no root needed; the
    bytes still resident afterwards are counted with ``mincore``), then again with the page cache warm, against the
-   in-memory cache in the same round; the bytes read from storage per item against the stored bytes per volume.
+   in-memory cache in the same round (``cold_rounds`` rounds); the bytes read from storage per item against the
+   stored bytes per volume.
 7. ``workers``: loader workers one GPU needs = batch x crops per volume / GPU step time / crops per second of one
    worker (warm, and cold where phase 6 ran); the step times come from ``--gpu_step_ms``
    (``benchmarks/gpu_check.py`` measures them) or, without them, a table for 100, 200 and 400 ms steps, and whether
@@ -48,14 +49,14 @@ second of one worker, warm and cold.
     nice python benchmarks/data_scale.py --work /work/bench-data/data_scale      # sizes 100, 1,000, 5,000
     python benchmarks/data_scale.py --small --work /tmp/data_scale_small         # CI: 64x64x48, sizes 4 and 8
     python benchmarks/data_scale.py --markdown benchmarks/results/data_scale.json [--write_docs benchmarks/README.md]
-    python benchmarks/data_scale.py --sizing CORPUS_RESULT RATES_RESULT benchmarks/results/index_scale.json \
+    python benchmarks/data_scale.py --sizing PREPROCESS_RESULT STORE_RESULT benchmarks/results/index_scale.json \
         [--write_docs docs/scale.md]
 
 Prints one JSON object (the machine, the commit, the settings, the load average before each timed step, and
 ``--caveat`` when given) and writes it to ``--out`` (default ``benchmarks/results/data_scale.json``; with ``--small``
-only when given). ``--sizing`` prints the sizing table: the store and preprocessing from one result, memory per rank
-with loader workers and cold crop rates from another, and what a rank's datalist and index shard add at N volumes
-from ``benchmarks/index_scale.py``'s result.
+only when given). ``--sizing`` prints the sizing table: preprocessing time from one result (a machine without other
+jobs), the store's bytes, memory per rank with loader workers and cold crop rates from another (this version), and
+what a rank's datalist and index shard add at N volumes from ``benchmarks/index_scale.py``'s result.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class Settings:
     labeled: int = 4
     crop_volumes: int = 8
     crop_rounds: int = 5
+    cold_rounds: int = 20
     roi_size: tuple[int, int, int] = (96, 96, 96)
     cache_num: int = 32
     world_size: int = 2
@@ -127,8 +129,8 @@ class Settings:
 
 
 SMALL = Settings(
-    sizes=(4, 8), distinct=4, shape=(64, 64, 48), labeled=2, crop_volumes=2, crop_rounds=1, roi_size=(64, 32, 32),
-    cache_num=2, workers=2, loader_workers=2, worker_iterations=3, memory_budget_gb=0.0, run_timeout_s=300.0,
+    sizes=(4, 8), distinct=4, shape=(64, 64, 48), labeled=2, crop_volumes=2, crop_rounds=1, cold_rounds=2,
+    roi_size=(64, 32, 32), cache_num=2, workers=2, loader_workers=2, worker_iterations=3, memory_budget_gb=0.0, run_timeout_s=300.0,
     recipe_overrides={"ssl": {"roi_size": [64, 32, 32]}, "finetune": {"roi_size": [64, 32, 32]},
                       "dino": {"roi_size": [32, 32, 32], "training#context_size": [48, 48, 48]}},
 )  # fmt: skip
@@ -494,7 +496,8 @@ def crop_rates(settings: Settings, corpus: Path, store: Path, recipe: str) -> di
 def cold_crop_rates(settings: Settings, corpus: Path, store: Path, recipe: str) -> dict:
     """Phase 6 for one recipe (in a new process: :func:`in_new_process`): crops per second of one process from the
     disk store with the per-process cache of opened arrays missing, cold (the store's files evicted from the page
-    cache before each pass) and then warm (the same crops again), against the in-memory cache in the same rounds.
+    cache before the pass) and then warm (the same crops again, after an untimed pass that lets the reads the cold
+    pass started finish), against the in-memory cache in the same ``cold_rounds`` rounds.
 
     Raises:
         RuntimeError: the passes cut different numbers of crops.
@@ -512,9 +515,8 @@ def cold_crop_rates(settings: Settings, corpus: Path, store: Path, recipe: str) 
         with arrays_kept(0):
             for dataset in sources.values():
                 _timed_pass(dataset, seed=0)  # imports and first calls, not timed
-            for round_ in range(settings.crop_rounds):
+            for round_ in range(settings.cold_rounds):
                 loads.append(_load())
-                _add(totals["memory"], _timed_pass(sources["memory"], seed=1 + round_))
                 gc.collect()  # no array of an earlier pass still mapped: mapped pages are not evicted
                 dropped = drop_page_cache(files) and dropped
                 resident.append(resident_bytes(files))
@@ -522,14 +524,16 @@ def cold_crop_rates(settings: Settings, corpus: Path, store: Path, recipe: str) 
                     print(f"data_scale: cold/{recipe}: {resident[-1]:,} bytes of {store} still cached after the "
                           "eviction (mapped by another process?)", file=sys.stderr, flush=True)  # fmt: skip
                 _add(totals["cold"], _timed_pass(sources["disk"], seed=1 + round_))
+                _timed_pass(sources["disk"], seed=1 + round_)  # the read-ahead the cold pass started ends here
                 _add(totals["arrays_missing"], _timed_pass(sources["disk"], seed=1 + round_))
                 mapped.append(mapped_files(store))
+                _add(totals["memory"], _timed_pass(sources["memory"], seed=1 + round_))
     finally:
         torch.set_num_threads(threads)
     if len({total[0] for total in totals.values()}) != 1:
         raise RuntimeError(f"{recipe}: crops per pass differ: {({k: v[0] for k, v in totals.items()})}")
     rates = {name: round(crops / seconds, 2) for name, (crops, seconds, _) in totals.items()}
-    items = len(sources["disk"]) * settings.crop_rounds
+    items = len(sources["disk"]) * settings.cold_rounds
     cold_read = totals["cold"][2]
     return {"bundle": RECIPES[recipe], "volumes": len(sources["disk"]), "crops": totals["cold"][0],
             "crops_per_s_memory": rates["memory"], "crops_per_s_cold": rates["cold"],
@@ -692,9 +696,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     parser.add_argument("--caveat", help='recorded with the result and its tables, e.g. "loaded 2-core VM, not a clean '
                         'measurement"')  # fmt: skip
     parser.add_argument("--markdown", type=Path, help="print the tables of this result JSON and exit")
-    parser.add_argument("--sizing", type=Path, nargs=3, metavar=("CORPUS_RESULT", "RATES_RESULT", "INDEX_RESULT"),
-                        help="print the sizing table (store and preprocessing from the first result, memory with "
-                             "loader workers and cold crops from the second, the index from index_scale's) and exit")
+    parser.add_argument("--sizing", type=Path, nargs=3, metavar=("PREPROCESS_RESULT", "STORE_RESULT", "INDEX_RESULT"),
+                        help="print the sizing table (preprocessing time from the first result; store bytes, memory "
+                             "with loader workers and cold crops from the second; the index from index_scale's) and "
+                             "exit")  # fmt: skip
     parser.add_argument("--write_docs", type=Path, nargs="+",
                         help="with --markdown or --sizing: rewrite these files' blocks of that result or table")
     args = parser.parse_args(argv)

@@ -203,60 +203,72 @@ def index_mib(index: dict, volumes: int) -> float:
 
 
 def _origin(result: dict) -> str:
-    return f"commit {result['commit'][:12]}, {result.get('caveat') or 'no caveat recorded'}"
+    caveat = result.get("caveat")
+    return f"commit {result['commit'][:12]}, {caveat.split(':')[0] if caveat else 'no caveat recorded'}"
 
 
-def sizing_table(corpus: dict, rates: dict, index: dict) -> list[str]:
+def sizing_table(preprocess: dict, store: dict, index: dict) -> list[str]:
     """What a corpus of N volumes like the benchmark's needs, every row extrapolated from measured figures:
 
-    - the store on disk and preprocessing hours on C cores: stored bytes and core-seconds per volume of the largest
-      corpus of ``corpus`` (a ``data_scale`` result);
+    - preprocessing hours on C cores: core-seconds per volume of the largest corpus of ``preprocess`` (a
+      ``data_scale`` result; times need a machine without other jobs);
+    - the store on disk: stored bytes per volume of the largest corpus of ``store`` (a ``data_scale`` result of this
+      version: the store's format decides them, the load does not);
     - host memory per node: :data:`SIZING_RANKS_PER_NODE` ranks, each the largest measured rank with its loader
-      workers (PSS, ``rates["worker_memory"]``) plus what its datalist and index shard add at N volumes
+      workers (PSS, ``store["worker_memory"]``) plus what its datalist and index shard add at N volumes
       (:func:`index_mib` of ``index``, an ``index_scale`` result);
-    - loader workers per GPU: the SSL recipe's from its cold crops per second (``rates["workers"]``) at each step
-      time of the workers table.
+    - loader workers per GPU and storage reads per node: the SSL recipe's cold crops per second and bytes read per
+      item (``store["cold"]``) at each step time of the workers table.
 
     Raises:
-        ValueError: ``rates`` has no loader-worker memory or cold crops (a result of an earlier version).
+        ValueError: ``store`` has no loader-worker memory or cold crops (a result of an earlier version).
     """
-    missing = [key for key in ("worker_memory", "cold") if key not in rates]
+    missing = [key for key in ("worker_memory", "cold") if key not in store]
     if missing:
-        raise ValueError(f"the rates result (commit {rates['commit'][:12]}) has no {' or '.join(missing)}: run "
+        raise ValueError(f"the store result (commit {store['commit'][:12]}) has no {' or '.join(missing)}: run "
                          "benchmarks/data_scale.py at this version")  # fmt: skip
-    largest = max(corpus["preprocess"], key=int)
-    run = corpus["preprocess"][largest]
-    tree = max(rates["worker_memory"].values(), key=lambda r: r["peak_rank_tree_pss_gb"])
-    measured_at = max(int(size) for size in rates["worker_memory"])
-    ssl = rates["workers"]["ssl"]
+    largest = max(preprocess["preprocess"], key=int)
+    times = preprocess["preprocess"][largest]
+    stored = store["preprocess"][max(store["preprocess"], key=int)]["store_bytes_per_volume"]
+    size, tree = max(store["worker_memory"].items(), key=lambda item: item[1]["peak_rank_tree_pss_gb"])
+    per_worker = (tree["peak_rank_tree_pss_gb"] - store["memory"][size]["disk"]["peak_rank_pss_gb"]) / tree["loader_workers"]
+    measured_at = max(int(size) for size in store["worker_memory"])
+    ssl, cold = store["workers"]["ssl"], store["cold"]["ssl"]
     workers = ", ".join(f"{ms} ms: {need['workers_cold']}" for ms, need in ssl["by_step_ms"].items())
-    cold = rates["cold"]["ssl"]
+    reads = ", ".join(f"{ms} ms: {SIZING_RANKS_PER_NODE * ssl['batch_size'] * 1000 / int(ms) * cold['read_bytes_per_item_cold'] / 1e9:.2f} GB/s"
+                      for ms in ssl["by_step_ms"])  # fmt: skip
     rows = []
     for n in SIZING_VOLUMES:
         shard = index_mib(index, n) / 1024
         node = SIZING_RANKS_PER_NODE * (tree["peak_rank_tree_pss_gb"] + shard)
-        rows.append([f"{n:,} (extrapolated)", _bytes(n * run["store_bytes_per_volume"]),
-                     *(duration(n * run["core_s_per_volume"] / cores) for cores in SIZING_CORES),
-                     f"{node:.1f} GiB ({SIZING_RANKS_PER_NODE} x {shard:.2f} GiB of datalist and index)",
-                     workers])  # fmt: skip
-    shape = "x".join(str(n) for n in corpus["corpus"]["shape"])
+        rows.append([f"{n:,} (extrapolated)", _bytes(n * stored),
+                     *(duration(n * times["core_s_per_volume"] / cores) for cores in SIZING_CORES),
+                     f"{node:.1f} GiB ({SIZING_RANKS_PER_NODE} x {shard:.2f} GiB of datalist and index)", workers,
+                     reads])  # fmt: skip
+    shape = "x".join(str(n) for n in preprocess["corpus"]["shape"])
     index_sizes = ", ".join(f"{int(size):,}" for size in index["sizes"])
-    return [f"Sizing for N volumes like the benchmark's ({shape} int16 CT; scale the store and the times by your "
-            "volumes' voxels). Every row is extrapolated from figures measured at other sizes:", "",
-            f"- store and preprocessing: {_mb(run['store_bytes_per_volume'])} MB and {run['core_s_per_volume']:.2f} "
-            f"core-seconds per volume, the {int(largest):,}-volume corpus of data_scale ({_origin(corpus)});",
+    return [f"Sizing for N volumes like the benchmark's ({shape} int16 CT; scale the store, the times and the reads "
+            "by your volumes' voxels). Every row is extrapolated from figures measured at other sizes:", "",
+            f"- preprocessing: {times['core_s_per_volume']:.2f} core-seconds per volume, the {int(largest):,}-volume "
+            f"corpus of data_scale ({_origin(preprocess)});",
+            f"- store on disk: {_mb(stored)} MB per volume (data_scale, {_origin(store)}; bytes do not depend on the "
+            "load);",
             f"- host memory: {SIZING_RANKS_PER_NODE} ranks, each {tree['peak_rank_tree_pss_gb']:.2f} GiB with its "
             f"{tree['loader_workers']} loader workers (PSS of the rank and its workers, the SSL bundle from the disk "
-            f"store, measured at up to {measured_at:,} volumes: data_scale, {_origin(rates)}), plus what its datalist "
+            f"store, measured at up to {measured_at:,} volumes: data_scale, {_origin(store)}; each worker about "
+            f"{per_worker:.2f} GiB more than the rank without workers), plus what its datalist "
             f"and index shard add at N volumes (index_scale at {index_sizes} entries, linear between them; "
-            f"commit {index['commit'][:12]}, {index.get('caveat') or 'no caveat recorded'}); the network, its "
-            "activations and the optimizer state come on top (the benchmark's network is tiny), and forked workers "
-            "that touch the datalist's pages copy them (not measured at N volumes);",
-            f"- SSL loader workers per GPU by step time: from {cold['crops_per_s_cold']:.1f} cold crops per second "
-            f"of one worker ({_origin(rates)}: on a loaded machine fewer crops per second, so more workers).", "",
+            f"{_origin(index)}); the network, its activations and the optimizer state come on top (the benchmark's "
+            "network is tiny), and forked workers that touch the pages of the rank's datalist copy them (not "
+            "measured at N volumes);",
+            f"- SSL loader workers per GPU and storage reads per node by GPU step time: {ssl['batch_size']} volumes "
+            f"per step, {cold['crops_per_s_cold']:.1f} cold crops per second of one worker and "
+            f"{_mb(cold['read_bytes_per_item_cold'])} MB read from storage per volume read cold ({_origin(store)}; "
+            "a loaded machine gives fewer crops per second, so more workers).", "",
             *_table(["volumes", "store on disk", *(f"preprocess on {c} cores" for c in SIZING_CORES),
                      f"host memory, {SIZING_RANKS_PER_NODE} ranks with {tree['loader_workers']} workers each",
-                     "SSL loader workers per GPU (cold)"], rows)]  # fmt: skip
+                     "SSL loader workers per GPU (cold)", f"storage reads per node of {SIZING_RANKS_PER_NODE} GPUs (cold)"],
+                   rows)]  # fmt: skip
 
 
 def goals_lines(result: dict) -> list[str]:
@@ -265,11 +277,14 @@ def goals_lines(result: dict) -> list[str]:
     def met(flag: bool) -> str:
         return "**met**" if flag else "**not met**"
 
-    lines = ["Goals:", "",
-             f"- memory per rank with the disk store flat within {targets['disk_memory_flat_within']:.0%}: "
-             f"{goals['disk_memory_change']:.1%} at most ({goals['disk_memory_change_at_start_line']:.1%} up to the "
-             f"start line) -- {met(goals['disk_memory_flat_met'])};"]  # fmt: skip
-    if "disk_memory_change_with_workers" in goals:
+    flat = f"- memory per rank with the disk store flat within {targets['disk_memory_flat_within']:.0%}: "
+    if len(result["memory"]) == 1:
+        lines = ["Goals:", "", flat + "one size measured, not shown;"]
+    else:
+        lines = ["Goals:", "",
+                 flat + f"{goals['disk_memory_change']:.1%} at most ({goals['disk_memory_change_at_start_line']:.1%} "
+                 f"up to the start line) -- {met(goals['disk_memory_flat_met'])};"]  # fmt: skip
+    if "disk_memory_change_with_workers" in goals and len(result["memory"]) > 1:
         lines.append(f"- the same with the loader workers: {goals['disk_memory_change_with_workers']:.1%} at most -- "
                      f"{met(goals['disk_memory_flat_with_workers_met'])};")  # fmt: skip
     lines += [f"- first iteration within {targets['disk_first_iteration_s']:g} s of the launch (disk): "

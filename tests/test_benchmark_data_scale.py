@@ -152,10 +152,11 @@ def test_the_cold_passes_read_from_storage_and_the_warm_ones_do_not(small_run):
     of an item need, the warm passes (the same crops again, or the warm crops phase) next to nothing, and no array
     is kept open between items in the cold phase while the warm phase keeps every volume's."""
     work, _, result, _ = small_run
-    rounds = result["settings"]["crop_rounds"]
+    rounds = result["settings"]["cold_rounds"]
     for recipe, run in result["cold"].items():
         cache, warm = run["page_cache"], result["crops"][recipe]
-        assert run["crops"] == warm["crops"] and run["crops_per_s_cold"] > 0 and run["crops_per_s_arrays_missing"] > 0
+        assert run["crops"] == warm["crops"] * rounds // result["settings"]["crop_rounds"]
+        assert run["crops_per_s_cold"] > 0 and run["crops_per_s_arrays_missing"] > 0
         assert run["cold_over_memory"] == pytest.approx(run["crops_per_s_cold"] / run["crops_per_s_memory"], rel=0.02)
         assert cache["mechanism"].startswith("fsync, then posix_fadvise") and cache["files"] >= run["volumes"]
         assert len(cache["resident_bytes_after_drop"]) == rounds and max(cache["resident_bytes_after_drop"]) == 0
@@ -230,35 +231,41 @@ def test_the_estimate_adds_the_measured_memory_per_cached_volume_to_the_cacheles
 def test_the_sizing_table_scales_the_largest_corpus_figures():
     """10,000 volumes of 20 MB and 3.6 core-seconds each: 200 GB, 38 minutes on 16 cores (minutes below an hour, else
     hours); a node's memory is 8 ranks of the largest rank with its workers plus its datalist and index shard at N,
-    linear between the index sizes measured (50 MiB at 100,000, 500 MiB at 1,000,000: 5 MiB at 10,000, 100 MiB at
-    160,000); the workers are the SSL recipe's cold ones by step time; every row is marked extrapolated."""
+    linear between the index sizes measured (50 MiB at 100,000, 500 MiB at 1,000,000: 5 MiB at 10,000, 80 MiB at
+    160,000); the workers are the SSL recipe's cold ones by step time, the reads 8 GPUs x 2 volumes per step x 5 MB
+    per cold volume; every row is marked extrapolated."""
     from data_scale_tables import index_mib, sizing_table
 
-    corpus = {
+    preprocess = {
         "commit": "a" * 40, "corpus": {"shape": [256, 256, 160]},
         "preprocess": {"100": {"store_bytes_per_volume": 1e9, "core_s_per_volume": 99.0},
-                       "1000": {"store_bytes_per_volume": 20e6, "core_s_per_volume": 3.6}},
+                       "1000": {"store_bytes_per_volume": 1e9, "core_s_per_volume": 3.6}},
     }  # fmt: skip
-    rates = {
-        "commit": "b" * 40, "caveat": "loaded",
+    store = {
+        "commit": "b" * 40, "caveat": "loaded: details",
+        "preprocess": {"100": {"store_bytes_per_volume": 20e6}},
+        "memory": {"100": {"disk": {"peak_rank_pss_gb": 1.0}}, "200": {"disk": {"peak_rank_pss_gb": 1.0}}},
         "worker_memory": {"100": {"peak_rank_tree_pss_gb": 1.5, "loader_workers": 4},
                           "200": {"peak_rank_tree_pss_gb": 1.25, "loader_workers": 4}},
-        "cold": {"ssl": {"crops_per_s_cold": 30.0}},
-        "workers": {"ssl": {"by_step_ms": {"100": {"workers_cold": 9}, "400": {"workers_cold": 3}}}},
+        "cold": {"ssl": {"crops_per_s_cold": 30.0, "read_bytes_per_item_cold": 5e6}},
+        "workers": {"ssl": {"batch_size": 2, "by_step_ms": {"100": {"workers_cold": 9}, "400": {"workers_cold": 3}}}},
     }  # fmt: skip
     summary = {"load_datalist": {"rss_mib": {"max": 40.0}}, "training_store": {"rss_mib": {"max": 10.0}}}
     big = {"load_datalist": {"rss_mib": {"max": 400.0}}, "training_store": {"rss_mib": {"max": 100.0}}}
     index = {"commit": "c" * 40, "sizes": {"100000": {"datalist": {"summary": summary}},
                                            "1000000": {"datalist": {"summary": big}}}}  # fmt: skip
     assert [index_mib(index, n) for n in (10_000, 100_000, 160_000, 1_900_000)] == pytest.approx([5, 50, 80, 950])
-    lines = sizing_table(corpus, rates, index)
+    lines = sizing_table(preprocess, store, index)
     row = next(line for line in lines if line.startswith("| 10,000 "))
-    assert row == "| 10,000 (extrapolated) | 200 GB | 38 min | 9 min | 12.0 GiB (8 x 0.00 GiB of datalist and index) | 100 ms: 9, 400 ms: 3 |"
+    assert row == ("| 10,000 (extrapolated) | 200 GB | 38 min | 9 min | 12.0 GiB (8 x 0.00 GiB of datalist and index) "
+                   "| 100 ms: 9, 400 ms: 3 | 100 ms: 0.80 GB/s, 400 ms: 0.20 GB/s |")  # fmt: skip
     last = next(line for line in lines if line.startswith("| 160,000 ")).split(" | ")
     assert last[1:4] == ["3.20 TB", "10.0 h", "2.5 h"] and last[4] == f"{8 * (1.5 + 80 / 1024):.1f} GiB (8 x 0.08 GiB of datalist and index)"
-    assert "commit bbbbbbbbbbbb, loaded" in "\n".join(lines) and "commit aaaaaaaaaaaa, no caveat recorded" in "\n".join(lines)
+    text = "\n".join(lines)
+    assert "commit bbbbbbbbbbbb, loaded;" in text and "commit aaaaaaaaaaaa, no caveat recorded" in text
+    assert "each worker about 0.12 GiB more" in text
     with pytest.raises(ValueError, match="no worker_memory or cold"):
-        sizing_table(corpus, {"commit": "d" * 40}, index)
+        sizing_table(preprocess, {"commit": "d" * 40}, index)
 
 
 def test_the_page_cache_is_evicted_and_the_cold_read_counted(tmp_path):
@@ -293,7 +300,8 @@ def test_a_work_folder_gains_the_settings_of_new_phases_and_refuses_changed_ones
 
     from data_scale import SMALL, _check_work
 
-    old = {k: v for k, v in json.loads(json.dumps(asdict(SMALL))).items() if k not in ("loader_workers", "worker_iterations")}
+    added = ("loader_workers", "worker_iterations", "cold_rounds")
+    old = {k: v for k, v in json.loads(json.dumps(asdict(SMALL))).items() if k not in added}
     (tmp_path / "settings.json").write_text(json.dumps(old))
     _check_work(SMALL, tmp_path)
     assert json.loads((tmp_path / "settings.json").read_text())["loader_workers"] == SMALL.loader_workers
