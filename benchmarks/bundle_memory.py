@@ -48,7 +48,7 @@ def _is_rank(proc: psutil.Process, known: dict[tuple[int, float], bool]) -> bool
     return known[key]
 
 
-def _tree_memory(root: psutil.Process, known: dict | None = None) -> tuple[int, int, int, int, list[tuple[int, int, int]]]:
+def _tree_memory(root: psutil.Process, known: dict | None = None) -> tuple[int, int, int, int, list[tuple[int, ...]]]:
     """(sum of RSS, sum of PSS, largest RSS, largest PSS) over ``root`` and all its descendants, and per rank (see
     the module docstring) its tree's (sum of RSS, sum of PSS, processes); vanished processes count 0."""
     known = {} if known is None else known

@@ -135,19 +135,22 @@ def cold_table(result: dict) -> list[str]:
         cache = run["page_cache"]
         where = f"{cache['filesystem']} on {cache['device']}, read-ahead {cache['read_ahead_kb']} KiB"
         rows.append([recipe, f"{run['volumes']} ({run['crops']} crops)", f"{run['crops_per_s_memory']:.1f}",
+                     f"{run['crops_per_s_arrays_kept']:.1f} ({run['arrays_kept_over_memory']:.2f})",
                      f"{run['crops_per_s_arrays_missing']:.1f} ({run['arrays_missing_over_memory']:.2f})",
                      f"{run['crops_per_s_cold']:.1f} (**{run['cold_over_memory']:.2f}**)",
                      _read_mb(run, "read_bytes_per_item_cold"), f"{run['stored_bytes_per_volume'] / 1e6:.2f}",
                      _read_mb(run, "read_bytes_per_crop_arrays_missing"), _resident(run),
                      _loads(run["load_avg_before_rounds"])])  # fmt: skip
     first = next(iter(result["cold"].values()))
-    return ["Cold crops per second of one loader worker: the store's opened arrays not kept (every item opens its "
-            "file and checks its chunks, as at 100,000 volumes where the per-process cache never hits), first with "
-            f"the store's files evicted from the page cache before each pass ({first['page_cache']['mechanism']}; "
-            f"{where}), then the same crops again with the files cached; in brackets against memory in the same "
-            "rounds. MB read from storage by the cold passes per item (one volume's crops) against the stored MB per "
-            "volume, and MB still cached after the eviction:", "",
-            *_table(["recipe", "volumes", "memory crops/s", "disk crops/s, arrays not kept", "disk crops/s, cold",
+    return ["Cold crops per second of one loader worker, all in one process: the store's opened arrays not kept "
+            "(every item opens its file and checks its chunks, as at 100,000 volumes where the per-process cache "
+            "never hits), first with the store's files evicted from the page cache before each pass "
+            f"({first['page_cache']['mechanism']}; {where}), then the same crops again with the files cached; then "
+            "as many rounds with the arrays kept (files cached); in brackets against memory in the same rounds. MB "
+            "read from storage by the cold passes per item (one volume's crops) against the stored MB per volume, "
+            "and MB still cached after the eviction:", "",
+            *_table(["recipe", "volumes", "memory crops/s", "disk crops/s, arrays kept",
+                     "disk crops/s, arrays not kept", "disk crops/s, cold",
                      "MB read per item, cold", "stored MB per volume", "MB read per crop, arrays not kept",
                      "MB cached after eviction", "load"], rows)]  # fmt: skip
 
@@ -231,12 +234,13 @@ def sizing_table(preprocess: dict, store: dict, index: dict) -> list[str]:
     times = preprocess["preprocess"][largest]
     stored = store["preprocess"][max(store["preprocess"], key=int)]["store_bytes_per_volume"]
     size, tree = max(store["worker_memory"].items(), key=lambda item: item[1]["peak_rank_tree_pss_gb"])
-    per_worker = (tree["peak_rank_tree_pss_gb"] - store["memory"][size]["disk"]["peak_rank_pss_gb"]) / tree["loader_workers"]
+    alone = store["memory"][size]["disk"]["peak_rank_pss_gb"]
+    per_worker = (tree["peak_rank_tree_pss_gb"] - alone) / tree["loader_workers"]
     measured_at = max(int(size) for size in store["worker_memory"])
     ssl, cold = store["workers"]["ssl"], store["cold"]["ssl"]
     workers = ", ".join(f"{ms} ms: {need['workers_cold']}" for ms, need in ssl["by_step_ms"].items())
-    reads = ", ".join(f"{ms} ms: {SIZING_RANKS_PER_NODE * ssl['batch_size'] * 1000 / int(ms) * cold['read_bytes_per_item_cold'] / 1e9:.2f} GB/s"
-                      for ms in ssl["by_step_ms"])  # fmt: skip
+    per_step = SIZING_RANKS_PER_NODE * ssl["batch_size"] * cold["read_bytes_per_item_cold"] / 1e9
+    reads = ", ".join(f"{ms} ms: {per_step * 1000 / int(ms):.2f} GB/s" for ms in ssl["by_step_ms"])
     rows = []
     for n in SIZING_VOLUMES:
         shard = index_mib(index, n) / 1024
@@ -267,7 +271,8 @@ def sizing_table(preprocess: dict, store: dict, index: dict) -> list[str]:
             "a loaded machine gives fewer crops per second, so more workers).", "",
             *_table(["volumes", "store on disk", *(f"preprocess on {c} cores" for c in SIZING_CORES),
                      f"host memory, {SIZING_RANKS_PER_NODE} ranks with {tree['loader_workers']} workers each",
-                     "SSL loader workers per GPU (cold)", f"storage reads per node of {SIZING_RANKS_PER_NODE} GPUs (cold)"],
+                     "SSL loader workers per GPU (cold)",
+                     f"storage reads per node of {SIZING_RANKS_PER_NODE} GPUs (cold)"],
                    rows)]  # fmt: skip
 
 
@@ -303,7 +308,8 @@ def markdown_tables(result: dict) -> str:
     machine = result["machine"]
     head = (f"Commit {result['commit'][:12]}, {machine['cpu_model']} ({machine['cpu_count']} CPUs), load "
             f"{machine['load_avg_1_5_15'][0]:.1f} at the start, {machine['load_avg_1_5_15_at_end'][0]:.1f} at the end; "
-            f"{result['wall_s'] / 3600:.2f} h" + (f"; **{result['caveat']}**." if result.get("caveat") else "."))  # fmt: skip
+            f"{result['wall_s'] / 3600:.2f} h")  # fmt: skip
+    head += f"; **{result['caveat']}**." if result.get("caveat") else "."
     lines = [head, "", *corpus_table(result), *memory_table(result), *worker_memory_table(result),
              *crops_table(result), *cold_table(result), *workers_table(result), *goals_lines(result)]  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"

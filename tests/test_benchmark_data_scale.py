@@ -161,7 +161,9 @@ def test_the_cold_passes_read_from_storage_and_the_warm_ones_do_not(small_run):
         assert cache["mechanism"].startswith("fsync, then posix_fadvise") and cache["files"] >= run["volumes"]
         assert len(cache["resident_bytes_after_drop"]) == rounds and max(cache["resident_bytes_after_drop"]) == 0
         assert run["store_files_mapped_after"] == [0] * rounds
-        assert warm["store_files_mapped_after"] >= run["volumes"]
+        assert warm["store_files_mapped_after"] >= run["volumes"] and run["store_files_mapped_kept"] >= run["volumes"]
+        assert run["arrays_kept_over_memory"] == pytest.approx(
+            run["crops_per_s_arrays_kept"] / run["crops_per_s_memory_beside_kept"], rel=0.02)
         if _reads_counted(work):
             cold = run["read_bytes_per_item_cold"]
             assert cold >= 4096 and run["read_bytes_per_crop_cold"] * run["crops"] == pytest.approx(
@@ -204,7 +206,8 @@ def test_the_markdown_renders_and_fills_a_document_block(small_run, tmp_path):
     doc.write_text(f"before\n{DOC_BLOCK.format(result=out.as_posix())}\nOLD BLOCK\n{DOC_BLOCK_END}\nafter\n")
     assert "updated" in _run("--markdown", str(out), "--write_docs", str(doc)).stdout
     written = doc.read_text()
-    assert written.startswith("before\n") and written.endswith(f"{DOC_BLOCK_END}\nafter\n") and "OLD BLOCK" not in written
+    assert written.startswith("before\n") and written.endswith(f"{DOC_BLOCK_END}\nafter\n")
+    assert "OLD BLOCK" not in written
     assert text in written
     assert "unchanged" in _run("--markdown", str(out), "--write_docs", str(doc)).stdout
 
@@ -260,7 +263,8 @@ def test_the_sizing_table_scales_the_largest_corpus_figures():
     assert row == ("| 10,000 (extrapolated) | 200 GB | 38 min | 9 min | 12.0 GiB (8 x 0.00 GiB of datalist and index) "
                    "| 100 ms: 9, 400 ms: 3 | 100 ms: 0.80 GB/s, 400 ms: 0.20 GB/s |")  # fmt: skip
     last = next(line for line in lines if line.startswith("| 160,000 ")).split(" | ")
-    assert last[1:4] == ["3.20 TB", "10.0 h", "2.5 h"] and last[4] == f"{8 * (1.5 + 80 / 1024):.1f} GiB (8 x 0.08 GiB of datalist and index)"
+    assert last[1:4] == ["3.20 TB", "10.0 h", "2.5 h"]
+    assert last[4] == f"{8 * (1.5 + 80 / 1024):.1f} GiB (8 x 0.08 GiB of datalist and index)"
     text = "\n".join(lines)
     assert "commit bbbbbbbbbbbb, loaded;" in text and "commit aaaaaaaaaaaa, no caveat recorded" in text
     assert "each worker about 0.12 GiB more" in text
@@ -314,7 +318,8 @@ def test_a_work_folder_gains_the_settings_of_new_phases_and_refuses_changed_ones
 @pytest.mark.parametrize("doc", ["docs/scale.md", "benchmarks/README.md"])
 def test_the_docs_show_the_tables_of_the_committed_results(doc):
     """Every data_scale block of the document is what --markdown or --sizing prints for the results it names."""
-    from data_scale_tables import DOC_BLOCK, DOC_BLOCK_END, SIZING_BLOCK, SIZING_BLOCK_END, markdown_tables, sizing_table
+    from data_scale_tables import (DOC_BLOCK, DOC_BLOCK_END, SIZING_BLOCK, SIZING_BLOCK_END, markdown_tables,
+                                   sizing_table)  # fmt: skip
 
     text = (REPO / doc).read_text()
     blocks = 0

@@ -164,7 +164,8 @@ def test_bundle_memory_sums_each_rank_with_its_workers_and_stops_at_an_iteration
     from bundle_memory import measure
 
     def hold(mib: int, then: str) -> str:
-        return f"import os, subprocess, sys, time; x = bytearray({mib} * 2**20); x[::4096] = b'x' * len(x[::4096]); {then}"
+        fill = f"x = bytearray({mib} * 2**20); x[::4096] = b'x' * len(x[::4096])"
+        return f"import os, subprocess, sys, time; {fill}; {then}"
 
     worker = hold(200, "time.sleep(60)")
     rank = hold(100, f"subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(60)")
