@@ -205,9 +205,12 @@ def index_mib(index: dict, volumes: int) -> float:
     return m0 + (m1 - m0) * (volumes - n0) / (n1 - n0)
 
 
-def _origin(result: dict) -> str:
+def _origin(result: dict, record: dict | None = None) -> str:
+    """The commit that measured ``record`` (a phase's record of ``result``; else ``result``'s) and ``result``'s
+    caveat up to its first colon."""
     caveat = result.get("caveat")
-    return f"commit {result['commit'][:12]}, {caveat.split(':')[0] if caveat else 'no caveat recorded'}"
+    commit = (record or {}).get("commit") or result["commit"]
+    return f"commit {commit[:12]}, {caveat.split(':')[0] if caveat else 'no caveat recorded'}"
 
 
 def sizing_table(preprocess: dict, store: dict, index: dict) -> list[str]:
@@ -232,7 +235,8 @@ def sizing_table(preprocess: dict, store: dict, index: dict) -> list[str]:
                          "benchmarks/data_scale.py at this version")  # fmt: skip
     largest = max(preprocess["preprocess"], key=int)
     times = preprocess["preprocess"][largest]
-    stored = store["preprocess"][max(store["preprocess"], key=int)]["store_bytes_per_volume"]
+    stored_run = store["preprocess"][max(store["preprocess"], key=int)]
+    stored = stored_run["store_bytes_per_volume"]
     size, tree = max(store["worker_memory"].items(), key=lambda item: item[1]["peak_rank_tree_pss_gb"])
     alone = store["memory"][size]["disk"]["peak_rank_pss_gb"]
     per_worker = (tree["peak_rank_tree_pss_gb"] - alone) / tree["loader_workers"]
@@ -254,12 +258,12 @@ def sizing_table(preprocess: dict, store: dict, index: dict) -> list[str]:
     return [f"Sizing for N volumes like the benchmark's ({shape} int16 CT; scale the store, the times and the reads "
             "by your volumes' voxels). Every row is extrapolated from figures measured at other sizes:", "",
             f"- preprocessing: {times['core_s_per_volume']:.2f} core-seconds per volume, the {int(largest):,}-volume "
-            f"corpus of data_scale ({_origin(preprocess)});",
-            f"- store on disk: {_mb(stored)} MB per volume (data_scale, {_origin(store)}; bytes do not depend on the "
-            "load);",
+            f"corpus of data_scale ({_origin(preprocess, times)});",
+            f"- store on disk: {_mb(stored)} MB per volume (data_scale, {_origin(store, stored_run)}; bytes do not "
+            "depend on the load);",
             f"- host memory: {SIZING_RANKS_PER_NODE} ranks, each {tree['peak_rank_tree_pss_gb']:.2f} GiB with its "
             f"{tree['loader_workers']} loader workers (PSS of the rank and its workers, the SSL bundle from the disk "
-            f"store, measured at up to {measured_at:,} volumes: data_scale, {_origin(store)}; each worker about "
+            f"store, measured at up to {measured_at:,} volumes: data_scale, {_origin(store, tree)}; each worker about "
             f"{per_worker:.2f} GiB more than the rank without workers), plus what its datalist "
             f"and index shard add at N volumes (index_scale at {index_sizes} entries, linear between them; "
             f"{_origin(index)}); the network, its activations and the optimizer state come on top (the benchmark's "
@@ -267,8 +271,8 @@ def sizing_table(preprocess: dict, store: dict, index: dict) -> list[str]:
             "measured at N volumes);",
             f"- SSL loader workers per GPU and storage reads per node by GPU step time: {ssl['batch_size']} volumes "
             f"per step, {cold['crops_per_s_cold']:.1f} cold crops per second of one worker and "
-            f"{_mb(cold['read_bytes_per_item_cold'])} MB read from storage per volume read cold ({_origin(store)}; "
-            "a loaded machine gives fewer crops per second, so more workers).", "",
+            f"{_mb(cold['read_bytes_per_item_cold'])} MB read from storage per volume read cold "
+            f"({_origin(store, cold)}; a loaded machine gives fewer crops per second, so more workers).", "",
             *_table(["volumes", "store on disk", *(f"preprocess on {c} cores" for c in SIZING_CORES),
                      f"host memory, {SIZING_RANKS_PER_NODE} ranks with {tree['loader_workers']} workers each",
                      "SSL loader workers per GPU (cold)",
