@@ -35,8 +35,9 @@ command skips what is done and a killed run continues (a work folder of an earli
    volumes where that cache never hits), first with the store's files evicted from the page cache before the pass
    (``page_cache.drop_page_cache``: fsync and ``posix_fadvise(POSIX_FADV_DONTNEED)`` per file, no root needed; the
    bytes still resident afterwards are counted with ``mincore``), then again with the page cache warm, against the
-   in-memory cache in the same round (``cold_rounds`` rounds); the bytes read from storage per item against the
-   stored bytes per volume.
+   in-memory cache in the same round (``cold_rounds`` rounds); then as many rounds with the opened arrays kept,
+   against memory in those rounds. All in one new process per recipe; the bytes read from storage per item against
+   the stored bytes per volume.
 7. ``workers``: loader workers one GPU needs = batch x crops per volume / GPU step time / crops per second of one
    worker (warm, and cold where phase 6 ran); the step times come from ``--gpu_step_ms``
    (``benchmarks/gpu_check.py`` measures them) or, without them, a table for 100, 200 and 400 ms steps, and whether
