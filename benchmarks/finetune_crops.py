@@ -266,7 +266,7 @@ def crops_part(settings: Settings, work: Path, ct: Path, brats: Path) -> dict:
             for round_ in range(settings.crop_rounds):
                 loads.append(_load())
                 for key, dataset in sources.items():
-                    crops, seconds = _timed_pass(dataset, seed=1 + round_)
+                    crops, seconds, _ = _timed_pass(dataset, seed=1 + round_)
                     totals[key][0] += crops
                     totals[key][1] += seconds
         finally:

@@ -1,15 +1,19 @@
 """benchmarks/data_scale.py: its --small run reports every phase, size, mode and recipe with consistent bytes and
-counts, leaves no process behind, resumes from its work folder and renders its Markdown tables; the estimate that
-decides whether an in-memory mode is measured, and the workers a GPU needs, on known numbers. No timing is asserted."""
+counts, measures a rank with its loader workers, reads its cold passes from storage (and its warm ones from the page
+cache), leaves no process behind, resumes from its work folder and renders its Markdown tables; the estimate that
+decides whether an in-memory mode is measured, the workers a GPU needs and the sizing table on known numbers; the
+committed results' tables are those in the docs. No timing is asserted."""
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -41,7 +45,7 @@ def _processes_using(folder: Path) -> list[str]:
 def small_run(tmp_path_factory) -> tuple[Path, Path, dict, str]:
     root = tmp_path_factory.mktemp("data_scale")
     work, out = root / "work", root / "data_scale.json"
-    proc = _run("--small", "--work", str(work), "--out", str(out))
+    proc = _run("--small", "--work", str(work), "--out", str(out), "--caveat", "loaded test machine")
     return work, out, json.loads(proc.stdout), proc.stderr
 
 
@@ -50,12 +54,13 @@ def test_the_small_run_reports_every_section_and_mode(small_run):
     work, out, result, _ = small_run
     assert json.loads(out.read_text()) == result  # exactly one JSON object on stdout, the same in the file
     assert result["benchmark"] == "data_scale" and len(result["commit"]) >= 40
-    sections = {"corpus", "preprocess", "memory", "crops", "workers", "goals", "settings", "machine", "wall_s"}
-    assert sections <= set(result)
+    sections = {"corpus", "preprocess", "memory", "worker_memory", "crops", "cold", "workers", "goals", "settings",
+                "machine", "wall_s", "caveat"}  # fmt: skip
+    assert sections <= set(result) and result["caveat"] == "loaded test machine"
     assert len(result["machine"]["load_avg_1_5_15_at_end"]) == 3
     assert result["settings"]["sizes"] == [4, 8] and result["settings"]["shape"] == [64, 64, 48]
-    assert list(result["preprocess"]) == list(result["memory"]) == ["4", "8"]
-    assert set(result["crops"]) == set(result["workers"]) == RECIPES
+    assert list(result["preprocess"]) == list(result["memory"]) == list(result["worker_memory"]) == ["4", "8"]
+    assert set(result["crops"]) == set(result["cold"]) == set(result["workers"]) == RECIPES
     for size in ("4", "8"):
         assert set(result["memory"][size]) == MODES
     assert not _processes_using(work)  # every bundle run's process tree was ended
@@ -109,24 +114,72 @@ def test_crops_and_workers_per_recipe(small_run):
         assert run["crops"] == run["volumes"] * crops_per_volume[recipe] * result["settings"]["crop_rounds"]
         assert run["crops_per_s_memory"] > 0 and run["crops_per_s_disk"] > 0
         assert run["disk_over_memory"] == pytest.approx(run["crops_per_s_disk"] / run["crops_per_s_memory"], rel=0.02)
-        assert ("ReadStoredd" in run["disk_reads"]) is (recipe == "finetune")
+        assert run["disk_reads"] == "only the chunks each crop covers"
     for recipe, need in result["workers"].items():
         assert need["crops_per_step"] == need["batch_size"] * crops_per_volume[recipe]
         assert need["gpu_step_ms"] == "not measured" and need["at_gpu_step"] is None
         assert list(need["by_step_ms"]) == ["100", "200", "400"]
         for ms, row in need["by_step_ms"].items():
             assert row["gpu_crops_per_s"] == pytest.approx(need["crops_per_step"] * 1000 / int(ms))
-            assert row["workers_disk"] >= 1 and row["workers_memory"] >= 1
-    assert set(result["goals"]) >= {"disk_memory_flat_met", "disk_first_iteration_met", "disk_crops_per_s_met"}
+            assert row["workers_disk"] >= 1 and row["workers_memory"] >= 1 and row["workers_cold"] >= 1
+    assert set(result["goals"]) >= {"disk_memory_flat_met", "disk_first_iteration_met", "disk_crops_per_s_met",
+                                    "disk_cold_crops_per_s_met", "disk_memory_flat_with_workers_met"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_rank_is_measured_with_its_loader_workers(small_run):
+    """Each rank's process tree holds the rank and its 2 workers, and their PSS adds up to more than the largest
+    process alone; RSS counts the pages they share in each, so it is at least the PSS."""
+    _, _, result, _ = small_run
+    for size, run in result["worker_memory"].items():
+        assert run["status"] == "measured" and run["left_running"] == 0 and run["loader_workers"] == 2
+        assert run["iterations"] == min(3, int(size) // 2) and run["iterations_s"] >= run["first_iteration_s"]
+        assert run["rank_tree_processes"] >= 1 + 2
+        assert run["peak_rank_tree_rss_gb"] >= run["peak_rank_tree_pss_gb"] > run["peak_rank_pss_gb"] + 0.02
+        alone = result["memory"][size]["disk"]
+        assert alone["rank_tree_processes"] == 1 and alone["peak_rank_tree_pss_gb"] >= alone["peak_rank_pss_gb"]
+
+
+def _reads_counted(folder: Path) -> bool:
+    from page_cache import read_bytes, storage
+
+    return read_bytes() is not None and storage(folder)["filesystem"] not in ("tmpfs", "ramfs", "overlay")
+
+
+@pytest.mark.slow
+def test_the_cold_passes_read_from_storage_and_the_warm_ones_do_not(small_run):
+    """After the eviction no byte of the store is cached; the cold passes read from storage at least what the crops
+    of an item need, the warm passes (the same crops again, or the warm crops phase) next to nothing, and no array
+    is kept open between items in the cold phase while the warm phase keeps every volume's."""
+    work, _, result, _ = small_run
+    rounds = result["settings"]["cold_rounds"]
+    for recipe, run in result["cold"].items():
+        cache, warm = run["page_cache"], result["crops"][recipe]
+        assert run["crops"] == warm["crops"] * rounds // result["settings"]["crop_rounds"]
+        assert run["crops_per_s_cold"] > 0 and run["crops_per_s_arrays_missing"] > 0
+        assert run["cold_over_memory"] == pytest.approx(run["crops_per_s_cold"] / run["crops_per_s_memory"], rel=0.02)
+        assert cache["mechanism"].startswith("fsync, then posix_fadvise") and cache["files"] >= run["volumes"]
+        assert len(cache["resident_bytes_after_drop"]) == rounds and max(cache["resident_bytes_after_drop"]) == 0
+        assert run["store_files_mapped_after"] == [0] * rounds
+        assert warm["store_files_mapped_after"] >= run["volumes"] and run["store_files_mapped_kept"] >= run["volumes"]
+        assert run["arrays_kept_over_memory"] == pytest.approx(
+            run["crops_per_s_arrays_kept"] / run["crops_per_s_memory_beside_kept"], rel=0.02)
+        if _reads_counted(work):
+            cold = run["read_bytes_per_item_cold"]
+            assert cold >= 4096 and run["read_bytes_per_crop_cold"] * run["crops"] == pytest.approx(
+                cold * run["volumes"] * rounds, rel=0.01)
+            assert run["read_bytes_per_crop_arrays_missing"] <= 0.05 * run["read_bytes_per_crop_cold"]
+            assert warm["read_bytes_per_crop_disk"] <= 0.05 * run["read_bytes_per_crop_cold"]
 
 
 @pytest.mark.slow
 def test_a_rerun_keeps_every_phase_and_takes_measured_step_times(small_run, tmp_path):
     work, out, result, _ = small_run
     again = _run("--small", "--work", str(work), "--gpu_step_ms", "ssl=250", "--out", str(tmp_path / "again.json"))
-    assert again.stderr.count("done in") == 0 and again.stderr.count("kept from an earlier run") == 1 + 2 + 6 + 3
+    kept = 1 + 2 + 6 + 2 + 3 + 3  # corpus, preprocess and memory per size, memory with workers, crops and cold
+    assert again.stderr.count("done in") == 0 and again.stderr.count("kept from an earlier run") == kept
     rerun = json.loads(again.stdout)
-    for section in ("corpus", "preprocess", "memory", "crops"):
+    for section in ("corpus", "preprocess", "memory", "worker_memory", "crops", "cold"):
         assert rerun[section] == result[section]
     ssl = rerun["workers"]["ssl"]
     assert ssl["gpu_step_ms"] == 250 and ssl["at_gpu_step"]["gpu_crops_per_s"] == pytest.approx(16.0)
@@ -138,15 +191,23 @@ def test_the_markdown_renders_and_fills_a_document_block(small_run, tmp_path):
     _, out, _, _ = small_run
     text = _run("--markdown", str(out)).stdout
     for expected in ("| none |", "| disk |", "| smart |", "| full |", "extrapolated from 4", "| ssl |", "| dino |",
-                     "| finetune |", "not measured", "Goals:", "| 160,000 |"):  # fmt: skip
+                     "| finetune |", "not measured", "Goals:", "**loaded test machine**", "| 8 | 2 | ",
+                     "rank + workers, PSS", "disk crops/s, cold", "; cold: "):  # fmt: skip
         assert expected in text, expected
+    index = REPO / "benchmarks" / "results" / "index_scale.json"
+    sizing = _run("--sizing", str(out), str(out), str(index)).stdout
+    rows = [line for line in sizing.splitlines() if line.startswith("| 1") or line.startswith("| 5")]
+    assert [row.split(" | ")[0] for row in rows] == [f"| {n} (extrapolated)" for n in ("10,000", "50,000", "100,000",
+                                                                                         "160,000")]  # fmt: skip
+    assert "loaded test machine" in sizing and "with 2 workers each" in sizing
     from data_scale_tables import DOC_BLOCK, DOC_BLOCK_END
 
     doc = tmp_path / "README.md"
-    doc.write_text(f"before\n{DOC_BLOCK.format(result=out.as_posix())}\nold\n{DOC_BLOCK_END}\nafter\n")
+    doc.write_text(f"before\n{DOC_BLOCK.format(result=out.as_posix())}\nOLD BLOCK\n{DOC_BLOCK_END}\nafter\n")
     assert "updated" in _run("--markdown", str(out), "--write_docs", str(doc)).stdout
     written = doc.read_text()
-    assert written.startswith("before\n") and written.endswith(f"{DOC_BLOCK_END}\nafter\n") and "old" not in written
+    assert written.startswith("before\n") and written.endswith(f"{DOC_BLOCK_END}\nafter\n")
+    assert "OLD BLOCK" not in written
     assert text in written
     assert "unchanged" in _run("--markdown", str(out), "--write_docs", str(doc)).stdout
 
@@ -171,19 +232,106 @@ def test_the_estimate_adds_the_measured_memory_per_cached_volume_to_the_cacheles
 
 
 def test_the_sizing_table_scales_the_largest_corpus_figures():
-    """10,000 volumes of 20 MB and 3.6 core-seconds each: 200 GB, 38 minutes on 16 cores (minutes below an hour, else hours); memory is the largest peak per
-    rank times 8 ranks; the workers are the SSL recipe's by step time."""
-    from data_scale_tables import sizing_table
+    """10,000 volumes of 20 MB and 3.6 core-seconds each: 200 GB, 38 minutes on 16 cores (minutes below an hour, else
+    hours); a node's memory is 8 ranks of the largest rank with its workers plus its datalist and index shard at N,
+    linear between the index sizes measured (50 MiB at 100,000, 500 MiB at 1,000,000: 5 MiB at 10,000, 80 MiB at
+    160,000); the workers are the SSL recipe's cold ones by step time, the reads 8 GPUs x 2 volumes per step x 5 MB
+    per cold volume; every row is marked extrapolated."""
+    from data_scale_tables import index_mib, sizing_table
 
-    result = {
-        "corpus": {"shape": [256, 256, 160]},
+    preprocess = {
+        "commit": "a" * 40, "corpus": {"shape": [256, 256, 160]},
         "preprocess": {"100": {"store_bytes_per_volume": 1e9, "core_s_per_volume": 99.0},
-                       "1000": {"store_bytes_per_volume": 20e6, "core_s_per_volume": 3.6}},
-        "memory": {"100": {"disk": {"peak_rank_pss_gb": 1.5}}, "1000": {"disk": {"peak_rank_pss_gb": 1.25}}},
-        "workers": {"ssl": {"by_step_ms": {"100": {"workers_disk": 9}, "400": {"workers_disk": 3}}}},
+                       "1000": {"store_bytes_per_volume": 1e9, "core_s_per_volume": 3.6}},
     }  # fmt: skip
-    lines = sizing_table(result)
-    row = next(line for line in lines if line.startswith("| 10,000 |"))
-    assert row == "| 10,000 | 200 GB | 38 min | 9 min | 12.0 GiB | 100 ms: 9, 400 ms: 3 |"
-    assert next(line for line in lines if line.startswith("| 160,000 |")).split(" | ")[1] == "3.20 TB"
-    assert next(line for line in lines if line.startswith("| 160,000 |")).split(" | ")[2] == "10.0 h"
+    store = {
+        "commit": "b" * 40, "caveat": "loaded: details",
+        "preprocess": {"100": {"store_bytes_per_volume": 20e6}},
+        "memory": {"100": {"disk": {"peak_rank_pss_gb": 1.0}}, "200": {"disk": {"peak_rank_pss_gb": 1.0}}},
+        "worker_memory": {"100": {"peak_rank_tree_pss_gb": 1.5, "loader_workers": 4},
+                          "200": {"peak_rank_tree_pss_gb": 1.25, "loader_workers": 4}},
+        "cold": {"ssl": {"crops_per_s_cold": 30.0, "read_bytes_per_item_cold": 5e6}},
+        "workers": {"ssl": {"batch_size": 2, "by_step_ms": {"100": {"workers_cold": 9}, "400": {"workers_cold": 3}}}},
+    }  # fmt: skip
+    summary = {"load_datalist": {"rss_mib": {"max": 40.0}}, "training_store": {"rss_mib": {"max": 10.0}}}
+    big = {"load_datalist": {"rss_mib": {"max": 400.0}}, "training_store": {"rss_mib": {"max": 100.0}}}
+    index = {"commit": "c" * 40, "sizes": {"100000": {"datalist": {"summary": summary}},
+                                           "1000000": {"datalist": {"summary": big}}}}  # fmt: skip
+    assert [index_mib(index, n) for n in (10_000, 100_000, 160_000, 1_900_000)] == pytest.approx([5, 50, 80, 950])
+    lines = sizing_table(preprocess, store, index)
+    row = next(line for line in lines if line.startswith("| 10,000 "))
+    assert row == ("| 10,000 (extrapolated) | 200 GB | 38 min | 9 min | 12.0 GiB (8 x 0.00 GiB of datalist and index) "
+                   "| 100 ms: 9, 400 ms: 3 | 100 ms: 0.80 GB/s, 400 ms: 0.20 GB/s |")  # fmt: skip
+    last = next(line for line in lines if line.startswith("| 160,000 ")).split(" | ")
+    assert last[1:4] == ["3.20 TB", "10.0 h", "2.5 h"]
+    assert last[4] == f"{8 * (1.5 + 80 / 1024):.1f} GiB (8 x 0.08 GiB of datalist and index)"
+    text = "\n".join(lines)
+    assert "commit bbbbbbbbbbbb, loaded;" in text and "commit aaaaaaaaaaaa, no caveat recorded" in text
+    assert "each worker about 0.12 GiB more" in text
+    with pytest.raises(ValueError, match="no worker_memory or cold"):
+        sizing_table(preprocess, {"commit": "d" * 40}, index)
+
+
+def test_the_page_cache_is_evicted_and_the_cold_read_counted(tmp_path):
+    """A file just written is cached; after drop_page_cache none of it is, and reading it back reads its bytes from
+    storage (where the platform counts them and the folder is on a disk), the second read none."""
+    from page_cache import drop_page_cache, mapped_files, read_bytes, resident_bytes, store_files
+
+    data = np.random.default_rng(0).integers(0, 255, 3 * 2**20, dtype=np.uint8).tobytes()
+    (tmp_path / "sub").mkdir()
+    path = tmp_path / "sub" / "a.bin"
+    path.write_bytes(data)
+    assert store_files(tmp_path) == [path]
+    if resident_bytes([path]) is None:
+        pytest.skip("no mincore here")
+    assert drop_page_cache([path]) and resident_bytes([path]) == 0
+    if _reads_counted(tmp_path):
+        before = read_bytes()
+        assert path.read_bytes() == data
+        middle = read_bytes()
+        path.read_bytes()
+        assert middle - before >= len(data) and read_bytes() - middle < 0.01 * len(data)
+    assert resident_bytes([path]) == len(data)
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ):
+        assert mapped_files(tmp_path) == 1
+    assert mapped_files(tmp_path) == 0
+
+
+def test_a_work_folder_gains_the_settings_of_new_phases_and_refuses_changed_ones(tmp_path):
+    """A work folder written before loader_workers existed is taken (its phase has not run there) and its record
+    completed; a folder measured with other loader workers is refused, naming the setting."""
+    from dataclasses import asdict
+
+    from data_scale import SMALL, _check_work
+
+    added = ("loader_workers", "worker_iterations", "cold_rounds")
+    old = {k: v for k, v in json.loads(json.dumps(asdict(SMALL))).items() if k not in added}
+    (tmp_path / "settings.json").write_text(json.dumps(old))
+    _check_work(SMALL, tmp_path)
+    assert json.loads((tmp_path / "settings.json").read_text())["loader_workers"] == SMALL.loader_workers
+    from dataclasses import replace
+
+    with pytest.raises(SystemExit, match="loader_workers differ"):
+        _check_work(replace(SMALL, loader_workers=8), tmp_path)
+
+
+@pytest.mark.parametrize("doc", ["docs/scale.md", "benchmarks/README.md"])
+def test_the_docs_show_the_tables_of_the_committed_results(doc):
+    """Every data_scale block of the document is what --markdown or --sizing prints for the results it names."""
+    from data_scale_tables import (DOC_BLOCK, DOC_BLOCK_END, SIZING_BLOCK, SIZING_BLOCK_END, markdown_tables,
+                                   sizing_table)  # fmt: skip
+
+    text = (REPO / doc).read_text()
+    blocks = 0
+    for line in text.splitlines():
+        for begin, end in ((DOC_BLOCK, DOC_BLOCK_END), (SIZING_BLOCK, SIZING_BLOCK_END)):
+            head, _, tail = begin.partition("{")
+            tail = tail.partition("}")[2]
+            if line.startswith(head) and line.endswith(tail):
+                names = line[len(head) : len(line) - len(tail)].split()
+                results = [json.loads((REPO / name).read_text()) for name in names]
+                block = text.split(line, 1)[1].split(end, 1)[0]
+                expected = markdown_tables(results[0]) if end == DOC_BLOCK_END else "\n".join(sizing_table(*results))
+                assert block.strip() == expected.strip(), f"{doc}: {line}"
+                blocks += 1
+    assert blocks >= 2

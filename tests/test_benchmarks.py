@@ -7,6 +7,7 @@ the cache's bytes, which do not depend on the machine.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -152,6 +153,33 @@ def test_bundle_memory_counts_the_whole_process_tree():
     assert result["exit_code"] == 0 and result["first_iteration_s"] is not None
     assert result["peak_tree_pss_gb"] >= 0.39 and result["peak_tree_rss_gb"] >= 0.39
     assert 0.29 <= result["peak_process_rss_gb"] < result["peak_tree_rss_gb"]
+
+
+def test_bundle_memory_sums_each_rank_with_its_workers_and_stops_at_an_iteration():
+    """A launcher holding 150 MiB starts two ranks (LOCAL_RANK set, as torchrun does), each holding 100 MiB with a
+    worker child holding 200 MiB: one rank's tree is its own and its worker's memory (>= 300 MiB), never the
+    launcher's or the other rank's (< 450 MiB), in 2 processes; the run is ended once "Iter: 3/" is logged, before
+    the launcher's long sleep."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from bundle_memory import measure
+
+    def hold(mib: int, then: str) -> str:
+        fill = f"x = bytearray({mib} * 2**20); x[::4096] = b'x' * len(x[::4096])"
+        return f"import os, subprocess, sys, time; {fill}; {then}"
+
+    worker = hold(200, "time.sleep(60)")
+    rank = hold(100, f"subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(60)")
+    launcher = hold(150, "ranks = [subprocess.Popen([sys.executable, '-c', " + repr(rank)
+                    + "], env={**os.environ, 'LOCAL_RANK': str(r)}) for r in range(2)]; time.sleep(2.5); "
+                    "print('Iter: 1/9', flush=True); print('Iter: 3/9', flush=True); time.sleep(60)")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    result = measure([sys.executable, "-c", launcher], interval=0.05, stop_at="iterations", iterations=3, timeout=50,
+                     env=env)  # fmt: skip
+    assert result["stopped"] == "iterations" and result["left_running"] == 0 and result["wall_s"] < 40
+    assert result["iterations_s"] >= result["first_iteration_s"] > 2
+    assert result["rank_tree_processes"] == 2
+    assert 0.29 <= result["peak_rank_tree_rss_gb"] < 0.45 and 0.29 <= result["peak_rank_tree_pss_gb"] < 0.45
+    assert result["peak_tree_rss_gb"] >= 2 * 0.29 + 0.14
 
 
 def test_the_machine_names_its_cpu_model_and_vector_instructions():
