@@ -417,18 +417,28 @@ def test_a_bundle_readmes_links_resolve_and_say_when_they_leave_the_bundle(readm
     downloaded bundle holds only its own folder, so a link out of it says in its text that it leads into the
     repository."""
     bundle, bad = readme.parents[1], []
-    for text, target in re.findall(r"\[([^\]]+)\]\(([^)\s]+)\)", readme.read_text(encoding="utf-8")):
+    for text, target, file, problem in _relative_links(readme):
+        if problem is None and bundle not in file.parents and "repository" not in " ".join(text.split()):
+            problem = f"[{text}]({target}): leaves the bundle; its text must say it is in the repository"
+        bad += [problem] if problem else []
+    assert not bad, f"{readme.relative_to(REPO)}:\n" + "\n".join(bad)
+
+
+def _relative_links(doc: Path) -> list[tuple[str, str, Path, str | None]]:
+    """Each relative link of ``doc``: its text, its target, the file it names, and what is wrong with it (no such
+    file, or no heading of its #anchor there) or None."""
+    links = []
+    for text, target in re.findall(r"\[([^\]]*)\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
         if target.startswith(("http://", "https://", "mailto:")):
             continue
         path, _, anchor = target.partition("#")
-        file = (readme.parent / path).resolve() if path else readme
+        file, problem = (doc.parent / path).resolve() if path else doc, None
         if not file.exists():
-            bad.append(f"{target}: no file {file}")
+            problem = f"{target}: no file {file}"
         elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
-            bad.append(f"{target}: no heading with the anchor #{anchor} in {file.relative_to(REPO)}")
-        elif bundle not in file.parents and "repository" not in " ".join(text.split()):
-            bad.append(f"[{text}]({target}): leaves the bundle; its text must say it is in the repository")
-    assert not bad, f"{readme.relative_to(REPO)}:\n" + "\n".join(bad)
+            problem = f"{target}: no heading with the anchor #{anchor} in {file.relative_to(REPO)}"
+        links.append((text, target, file, problem))
+    return links
 
 
 def _anchors(doc: Path) -> set[str]:
@@ -440,16 +450,7 @@ def _anchors(doc: Path) -> set[str]:
 @pytest.mark.parametrize("doc", [REPO / "README.md", *PAGES], ids=lambda d: d.relative_to(REPO).as_posix())
 def test_the_links_of_the_readme_and_the_docs_pages_resolve(doc):
     """Every relative link of README.md and docs/*.md names a file of the repository, and its #anchor a heading there."""
-    bad = []
-    for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
-        if target.startswith(("http://", "https://", "mailto:")):
-            continue
-        path, _, anchor = target.partition("#")
-        file = (doc.parent / path).resolve() if path else doc
-        if not file.exists():
-            bad.append(f"{target}: no file {file}")
-        elif anchor and file.suffix == ".md" and anchor not in _anchors(file):
-            bad.append(f"{target}: no heading with the anchor #{anchor} in {file.relative_to(REPO)}")
+    bad = [problem for _, _, _, problem in _relative_links(doc) if problem]
     assert not bad, f"{doc.relative_to(REPO)}:\n" + "\n".join(bad)
 
 
