@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping as _Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,15 +25,17 @@ from .values import _FALSE, _NONE, _TRUE
 __all__ = ["Because", "Dict", "Either", "Flag", "Integer", "Kind", "ListOf", "Null", "Number", "OneOf", "Text", "or_null"]
 
 
-class Kind:
+class Kind(ABC):
     """What one setting accepts. Subclasses say it in :attr:`accepted` and test it in :meth:`accepts`."""
 
     @property
+    @abstractmethod
     def accepted(self) -> str:
-        raise NotImplementedError
+        """What the setting accepts, as a refusal names it (e.g. "an integer >= 1")."""
 
+    @abstractmethod
     def accepts(self, value: Any) -> bool:
-        raise NotImplementedError
+        """Whether ``value`` is one the setting accepts."""
 
     def because(self, why: str) -> Because:
         """This kind, its message saying why in parentheses."""
