@@ -104,7 +104,7 @@ def test_host_reads_only_at_log_iterations_epoch_ends_and_saves(tmp_path):
     device_reads = {i for i, sites in reads.sites.items() if sites - CPU_ONLY_READERS}
     assert device_reads == {1, 5, 6, 8}, reads.sites
     assert reads.sites[2] == CPU_ONLY_READERS - {("self_distillation/views.py", "_crops")}
-    assert ("training/engine.py", "_log") in reads.sites[1] and ("training/engine.py", "check") in reads.sites[5]
+    assert ("training/trainer.py", "_log") in reads.sites[1] and ("training/non_finite.py", "check") in reads.sites[5]
 
 
 def test_per_iteration_check_reads_every_iteration():
@@ -112,7 +112,7 @@ def test_per_iteration_check_reads_every_iteration():
     trainer = _trainer(_batches(3), log_interval=10, handlers=[StopOnNonFiniteLoss(check_interval=1)])
     with PerIteration(torch.Tensor, HOST_READS, trainer) as reads:
         trainer.run()
-    assert {i for i, sites in reads.sites.items() if ("training/engine.py", "check") in sites} == {1, 2, 3}
+    assert {i for i, sites in reads.sites.items() if ("training/non_finite.py", "check") in sites} == {1, 2, 3}
 
 
 def test_deferred_check_names_the_first_bad_iteration_and_saves_nothing_after_it(tmp_path):
@@ -301,7 +301,7 @@ def test_no_value_is_read_back_to_the_host_between_log_iterations_under_ddp(ddp_
         reads = result[recipe]["reads"]
         steady = {i: set(reads.get(i, {})) - CPU_ONLY_READERS for i in STEADY}
         assert steady == {i: set() for i in STEADY}, steady
-        assert ("training/engine.py", "_log") in reads[1] and ("training/engine.py", "check") in reads[4]
+        assert ("training/trainer.py", "_log") in reads[1] and ("training/non_finite.py", "check") in reads[4]
 
 
 @pytest.mark.parametrize("recipe", ["self_distillation_equal", "self_distillation"])
@@ -310,12 +310,12 @@ def test_a_self_distillation_step_runs_only_the_centres_collective_under_ddp(ddp
     (an all-reduce of the batch sizes for the DINO term's share at every step was one more); iteration 1 adds the
     logged values' all-reduce, the check's and, with the promise, its one-time shape check; 4 the log's and the
     check's, 6 (the epoch end) the check's."""
-    logged = {("training/engine.py", "_log"): 1, ("training/engine.py", "check"): 1}
+    logged = {("training/trainer.py", "_log"): 1, ("training/non_finite.py", "check"): 1}
     for result in ddp_ranks:
         calls = result[recipe]["collectives"]
         assert {i: calls[i] for i in STEADY} == {i: SELF_DISTILLATION_STEP_COLLECTIVES for i in STEADY}, calls
         assert calls[4] == {**SELF_DISTILLATION_STEP_COLLECTIVES, **logged}, calls[4]
-        assert calls[6] == {**SELF_DISTILLATION_STEP_COLLECTIVES, ("training/engine.py", "check"): 1}, calls[6]
+        assert calls[6] == {**SELF_DISTILLATION_STEP_COLLECTIVES, ("training/non_finite.py", "check"): 1}, calls[6]
         first = Counter(calls[1])
         first.subtract({**SELF_DISTILLATION_STEP_COLLECTIVES, **logged})
         shape_check = {site: n for site, n in first.items() if n}
