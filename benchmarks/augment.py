@@ -17,7 +17,8 @@ dispatcher, which runs the same operators on any device. With
 ``--ssl-step-json`` (a saved ``benchmarks/ssl_step.py`` result) the two-view time is also given as a share of the
 paper-size forward + backward time of the same number of crops (target <= 2%). The process runs with
 ``components.tune_allocator()`` as the bundle does with ``--tune_allocator true`` (``--plain-allocator`` to
-compare): without it, the large temporaries of the vectorised augmentation are page-faulted afresh on every call.
+compare): without it, the large temporaries of the augmentation (the noise blocks) are page-faulted afresh on every
+call.
 
     python benchmarks/augment.py
     python benchmarks/augment.py --reps 50 --ssl-step-json ssl_step.json
@@ -244,8 +245,9 @@ class _KernelTally(TorchDispatchMode):
 def traffic(size: int, batch: int, reps: int, seed: int) -> dict:
     """Kernels and bytes written by the two views of an SSL step (``ssl_views``) on each of its paths, counted at
     the dispatcher (device-independent: the same operators run on a GPU). ``accelerator``: boxes drawn on the
-    device with every slot of the budget (no host read); ``host_boxes``: boxes drawn and trimmed on the host
-    (``box_generator``), as the trainer does on an accelerator; ``cpu``: drawn and trimmed on the host."""
+    device with every slot of the budget (read back once per pass to be applied); ``host_boxes``: boxes drawn and
+    trimmed on the host (``box_generator``), as the trainer does on an accelerator; ``cpu``: drawn and trimmed on
+    the host."""
     x = torch.rand(batch, 1, size, size, size, generator=torch.Generator().manual_seed(seed))
     paths = {
         "accelerator": lambda g: ssl_views(x, g, sync=False),

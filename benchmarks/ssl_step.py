@@ -3,7 +3,7 @@
 For each size, the pretraining bundle's own ``train#trainer`` is built from ``configs/train.json`` (SSLTrainer with
 the handlers the bundle attaches: StatsHandler, TensorBoardStatsHandler, checkpointing, ..., and the data loader
 over the cached synthetic CT) and each iteration is split into phases by timing its pieces from outside (nothing in
-``components`` is changed; see README.md for the proposed optional hook in engine.py):
+``components`` is changed):
 
 - ``data``: ignite's GET_BATCH_STARTED -> GET_BATCH_COMPLETED (waiting for the loader: crops, collation);
 - ``views``: ``SSLTrainer._views`` (to the device, two rotations and two ``aug_rand`` passes);
@@ -207,7 +207,8 @@ def instrument(trainer) -> PhaseTimer:
     """Wraps the trainer's pieces with timestamps; returns the timer collecting per-iteration phases."""
     from ignite.engine import Events
 
-    import components.training.engine as engine_module
+    import components.training.non_finite as non_finite_module
+    import components.training.trainer as trainer_module
 
     timer = PhaseTimer(torch.device(trainer.state.device))
     trainer.add_event_handler(Events.GET_BATCH_STARTED, lambda e: timer.mark("batch_start"))
@@ -228,7 +229,8 @@ def instrument(trainer) -> PhaseTimer:
         return stepped
 
     trainer._optimizer_step = optimizer_step
-    engine_module.all_reduce_mean = timer.timed(engine_module.all_reduce_mean, "gather_start", "gather_end")
+    for module in (trainer_module, non_finite_module):  # the logged values' all-reduce and the loss check's
+        module.all_reduce_mean = timer.timed(module.all_reduce_mean, "gather_start", "gather_end")
     return timer
 
 

@@ -125,6 +125,26 @@ def test_augment_share_of_a_saved_step(tmp_path):
     assert share["views_share_of_forward_backward"] == round(views / 12.0, 5)
 
 
+def test_views_against_revision_small(tmp_path):
+    """This checkout's views against a copy of themselves: identical on both paths, both sides timed; against views
+    that differ in one voxel: not identical, exit 1."""
+    views = REPO / "components" / "recipes" / "inpainting_contrast" / "views.py"
+    result = _run("views_against_revision.py", "--small", "--before-file", str(views), "--conditions", "CI")
+    assert result["benchmark"] == "views_against_revision" and result["size"] == 32 and result["reps"] == 2
+    assert result["conditions"] == "CI"
+    _machine_ok(result["machine"])
+    assert set(result["paths"]) == {"cpu", "host_boxes"}
+    for path in result["paths"].values():
+        assert path["identical"] is True
+        assert path["before_median_s"] > 0 and path["after_median_s"] > 0 and path["after_over_before_median"] > 0
+    changed = tmp_path / "views.py"
+    changed.write_text(views.read_text().replace("    return _paste(inner, draws.partner, draws.paste)",
+                                                 "    return _paste(inner, draws.partner, draws.paste).add_(1e-3)"))  # fmt: skip
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "views_against_revision.py"), "--small", "--before-file",
+                           str(changed)], capture_output=True, text=True, timeout=600, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 1 and not any(p["identical"] for p in json.loads(proc.stdout)["paths"].values())
+
+
 def test_cache_small():
     result = _run("cache.py", "--small")
     assert result["benchmark"] == "cache" and result["roi"] == [96, 96, 96]

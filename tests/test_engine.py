@@ -12,7 +12,8 @@ from ignite.engine import Events
 from torch import nn
 
 from components import SSLEvaluator, SSLHead, SSLLoss, SSLTrainer
-from components.training.engine import epoch_seed, resolve_amp_dtype
+from components.training.recipe import resolve_amp_dtype
+from components.training.seeding import epoch_seed
 
 
 @pytest.fixture(autouse=True)

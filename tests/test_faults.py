@@ -50,7 +50,7 @@ def test_nan_loss_stops_at_its_iteration_with_parts_and_files(kind, caplog):
     trainer = _ssl_trainer(_ssl_batches(kind), [StopOnNonFiniteLoss()])
     # attached after the stop handler, like the checkpoint saver in the bundles: never sees the NaN iteration
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: seen.append(e.state.iteration))
-    with caplog.at_level(logging.ERROR, logger="components.training.engine"), pytest.raises(NonFiniteLossError) as err:
+    with caplog.at_level(logging.ERROR, logger="components.training.non_finite"), pytest.raises(NonFiniteLossError) as err:
         trainer.run()
     message = str(err.value)
     assert "at epoch 1, iteration 2 (iteration 2/3 of the epoch)" in message
@@ -62,7 +62,7 @@ def test_nan_loss_stops_at_its_iteration_with_parts_and_files(kind, caplog):
     assert seen == [1]
     assert trainer.state.iteration == 2
     # the message is the error's alone (components.errors prints it once, from a bad rank): the handler logs nothing
-    assert not any(r.name == "components.training.engine" and r.levelno == logging.ERROR for r in caplog.records)
+    assert not any(r.name == "components.training.non_finite" and r.levelno == logging.ERROR for r in caplog.records)
 
 
 def test_files_not_tracked_is_said():

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 import torch

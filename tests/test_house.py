@@ -51,7 +51,7 @@ def test_an_upward_import_is_seen(tmp_path):
     """The check above can fail: the entries a data module imports, the trainer among them, are found."""
     fake = tmp_path / "components" / "data" / "store" / "bad.py"
     fake.parent.mkdir(parents=True)
-    fake.write_text("from ...training.engine import unwrap\nfrom ..datalists import load_datalist\n")
+    fake.write_text("from ...training.wrappers import unwrap\nfrom ..datalists import load_datalist\n")
     assert _relative_imports(fake, tmp_path / "components") == {"training", "data"}
 
 

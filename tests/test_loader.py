@@ -12,7 +12,7 @@ from monai.data import Dataset, SmartCacheDataset
 from monai.transforms import Randomizable, Transform
 
 from components import EpochShuffleSampler, PersistentWorkerLoader
-from components.training.engine import epoch_seed, reseed_data
+from components.training.seeding import epoch_seed, reseed_data
 
 
 class RandomDraws(Randomizable, Transform):

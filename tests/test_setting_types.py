@@ -7,7 +7,6 @@ so a setting added without a kind fails :func:`test_every_setting_of_every_bundl
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -214,7 +213,7 @@ def test_null_from_a_command_line_reaches_the_readers_as_none():
     """The kinds accept "null" where a setting may be unset, since ``--x None`` leaves the config's value: so the code
     that reads those settings takes "null" as None."""
     from components import ResumableCheckpointSaver, loss_class_weights
-    from components.training.engine import resolve_amp_dtype
+    from components.training.recipe import resolve_amp_dtype
 
     saver = ResumableCheckpointSaver(ckpt_dir="unused", network=torch.nn.Linear(1, 1), epoch_interval="null",
                                      iteration_interval=2, time_interval_s="null")  # fmt: skip

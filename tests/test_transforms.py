@@ -25,7 +25,7 @@ from monai.transforms import (
 )
 
 from components import CompactCropForegroundd, RandCompactSpatialCropSamplesd, compact_nbytes, write_dataset
-from components.training.engine import reseed_data
+from components.training.seeding import reseed_data
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # Orientationd's `labels` default notice
 

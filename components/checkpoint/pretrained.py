@@ -32,6 +32,7 @@ from .layouts import (
     TARGETS,
     CheckpointLoadError,
     LoadReport,
+    MappedKey,
     UnusedKey,
     _category,
     beside_training_progress,
@@ -104,6 +105,170 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
+def _check_options(channel_policy: str, required: str, target: str | None) -> None:
+    """Raises ConfigError for an option outside its choices, before any file is read."""
+    _check_choice("channel_policy", channel_policy, CHANNEL_POLICIES)
+    _check_choice("required", required, REQUIRED_POLICIES)
+    if target is not None:
+        _check_choice("target", target, TARGETS)
+
+
+#: what a model lacks when a checkpoint's head is dropped, by key category (see ``layouts._category``)
+_HEAD_NAMES = {
+    "ssl_head": "SSL pretraining head/decoder",
+    "seg_decoder": "SwinUNETR segmentation decoder",
+    "dino_head": "self-distillation projection head",
+    "mim_head": "masked image modelling mask token / decoder / token head",
+}
+
+
+def _check_one_source_per_key(keys: list[MappedKey], where: str, layout: str) -> None:
+    """Raises CheckpointLoadError when two source keys map to one model key: the file mixes two spellings."""
+    mapped_from: dict[str, str] = {}
+    for key in keys:
+        if key.target is None:
+            continue
+        if key.target in mapped_from:
+            raise CheckpointLoadError(
+                f"checkpoint {where}: keys '{mapped_from[key.target]}' and '{key.source}' both map to "
+                f"'{key.target}' (layout={layout}); the file mixes two spellings of the same model."
+            )
+        mapped_from[key.target] = key.source
+
+
+def _check_same_architecture(
+    keys: list[MappedKey], model_state: Mapping[str, torch.Tensor], where: str, ids: Mapping[str, str]
+) -> None:
+    """Raises CheckpointLoadError for another feature size, window, depth, v2 or not: one line naming the overrides,
+    before any shape is compared. The input channels are left out: they are the channel policy's to handle."""
+    configured = encoder_architecture(model_state).as_dict()
+    configured.pop("in_channels", None)
+    check_architecture(encoder_architecture({k.target: k.value for k in keys if k.target}), configured, where, ids)
+
+
+def _unused_reason(key: str, model_categories: set[str], target: str) -> UnusedKey:
+    """Why a source tensor mapped to ``key``, which the model lacks, is not used: a head of which the model (its key
+    categories ``model_categories``) has none is dropped by design; anything else is unknown."""
+    category = _category(key)
+    if category in _HEAD_NAMES and category not in model_categories:
+        return UnusedKey("dropped", f"{_HEAD_NAMES[category]}; the {target} model has none")
+    return UnusedKey("unknown", f"maps to '{key}', which the model does not have")
+
+
+def _differs_only_in_channels(key: str, value: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Whether ``value`` is the patch embedding's kernel for another number of input channels than ``dst``."""
+    return (
+        key == PATCH_EMBED_WEIGHT
+        and value.ndim == dst.ndim
+        and value.shape[0] == dst.shape[0]
+        and value.shape[2:] == dst.shape[2:]
+    )
+
+
+def _apply_channel_policy(
+    key: str, value: torch.Tensor, dst: torch.Tensor, policy: str, report: LoadReport, policy_id: str
+) -> torch.Tensor | None:
+    """The patch embedding's kernel for the model's input channels under ``policy`` (None for ``"skip"``: the model
+    keeps its own), with what was done recorded in ``report.adapted``.
+
+    Raises:
+        CheckpointLoadError: ``policy`` is ``"error"``; the message names both settings that would load it.
+    """
+    c_src, c_dst = int(value.shape[1]), int(dst.shape[1])
+    if policy == "error":
+        raise CheckpointLoadError(
+            f"checkpoint {report.source} (layout={report.layout}): the patch embedding '{key}' has {c_src} input "
+            f"channel(s) in the checkpoint (shape {list(value.shape)}) but the model has {c_dst} (shape "
+            f"{list(dst.shape)}). Run with --{policy_id} repeat (channel_policy='repeat': the kernel repeated over the "
+            f"{c_dst} channels and scaled by {c_src}/{c_dst}, so a constant input gives the same response) or "
+            f"--{policy_id} skip (channel_policy='skip': the model's random patch embedding kept). The model was not "
+            "modified."
+        )
+    if policy == "repeat":
+        how = "tiled" if c_dst % c_src == 0 else "channel mean repeated"
+        report.adapted[key] = (
+            f"repeat: input channels {c_src} -> {c_dst}, kernel {how} and scaled by {c_src}/{c_dst} "
+            f"(shape {list(value.shape)} -> {list(dst.shape)})"
+        )
+        return _adapt_in_channels(value, c_dst)
+    report.adapted[key] = (
+        f"skip: checkpoint has {c_src} input channel(s) (shape {list(value.shape)}), model {c_dst} "
+        f"(shape {list(dst.shape)}); kept the model's initial weights"
+    )
+    return None
+
+
+def _match_to_model(
+    keys: list[MappedKey], model_state: Mapping[str, torch.Tensor], report: LoadReport, channel_policy: str,
+    policy_id: str,
+) -> tuple[dict[str, torch.Tensor], set[str]]:  # fmt: skip
+    """The source tensors that fit the model, by model key; every other one recorded in ``report`` with its reason:
+    ``unexpected`` without a model key, ``shape_mismatched`` for another shape, ``adapted`` for the patch embedding
+    of other input channels (:func:`_apply_channel_policy`).
+
+    Returns:
+        ``(tensors, skipped)``: the tensors to load, and the model keys the ``"skip"`` policy left to the model.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    skipped: set[str] = set()
+    model_categories = {_category(k) for k in model_state}
+    for key in keys:
+        if key.target is None:
+            report.unexpected[key.source] = key.unused  # type: ignore[assignment]
+            continue
+        if key.target not in model_state:
+            report.unexpected[key.source] = _unused_reason(key.target, model_categories, report.target)
+            continue
+        dst = model_state[key.target]
+        if tuple(key.value.shape) == tuple(dst.shape):
+            tensors[key.target] = key.value
+        elif not _differs_only_in_channels(key.target, key.value, dst):
+            report.shape_mismatched[key.target] = (tuple(key.value.shape), tuple(dst.shape))
+        else:
+            kernel = _apply_channel_policy(key.target, key.value, dst, channel_policy, report, policy_id)
+            if kernel is None:
+                skipped.add(key.target)
+            else:
+                tensors[key.target] = kernel
+    return tensors, skipped
+
+
+def _required_keys(model_state: Mapping[str, torch.Tensor], report: LoadReport, skipped: set[str]) -> list[str]:
+    """The model keys ``report.required`` asks for; deterministic ``relative_position_index`` buffers and a patch
+    embedding the channel policy skipped are never required."""
+    exempt = {k for k in model_state if k.endswith(_REL_INDEX_SUFFIX)} | skipped
+    if report.required == "encoder":
+        return [k for k in report.encoder_keys if k not in exempt]
+    if report.required == "all":
+        return [k for k in model_state if k not in exempt]
+    return []
+
+
+def _check_required(report: LoadReport, required_keys: list[str], required_id: str | None) -> None:
+    """Raises CheckpointLoadError when a required key would not load, naming the first ones, the shape mismatches
+    among them, the unused source keys of unknown role and a hint (``required_id``: how to accept a partial load)."""
+    loaded = set(report.loaded)
+    missing_required = [k for k in required_keys if k not in loaded]
+    if not missing_required:
+        return
+    parts = [
+        f"checkpoint {report.source} (layout={report.layout}) into {report.target}: {len(missing_required)} of "
+        f"{len(required_keys)} required tensors (required={report.required!r}) would not load, first: "
+        f"{missing_required[:5]}."
+    ]
+    mismatched = [k for k in missing_required if k in report.shape_mismatched]
+    if mismatched:
+        src_shape, dst_shape = report.shape_mismatched[mismatched[0]]
+        parts.append(
+            f"{len(mismatched)} of them have another shape, e.g. '{mismatched[0]}': checkpoint {list(src_shape)} "
+            f"vs model {list(dst_shape)}."
+        )
+    if report.unknown:
+        parts.append(f"Unused source keys of unknown role: {list(report.unknown)[:5]}.")
+    parts.append(f"Hint: {_hint(report, missing_required, required_id)}. The model was not modified.")
+    raise CheckpointLoadError(" ".join(parts))
+
+
 def _hint(report: LoadReport, missing_required: list[str], required_id: str | None) -> str:
     if any(k in report.shape_mismatched for k in missing_required):
         return "some tensors have other shapes: the checkpoint was made for a different configuration of the network"
@@ -134,13 +299,14 @@ def convert_state_dict(
     same ``required`` check is applied, so a returned state dict is one :func:`load_pretrained` would load;
     ``mmap`` memory-maps a file's tensors (:func:`read_checkpoint`), for a check that reads only their shapes.
 
+    Steps: read and unwrap the checkpoint and map its keys (:mod:`~components.checkpoint.layouts`), check that no
+    model key has two sources and that the architectures agree, match each tensor to the model, then check that
+    every required tensor loads.
+
     Returns:
         ``(state_dict, report)``.
     """
-    _check_choice("channel_policy", channel_policy, CHANNEL_POLICIES)
-    _check_choice("required", required, REQUIRED_POLICIES)
-    if target is not None:
-        _check_choice("target", target, TARGETS)
+    _check_options(channel_policy, required, target)
     ids = {**LOADER_OVERRIDE_IDS, **(override_ids or {})}
     where = source_name(source)
     raw = read_checkpoint(source, map_location, mmap=mmap) if isinstance(source, (str, os.PathLike)) else source
@@ -148,119 +314,19 @@ def convert_state_dict(
     model = _unwrap_model(target_model)
     target = target or _detect_target(model)
     layout, prefixes, keys = map_state_dict(state, where, beside_training_progress(raw, container))
-
-    report = LoadReport(
-        layout=layout,
-        target=target,
-        source=where,
-        container=container,
-        stripped_prefixes=prefixes,
-        required=required,
-    )
-    tgt_state = model.state_dict()
-    report.encoder_keys = [k for k in tgt_state if k.startswith(_ENCODER_PREFIX)]
-    tgt_categories = {_category(k) for k in tgt_state}
-    category_names = {
-        "ssl_head": "SSL pretraining head/decoder",
-        "seg_decoder": "SwinUNETR segmentation decoder",
-        "dino_head": "self-distillation projection head",
-        "mim_head": "masked image modelling mask token / decoder / token head",
-    }
-    mapped_from: dict[str, str] = {}
-    for key in keys:
-        if key.target is not None and key.target in mapped_from:
-            raise CheckpointLoadError(
-                f"checkpoint {where}: keys '{mapped_from[key.target]}' and '{key.source}' both map to "
-                f"'{key.target}' (layout={layout}); the file mixes two spellings of the same model."
-            )
-        if key.target is not None:
-            mapped_from[key.target] = key.source
-    # another feature size, window, depth, v2 or not: one line with the overrides, before any shape is compared
-    # (the input channels are the channel policy's to handle)
-    configured = encoder_architecture(tgt_state).as_dict()
-    configured.pop("in_channels", None)
-    check_architecture(encoder_architecture({k.target: k.value for k in keys if k.target}), configured, where, ids)
-
-    mapped: dict[str, torch.Tensor] = {}
-    skipped: set[str] = set()
-    for orig, canon, unused, value in keys:
-        if canon is None:
-            report.unexpected[orig] = unused  # type: ignore[assignment]
-            continue
-        if canon not in tgt_state:
-            cat = _category(canon)
-            if cat in category_names and cat not in tgt_categories:
-                report.unexpected[orig] = UnusedKey("dropped", f"{category_names[cat]}; the {target} model has none")
-            else:
-                report.unexpected[orig] = UnusedKey("unknown", f"maps to '{canon}', which the model does not have")
-            continue
-        dst = tgt_state[canon]
-        if tuple(value.shape) == tuple(dst.shape):
-            mapped[canon] = value
-            continue
-        only_channels = (
-            canon == PATCH_EMBED_WEIGHT
-            and value.ndim == dst.ndim
-            and value.shape[0] == dst.shape[0]
-            and value.shape[2:] == dst.shape[2:]
-        )
-        if not only_channels:
-            report.shape_mismatched[canon] = (tuple(value.shape), tuple(dst.shape))
-            continue
-        c_src, c_dst = int(value.shape[1]), int(dst.shape[1])
-        if channel_policy == "error":
-            policy = ids["channel_policy"]
-            raise CheckpointLoadError(
-                f"checkpoint {where} (layout={layout}): the patch embedding '{canon}' has {c_src} input channel(s) "
-                f"in the checkpoint (shape {list(value.shape)}) but the model has {c_dst} (shape {list(dst.shape)}). "
-                f"Run with --{policy} repeat (channel_policy='repeat': the kernel repeated over the {c_dst} channels "
-                f"and scaled by {c_src}/{c_dst}, so a constant input gives the same response) or --{policy} skip "
-                f"(channel_policy='skip': the model's random patch embedding kept). The model was not modified."
-            )
-        if channel_policy == "repeat":
-            mapped[canon] = _adapt_in_channels(value, c_dst)
-            how = "tiled" if c_dst % c_src == 0 else "channel mean repeated"
-            report.adapted[canon] = (
-                f"repeat: input channels {c_src} -> {c_dst}, kernel {how} and scaled by {c_src}/{c_dst} "
-                f"(shape {list(value.shape)} -> {list(dst.shape)})"
-            )
-        else:
-            skipped.add(canon)
-            report.adapted[canon] = (
-                f"skip: checkpoint has {c_src} input channel(s) (shape {list(value.shape)}), model {c_dst} "
-                f"(shape {list(dst.shape)}); kept the model's initial weights"
-            )
-
-    report.loaded = [k for k in tgt_state if k in mapped]
-    report.missing = [k for k in tgt_state if k not in mapped]
-    exempt = {k for k in tgt_state if k.endswith(_REL_INDEX_SUFFIX)} | skipped
-    if required == "encoder":
-        required_keys = [k for k in report.encoder_keys if k not in exempt]
-    elif required == "all":
-        required_keys = [k for k in tgt_state if k not in exempt]
-    else:
-        required_keys = []
-    required_set = set(required_keys)
-    report.allowed_missing = [k for k in report.missing if k not in required_set]
-    missing_required = [k for k in required_keys if k not in mapped]
-    if missing_required:
-        parts = [
-            f"checkpoint {where} (layout={layout}) into {target}: {len(missing_required)} of {len(required_keys)} "
-            f"required tensors (required={required!r}) would not load, first: {missing_required[:5]}."
-        ]
-        mism = [k for k in missing_required if k in report.shape_mismatched]
-        if mism:
-            k0 = mism[0]
-            src_shape, dst_shape = report.shape_mismatched[k0]
-            parts.append(
-                f"{len(mism)} of them have another shape, e.g. '{k0}': checkpoint {list(src_shape)} "
-                f"vs model {list(dst_shape)}."
-            )
-        if report.unknown:
-            parts.append(f"Unused source keys of unknown role: {list(report.unknown)[:5]}.")
-        parts.append(f"Hint: {_hint(report, missing_required, ids.get('required'))}. The model was not modified.")
-        raise CheckpointLoadError(" ".join(parts))
-    return {k: mapped[k] for k in report.loaded}, report
+    report = LoadReport(layout=layout, target=target, source=where, container=container, stripped_prefixes=prefixes,
+                        required=required)  # fmt: skip
+    model_state = model.state_dict()
+    report.encoder_keys = [k for k in model_state if k.startswith(_ENCODER_PREFIX)]
+    _check_one_source_per_key(keys, where, layout)
+    _check_same_architecture(keys, model_state, where, ids)
+    tensors, skipped = _match_to_model(keys, model_state, report, channel_policy, ids["channel_policy"])
+    report.loaded = [k for k in model_state if k in tensors]
+    report.missing = [k for k in model_state if k not in tensors]
+    required_keys = _required_keys(model_state, report, skipped)
+    report.allowed_missing = [k for k in report.missing if k not in set(required_keys)]
+    _check_required(report, required_keys, ids.get("required"))
+    return {k: tensors[k] for k in report.loaded}, report
 
 
 def load_pretrained(
@@ -412,10 +478,7 @@ class PretrainedLoader:
         warn_from_scratch: bool = True,
         hint: str | None = None,
     ) -> None:
-        _check_choice("channel_policy", channel_policy, CHANNEL_POLICIES)
-        _check_choice("required", required, REQUIRED_POLICIES)
-        if target is not None:
-            _check_choice("target", target, TARGETS)
+        _check_options(channel_policy, required, target)
         self.path = optional_path(path)
         self.warn_from_scratch = bool(warn_from_scratch)
         self.hint = hint

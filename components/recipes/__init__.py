@@ -1,4 +1,4 @@
-"""Pretraining recipes for :class:`~components.training.engine.PretrainingTrainer`, one module or sub-package each."""
+"""Pretraining recipes for :class:`~components.training.trainer.PretrainingTrainer`, one module or sub-package each."""
 
 from .inpainting_contrast import (
     SSL_SETTINGS,

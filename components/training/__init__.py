@@ -1,7 +1,9 @@
 """Training: the recipe-agnostic trainer and evaluator and what every training run shares.
 
-- ``engine``: ``PretrainingTrainer`` / ``PretrainingEvaluator`` (one MONAI trainer for every recipe), the ``Recipe``
-  protocol, ``StopOnNonFiniteLoss``, ``ReseedEachEpoch``, ``log_filter``.
+- ``trainer``, ``evaluator``: ``PretrainingTrainer`` / ``PretrainingEvaluator`` (one MONAI engine each for every
+  recipe); ``recipe``: the ``Recipe`` protocol they run and the steps they share.
+- ``non_finite``: ``StopOnNonFiniteLoss`` (any trainer); ``seeding``: ``ReseedEachEpoch`` (any trainer), ``epoch_seed``;
+  ``log_interval``: ``log_filter``; ``wrappers``: ``unwrap`` (the network under DDP and compile).
 - ``loader``: ``PersistentWorkerLoader`` (workers kept for the run, reseeded per epoch), ``default_num_workers``.
 - ``encoder_lr``: ``encoder_param_groups`` (layer-wise rates of the encoder), ``FreezeEncoder``.
 - ``compilation``: ``CompileMonitor``; ``allocator``: ``tune_allocator``.
@@ -27,22 +29,18 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "allocator": ("tune_allocator",),
     "compilation": ("CompileMonitor", "compiled_graphs"),
     "encoder_lr": ("FreezeEncoder", "encoder_param_groups"),
-    "engine": (
-        "NonFiniteLossError",
-        "PretrainingEvaluator",
-        "PretrainingTrainer",
-        "Recipe",
-        "ReseedEachEpoch",
-        "StopOnNonFiniteLoss",
-        "log_filter",
-    ),
+    "evaluator": ("PretrainingEvaluator",),
     "health": ("HealthReport", "Signal", "embedding_signals"),
     "health_handler": ("HealthHandler", "health_crops", "recipe_health"),
     "loader": ("PersistentWorkerLoader", "default_num_workers"),
+    "log_interval": ("log_filter",),
+    "non_finite": ("NonFiniteLossError", "StopOnNonFiniteLoss"),
     "progress": ("StatsWithEta", "VolumeProgress"),
     "quiet": ("install_filters", "log_from_rank_zero"),
     "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
     "read_errors": ("SkippedReads",),
+    "recipe": ("Recipe",),
+    "seeding": ("ReseedEachEpoch",),
     "segmentation": (
         "PerClassMetrics",
         "balanced_class_weights",
@@ -52,6 +50,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     ),
     "settings": ("check_accumulation_steps", "check_settings", "rotation_axes"),
     "setting_types": ("BUNDLE_SETTINGS", "Device", "check_setting_types"),
+    "trainer": ("PretrainingTrainer",),
     "validation": ("FinalValidationHandler",),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -9,7 +9,7 @@ solution reaches on the same validation crops (its baseline), and the verdict th
 - ``collapsed``: a collapse signal (the embeddings' spread, the mean's share of their norm, the spread of a
   reconstruction across crops, the prototypes in use) crossed its line: every input gets the same output.
 
-A recipe gives its pretext signals (``Recipe.health(outputs, views)``, see :mod:`components.training.engine`); the
+A recipe gives its pretext signals (``Recipe.health(outputs, views)``, see :mod:`components.training.recipe`); the
 signals every recipe shares, of the encoder's pooled embeddings, are :func:`embedding_signals`. A
 :class:`HealthReport` reads them together: a run is collapsed when any collapse signal says so, at baseline when any
 pretext signal is, learning otherwise. :class:`~components.training.health_handler.HealthHandler` logs the report at

@@ -32,7 +32,8 @@ from ignite.engine import Engine, Events
 
 from ..errors import ConfigError
 from ..files import atomic_write
-from .engine import epoch_seed, unwrap
+from .seeding import epoch_seed
+from .wrappers import unwrap
 from .health import AT_BASELINE, COLLAPSED, HealthReport, embedding_signals, mean_of
 from .rankme import RANKME_TAG, EmbeddingRankHandler, swin_embeddings
 
@@ -138,7 +139,7 @@ class HealthHandler(EmbeddingRankHandler):
 
     Args:
         network: the network the recipe trains (``@network_def``). The recipe is the trainer's (``engine.recipe``,
-            a :class:`~components.training.engine.PretrainingTrainer`'s), read at each report; an engine without one
+            a :class:`~components.training.trainer.PretrainingTrainer`'s), read at each report; an engine without one
             gets the embedding signals alone.
         dataset: the validation dataset (as ``EmbeddingRankHandler``'s).
         crops: how many validation crops, at least 2, or ``"auto"``: about a tenth of the cost of the epochs between

@@ -6,7 +6,7 @@ each epoch, which matters when epochs are short (a finetuning epoch of a few vol
 iterator draws a base seed from the loader's generator and every new worker seeds ``random``, ``torch`` and
 ``numpy`` from it (MONAI's ``worker_init_fn`` then seeds the transforms), while a persistent worker keeps the
 stream of its first epoch. Crops would then stop being a function of the seed the trainer sets at each epoch
-(``components.training.engine.reseed_data``), and a resumed run would no longer replay the uninterrupted one.
+(``components.training.seeding.reseed_data``), and a resumed run would no longer replay the uninterrupted one.
 
 :class:`PersistentWorkerLoader` keeps the workers and, at each later epoch, draws the base seed exactly as a fresh
 iterator would and passes it to the workers through shared memory; before its first batch of the epoch every
@@ -90,7 +90,7 @@ class PersistentWorkerLoader(DataLoader):
 
         loader = PersistentWorkerLoader(dataset, batch_size=2, num_workers=4, sampler=sampler)
         for epoch in range(3):
-            components.training.engine.reseed_data(loader, seed + epoch)  # as the trainers do at each epoch start
+            components.training.seeding.reseed_data(loader, seed + epoch)  # as the trainers do at each epoch start
             for batch in loader: ...
     """
 

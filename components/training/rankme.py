@@ -26,7 +26,7 @@ from monai.data.utils import set_rnd
 from monai.utils import CommonKeys as Keys
 
 from ..errors import ConfigError
-from .engine import unwrap
+from .wrappers import unwrap
 
 __all__ = ["EmbeddingRankHandler", "draw_crops", "effective_rank", "swin_embeddings"]
 

@@ -23,7 +23,7 @@ from ..config.running import RunningBundle
 from ..config.types import check_types
 from ..data.partition import CACHE_MODES
 from ..data.store.dataset import ON_READ_ERROR, SOURCE_CHECKS
-from .engine import AMP_DTYPES
+from .recipe import AMP_DTYPES
 
 __all__ = ["BUNDLE_SETTINGS", "Device", "check_setting_types"]
 

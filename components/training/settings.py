@@ -20,7 +20,7 @@ __all__ = ["check_accumulation_steps", "check_settings", "rotation_axes"]
 
 def check_accumulation_steps(accumulation_steps: Any) -> None:
     """Accepts only the integer 1 (not 1.0, ``True`` or ``"1"``, which ``int()`` would let through): the
-    :class:`~components.training.engine.PretrainingTrainer` does not accumulate gradients.
+    :class:`~components.training.trainer.PretrainingTrainer` does not accumulate gradients.
 
     Raises:
         ConfigError: one line naming the value, e.g. ``accumulation_steps must be the integer 1 (...), got 1.5.``

@@ -1,7 +1,7 @@
 """The recipe object of the inpainting / contrastive recipe (Tang et al., CVPR 2022).
 
 It gives the recipe's views (:mod:`.views`), network outputs (:mod:`.network`) and loss (:mod:`.loss`) to the
-recipe-agnostic engines (:class:`~components.training.engine.PretrainingTrainer`), and holds the recipe's ready-made trainer
+recipe-agnostic engines (:class:`~components.training.trainer.PretrainingTrainer`), and holds the recipe's ready-made trainer
 and evaluator and its TensorBoard view of the reconstructions.
 """
 
@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from monai.utils import CommonKeys as Keys
 
-from ...training.engine import PretrainingEvaluator, PretrainingTrainer
+from ...training.evaluator import PretrainingEvaluator
+from ...training.trainer import PretrainingTrainer
 from ...training.health import Signal, accuracy_margin, accuracy_signal, collapse_signal, loss_signal, visible_fill_errors
 from ..pictures import ValidationPictures
 from .loss import nt_xent_loss
@@ -138,7 +139,7 @@ class InpaintingContrastRecipe:
 
 
 class SSLTrainer(PretrainingTrainer):
-    """:class:`~components.training.engine.PretrainingTrainer` with :class:`InpaintingContrastRecipe` built from
+    """:class:`~components.training.trainer.PretrainingTrainer` with :class:`InpaintingContrastRecipe` built from
     ``loss_function`` (e.g. :class:`~components.SSLLoss`); other arguments as that trainer."""
 
     def __init__(self, *args: Any, loss_function: Callable, **kwargs: Any) -> None:
@@ -146,7 +147,7 @@ class SSLTrainer(PretrainingTrainer):
 
 
 class SSLEvaluator(PretrainingEvaluator):
-    """:class:`~components.training.engine.PretrainingEvaluator` of the recipe's views: its ``pred`` / ``label`` (the
+    """:class:`~components.training.evaluator.PretrainingEvaluator` of the recipe's views: its ``pred`` / ``label`` (the
     reconstructions and the clean rotated views) give the reconstruction L1, the key metric (lower is better)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

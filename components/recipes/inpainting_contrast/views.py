@@ -1,10 +1,10 @@
 """Per-iteration self-supervised views for Swin UNETR pretraining (Tang et al., CVPR 2022): rotation and cutout/paste.
 
-Pure tensor operations on batched ``(B, C, H, W, D)`` tensors on any device. All randomness comes from
-one optional ``torch.Generator`` (``None``: torch's default generator of the tensor's device), drawn
-batch-wide on that device, so a seeded generator reproduces the views exactly. Nothing here reads a
-device value on the host unless the caller allows it (``sync``; by default only on CPU, where it is
-free), so on an accelerator the views are queued without synchronisation.
+Tensor operations on batched ``(B, C, H, W, D)`` tensors on any device. All randomness comes from one optional
+``torch.Generator`` (``None``: torch's default generator of the tensor's device), drawn batch-wide in a fixed
+order, so a seeded generator reproduces the views exactly. The cutout boxes are then applied sample by sample and
+box by box, reading their corners on the host: the trainer draws them on the host on accelerators
+(``box_generator``), so that reading them costs no synchronisation.
 
 Public functions:
 
@@ -200,7 +200,7 @@ def _draw_boxes(
     stop = min(start + side, S). Slots are drawn in chunks of ``num_slots`` (default: the bound of
     :func:`_slot_budget`). With ``sync`` (default: only on CPU) the host checks that every sample reached
     its target, draws further chunks if not, and trims the slot axis to the longest active prefix. Without
-    it nothing is read back: a sample whose target needs more than one chunk (probability
+    it the first chunk is kept whole, untrimmed: a sample whose target needs more than one chunk (probability
     <= 1e-12 with the default budget) keeps the boxes of the first chunk only.
     """
     device = torch.device(device)
@@ -242,171 +242,61 @@ def _draw_boxes(
     return _Boxes(start, side, stop, active, target, counted)
 
 
-class _BitCode(NamedTuple):
-    """How box-slot sets are packed into integer words and read back through a float's exponent field.
+def _regions(boxes: _Boxes) -> list[list[tuple[int, tuple[slice, slice, slice]]]]:
+    """Per sample, ``(slot, (h, w, d) slices)`` of its active boxes in drawing order, read on the host.
 
-    A word holds ``bits`` slots; below 2**bits it converts to ``float_dtype`` exactly, so its exponent field
-    (``view(int_dtype) >> mantissa``) is ``bias`` + the index of its highest set bit, and 0 for an empty
-    word. Scaling word w of a group by 2**(bits * w) keeps this exact while the field stays finite:
-    ``bias + bits * per_group - 1 <= 2 * bias``.
+    Boxes drawn on an accelerator are copied to the host here (one synchronisation); host-drawn boxes cost nothing.
     """
-
-    bits: int
-    int_dtype: torch.dtype
-    float_dtype: torch.dtype
-    mantissa: int
-    bias: int
-    per_group: int
+    start, stop, active = boxes.start.tolist(), boxes.stop.tolist(), boxes.active.tolist()
+    return [
+        [(m, tuple(slice(a, b) for a, b in zip(start[i][m], stop[i][m]))) for m, used in enumerate(row) if used]
+        for i, row in enumerate(active)
+    ]
 
 
-_CODE64 = _BitCode(53, torch.int64, torch.float64, 52, 1023, 19)  # field <= 1023 + 53 * 19 - 1 = 2029
-_CODE32 = _BitCode(24, torch.int32, torch.float32, 23, 127, 5)  # field <= 127 + 24 * 5 - 1 = 246
+def _normalised_noise(noise: torch.Tensor, boxes: _Boxes) -> torch.Tensor:
+    """Each slot's noise min-max normalised over its clipped box and all channels, ``(z - min) / (max - min)``.
 
+    Box m of sample b reads ``noise[b, m, :, :sh, :sw, :sd]`` for its clipped sides (sh, sw, sd), so the minimum and
+    maximum are taken there and the box attains exactly 0 and 1; a box whose noise is one value gets 0. All slots at
+    once, so that an accelerator runs a few kernels per pass here rather than a few per box.
 
-def _bit_code(device: torch.device) -> _BitCode:
-    """float64 words (53 slots each) wherever float64 exists; float32 words (24 slots) on Apple MPS."""
-    return _CODE32 if device.type == "mps" else _CODE64
+    Args:
+        noise: (B, M, C, Lh, Lw, Ld) standard normal blocks, L the largest side per axis.
+        boxes: the M slots of each sample.
 
-
-def _axis_words(boxes: _Boxes, spatial: tuple[int, int, int], code: _BitCode) -> list[torch.Tensor]:
-    """Per axis, (B, Wn, S) words: bit ``m % bits`` of word ``m // bits`` is set iff slot m spans that coordinate.
-
-    Inactive slots are cleared on the H axis, so they cover nothing.
+    Returns:
+        The normalised blocks, of the shape and dtype of ``noise``.
     """
-    b, m = boxes.active.shape
-    words = -(-m // code.bits)
-    pad = words * code.bits - m
-    device = boxes.start.device
-    weights = torch.pow(2, torch.arange(code.bits, device=device, dtype=code.int_dtype)).view(1, 1, code.bits, 1)
-    out = []
-    for axis, size in enumerate(spatial):
-        coord = torch.arange(size, device=device)
-        mask = (coord >= boxes.start[..., axis, None]) & (coord < boxes.stop[..., axis, None])  # (B, M, S)
-        if axis == 0:
-            mask = mask & boxes.active[..., None]
-        if pad:
-            mask = torch.nn.functional.pad(mask, (0, 0, 0, pad))
-        packed = (mask.view(b, words, code.bits, size).to(code.int_dtype) * weights).sum(2, dtype=code.int_dtype)
-        out.append(packed)
-    return out
-
-
-def _owner_code(boxes: _Boxes, spatial: tuple[int, int, int], code: _BitCode) -> torch.Tensor:
-    """(B, H*W*D) integer code of the last active box covering each voxel: ``code.bias`` + slot, 0 if none.
-
-    Word w of a voxel is ``wh[h] & ww[w] & wd[d]`` (its set of covering slots): one small (B, H, W) AND, then
-    one full-volume AND. Converted to float (exact) and scaled by 2**(bits * w) (exact), the running maximum
-    over the words of a group is dominated by the highest non-zero word, and its exponent field is
-    ``bias`` + the highest covering slot, 0 for an empty set (see :class:`_BitCode`). Full-volume passes:
-    2 for the first word, 4 for each further word, 1 for the exponent (plus 3 per further group of
-    ``per_group`` words, i.e. beyond 1007 slots with float64).
-    """
-    word_h, word_w, word_d = _axis_words(boxes, spatial, code)
-    b, words = word_h.shape[:2]
-    result = None
-    for g0 in range(0, words, code.per_group):
-        acc = None
-        for w in range(g0, min(g0 + code.per_group, words)):
-            plane = word_h[:, w, :, None] & word_w[:, w, None, :]  # (B, H, W)
-            value = (plane[..., None] & word_d[:, w, None, None, :]).to(code.float_dtype)  # (B, H, W, D)
-            if w > g0:
-                value.mul_(2.0 ** (code.bits * (w - g0)))
-                acc = torch.maximum(acc, value, out=acc)
-            else:
-                acc = value
-        group = acc.view(code.int_dtype).bitwise_right_shift_(code.mantissa).view(b, -1)  # bias + slot - bits*g0
-        if result is None:
-            result = group
-        else:
-            result = torch.where(group > 0, group + code.bits * g0, result)
-    return result
-
-
-def _coverage(boxes: _Boxes, spatial: tuple[int, int, int]) -> torch.Tensor:
-    """(B, H, W, D) bool: covered by any active box (2 full-volume passes per word, plus 1)."""
-    word_h, word_w, word_d = _axis_words(boxes, spatial, _bit_code(boxes.start.device))
-    acc = None
-    for w in range(word_h.shape[1]):
-        bits = (word_h[:, w, :, None] & word_w[:, w, None, :])[..., None] & word_d[:, w, None, None, :]
-        acc = bits if acc is None else acc.bitwise_or_(bits)
-    return acc != 0
-
-
-def _draw_noise(
-    boxes: _Boxes,
-    channels: int,
-    box_shape: tuple[int, int, int],
-    generator: torch.Generator | None,
-    dtype: torch.dtype,
-) -> torch.Tensor:
-    """(B, M, C, Lh, Lw, Ld) standard normal noise, one block per box slot; ``box_shape`` = largest side per axis.
-
-    Box m of sample b uses ``noise[b, m, :, :sh, :sw, :sd]`` for its clipped sides (sh, sw, sd): voxel
-    (h, w, d) of the box reads local index (h - start_h, w - start_w, d - start_d).
-    """
-    b, m = boxes.active.shape
-    return torch.randn((b, m, channels, *box_shape), generator=generator, device=boxes.start.device, dtype=dtype)
+    sides = (boxes.stop - boxes.start).to(noise.device, non_blocking=True)  # (B, M, 3) clipped sides
+    within = [torch.arange(n, device=noise.device) < sides[..., a, None] for a, n in enumerate(noise.shape[-3:])]
+    inside = within[0][..., :, None, None] & within[1][..., None, :, None] & within[2][..., None, None, :]
+    outside = ~inside[:, :, None]  # (B, M, 1, Lh, Lw, Ld), the same for every channel
+    low = noise.masked_fill(outside, math.inf).amin(dim=(2, 3, 4, 5), keepdim=True)
+    high = noise.masked_fill(outside, -math.inf).amax(dim=(2, 3, 4, 5), keepdim=True)
+    span = high - low
+    return (noise - low) / torch.where(span > 0, span, torch.ones_like(span))
 
 
 def _fill_noise(x: torch.Tensor, boxes: _Boxes, noise: torch.Tensor) -> torch.Tensor:
-    """Inner cutout pass: a new tensor where each active box holds its noise min-max normalised to [0, 1].
-
-    Each box's noise is normalised over its whole clipped region and all channels, ``(z - min) / (max - min)``
-    (so it attains exactly 0 and 1 before later boxes overwrite parts of it; a box whose noise is a single
-    value gets 0); where boxes overlap, the last one wins (``_owner_code``).
-
-    Steps: min / max over each slot's clipped part of ``noise`` (pad positions replaced by the slot's first
-    value), normalisation of the noise blocks, then per voxel one gather of its owner's base offset, one add
-    of the voxel's fixed local offset, one ``take`` per channel and one ``where`` with ``x``.
-    """
-    b, c, h, w, d = x.shape
-    m = boxes.active.shape[1]
-    lh, lw, ld = noise.shape[-3:]
-    box_numel = lh * lw * ld
-    device = x.device
-    # per slot min / max over its clipped region and all channels
-    clipped = boxes.stop - boxes.start  # (B, M, 3)
-    valid = [torch.arange(n, device=device) < clipped[..., a, None] for a, n in enumerate((lh, lw, ld))]
-    inside = valid[0][:, :, :, None, None] & valid[1][:, :, None, :, None] & valid[2][:, :, None, None, :]
-    filled = torch.where(inside[:, :, None], noise, noise[:, :, :1, :1, :1, :1])
-    low, high = torch.aminmax(filled.reshape(b, m, -1), dim=-1)  # (B, M)
-    del filled, inside
-    span = high - low
-    span = torch.where(span > 0, span, torch.ones_like(span))
-    shape6 = (b, m, 1, 1, 1, 1)
-    # normalised noise, flat, followed by a margin that any voxel's local offset stays inside
-    local_max = (h - 1) * lw * ld + (w - 1) * ld + (d - 1) + (c - 1) * box_numel
-    flat = torch.empty(noise.numel() + local_max + 1, dtype=noise.dtype, device=device)
-    flat[noise.numel() :].zero_()  # not "= 0": a Python number set by indexing is a host-to-device copy on CUDA
-    normed = flat[: noise.numel()].view(noise.shape)
-    torch.sub(noise, low.view(shape6), out=normed).div_(span.view(shape6))
-    # per box: flat offset of its local origin minus the fixed local offset of its start voxel;
-    # table column 0 serves uncovered voxels (code 0), column bias + m box slot m
-    slot_ids = torch.arange(b, device=device)[:, None] * m + torch.arange(m, device=device)  # (B, M)
-    start = boxes.start
-    box_base = slot_ids * (c * box_numel) - (start[..., 0] * (lw * ld) + start[..., 1] * ld + start[..., 2])
-    bits = _bit_code(device)
-    table = torch.zeros((b, bits.bias + m), dtype=torch.int64, device=device)
-    table[:, bits.bias :] = box_base
-    local = (
-        torch.arange(h, device=device)[:, None, None] * (lw * ld)
-        + torch.arange(w, device=device)[:, None] * ld
-        + torch.arange(d, device=device)
-    ).view(1, -1)  # (1, V)
-    code = _owner_code(boxes, (h, w, d), bits)  # (B, V)
-    index = table.gather(1, code.to(torch.int64)).add_(local)  # (B, V), flat index of channel 0
-    if c > 1:
-        index = index[:, None, :] + torch.arange(c, device=device)[:, None] * box_numel  # (B, C, V)
-    value = flat.take(index).view(b, c, h, w, d).to(x.dtype)
-    covered = (code > 0).view(b, 1, h, w, d)
-    return torch.where(covered, value, x)
+    """Inner cutout pass: a copy of ``x`` where each active box holds its normalised noise (see
+    :func:`_normalised_noise`), sample by sample and box by box, so a later box overwrites an earlier one."""
+    out = x.clone()
+    normed = _normalised_noise(noise, boxes)
+    for i, regions in enumerate(_regions(boxes)):
+        for m, (h, w, d) in regions:
+            out[i, :, h, w, d] = normed[i, m, :, : h.stop - h.start, : w.stop - w.start, : d.stop - d.start]
+    return out
 
 
-def _paste(x: torch.Tensor, source: torch.Tensor, boxes: _Boxes) -> torch.Tensor:
-    """Paste pass: a new tensor equal to ``source`` inside the active boxes (all channels), ``x`` elsewhere."""
-    b, c, h, w, d = x.shape
-    covered = _coverage(boxes, (h, w, d))
-    return torch.where(covered[:, None], source, x)
+def _paste(inner: torch.Tensor, partner: torch.Tensor, boxes: _Boxes) -> torch.Tensor:
+    """Paste pass: a copy of ``inner`` where each active box of sample ``i`` holds sample ``partner[i]``'s voxels
+    (all channels, same place), always read from ``inner`` so that the result does not depend on the sample order."""
+    out = inner.clone()
+    for i, (j, regions) in enumerate(zip(partner.tolist(), _regions(boxes))):
+        for _, (h, w, d) in regions:
+            out[i, :, h, w, d] = inner[j, :, h, w, d]
+    return out
 
 
 class _AugDraws(NamedTuple):
@@ -422,11 +312,6 @@ def _noise_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _boxes_to(boxes: _Boxes, device: torch.device) -> _Boxes:
-    """The box slots on ``device``: small asynchronous host-to-device copies, nothing read back."""
-    return _Boxes(*(t.to(device, non_blocking=True) for t in boxes))
-
-
 def _draw_aug(
     x: torch.Tensor,
     generator: torch.Generator | None,
@@ -437,8 +322,8 @@ def _draw_aug(
     box_generator: torch.Generator | None = None,
 ) -> _AugDraws:
     """Draw (in this order) inner boxes, inner noise, partners, paste boxes, all batch-wide on ``x.device``; with a
-    CPU ``box_generator`` the boxes and partners are drawn and trimmed on the host (``sync`` there) and copied to
-    ``x.device``, where only the noise is drawn, from ``generator``."""
+    CPU ``box_generator`` the boxes and partners are drawn and trimmed on the host (``sync`` there) and stay there,
+    and only the noise is drawn on ``x.device``, from ``generator``."""
     b, c, h, w, d = x.shape
     spatial = (h, w, d)
     ranges = _box_ranges(spatial, max_drop, max_block, min_block)
@@ -448,21 +333,19 @@ def _draw_aug(
     common = dict(max_drop=max_drop, max_block=max_block, min_block=min_block, generator=boxes_from)
     common["sync"] = True if on_host else sync
     inner = _draw_boxes(b, spatial, device=box_device, **common)
-    if on_host:
-        inner = _boxes_to(inner, x.device)
-    noise = _draw_noise(inner, c, tuple(hi - 1 for _, hi in ranges), generator, _noise_dtype(x.dtype))
+    # one block of noise per slot, as large as the largest box: box m of sample i reads its corner of block (i, m)
+    noise_shape = (b, inner.active.shape[1], c, *(hi - 1 for _, hi in ranges))
+    noise = torch.randn(noise_shape, generator=generator, device=x.device, dtype=_noise_dtype(x.dtype))
     partner = torch.randint(0, b, (b,), generator=boxes_from, device=box_device)
     enabled = partner != torch.arange(b, device=box_device)
     paste = _draw_boxes(b, spatial, device=box_device, enabled=enabled, **common)
-    if on_host:
-        partner, paste = partner.to(x.device, non_blocking=True), _boxes_to(paste, x.device)
     return _AugDraws(inner, noise, partner, paste)
 
 
 def _apply_aug(x: torch.Tensor, draws: _AugDraws) -> torch.Tensor:
     """Deterministic part of ``aug_rand``: inner cutout of every sample, then paste from the inner-augmented batch."""
     inner = _fill_noise(x, draws.inner, draws.noise)
-    return _paste(inner, inner.index_select(0, draws.partner), draws.paste)
+    return _paste(inner, draws.partner, draws.paste)
 
 
 def aug_rand(
@@ -488,25 +371,10 @@ def aug_rand(
     end = min(start + side, S). Inner boxes hold Gaussian noise min-max normalised to [0, 1] over the box
     (all channels; it attains 0 and 1 inside the box), later boxes overwriting earlier ones.
 
-    Vectorised design (B samples, M box slots, V = H*W*D; loops only over words of 53 slots):
-
-    - boxes: all slots of all samples drawn at once as (B, M, 3) starts / sides; M comes from a
-      Bernstein bound on the box count (``_slot_budget``: 228 at 96^3, a sample needs more with probability
-      <= 1e-12; mean need ~63). ``active`` = (counted volume before the slot) < target, a per-sample prefix.
-      With ``sync`` (default: on CPU only) the host draws another chunk in that rare case and trims M to the
-      longest active prefix; without it nothing is read back, so accelerators never synchronise.
-    - rasterising: per axis a (B, M, S) span mask packed into 53-bit words, (B, ceil(M/53), S) int64; per
-      word one full-volume ``(wh & ww) & wd`` is each voxel's set of covering boxes; as exact float64 scaled
-      by 2**(53 w), the running maximum's exponent is 1023 + the last covering slot (``_owner_code``;
-      24-bit words through float32 on MPS, which has no float64).
-    - noise: one (C, Lh, Lw, Ld) normal block per slot (L = the largest side); min / max over its clipped
-      part, normalised blocks; each covered voxel takes its owner's value at its local offset (a gather of
-      the owner's base offset plus a fixed per-voxel offset): no per-box loop.
-    - paste: coverage = OR of the words; ``where(covered, inner[j], inner)``.
-
-    Full-volume (B*V or B*C*V) passes: inner 2 + 4 per further word + 6, paste 2 per word + 3; on CPU (M trimmed
-    to ~70-130, 2-3 words) about 20-25 passes, on an accelerator (M = 228, 5 words) about 40, plus ~5
-    passes over the (B, M, C, Lh, Lw, Ld) noise blocks.
+    All boxes of a pass are drawn for the whole batch at once (``_draw_boxes``: a chunk of box slots per sample,
+    enough with probability ``1 - 1e-12``, of which a prefix is active), so that one generator state gives one
+    result whatever the device; the noise is one block per slot; then each sample's active boxes are written in
+    drawing order (``_fill_noise``, ``_paste``).
 
     Args:
         x: ``(B, C, H, W, D)`` floating tensor; not modified. Treated as data (the result is detached).
@@ -514,11 +382,13 @@ def aug_rand(
         max_drop: upper end of the target volume fraction per pass, in [0, 1].
         max_block, min_block: box side range as fractions of each spatial size, 0 < min_block <= max_block <= 1,
             with int(min_block * S) >= 1 and int(max_block * S) > int(min_block * S) on every axis.
-        sync: allow reading device values on the host (see above); None: only when ``x`` is on CPU.
-        box_generator: a CPU generator for the boxes and partners of a batch on an accelerator. They are then drawn
-            and trimmed on the host, where reading them costs no device sync, and copied to the device, which
-            draws only the noise (from ``generator``): the slots are trimmed as on CPU (about half the
-            full-volume memory traffic at 96^3: 5 words of 53 slots become 2-3) and nothing is read back.
+        sync: read the boxes on the host while drawing them: draw more slots for a sample short of its target and
+            trim the unused ones (fewer noise blocks). None: only when the boxes are drawn on CPU. False draws one
+            chunk of slots, untrimmed (the random stream an accelerator has always drawn); the boxes are read on
+            the host to be applied either way, which on an accelerator synchronises once per pass.
+        box_generator: a CPU generator for the boxes and partners of a batch on an accelerator: they are drawn
+            and trimmed on the host, where reading them costs no synchronisation, and the device draws only the
+            noise (from ``generator``). The trainer passes one on accelerators.
 
     Returns:
         A new tensor of the shape and dtype of ``x``.

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from ignite.engine import Engine, Events
 
-from ...training.engine import log_filter
+from ...training.log_interval import log_filter
 
 __all__ = ["TeacherCollapseError", "StopOnCollapse"]
 

@@ -1,4 +1,4 @@
-"""Self-distillation (DINO) as a recipe of :class:`~components.training.engine.PretrainingTrainer`.
+"""Self-distillation (DINO) as a recipe of :class:`~components.training.trainer.PretrainingTrainer`.
 
 The student is the trainer's network (DDP-wrapped under torchrun); the teacher lives here, is never wrapped, never
 receives gradients and follows the student by an exponential moving average after every optimizer step (one
@@ -23,7 +23,7 @@ from monai.networks.layers import DropPath
 from monai.utils import CommonKeys as Keys
 from torch import nn
 
-from ...training.engine import unwrap
+from ...training.wrappers import unwrap
 from ...training.health import Signal, collapse_signal, loss_signal
 from .loss import SelfDistillationLoss
 from .views import MultiCrop, MultiCropViews
