@@ -249,3 +249,36 @@ def test_finetune_crops_small(tmp_path):
                                                                    "StoreRandSpatialCropSamplesd"}
     for crops in result["crops"].values():
         assert crops["crops"] > 0 and crops["crops_per_s_disk"] > 0 and crops["crops_per_s_memory"] > 0
+
+
+def _demo_summary(seed: int, dice: float) -> dict:
+    steps = [{"step": "synthesise", "seconds": 1.0}, {"step": "SSL pretraining", "seconds": 230.5},
+             {"step": "finetune, SSL init", "seconds": 200.25}]  # fmt: skip
+    arm = {"mean_dice": dice, "per_class_dice": {"spleen": 0.9, "liver": None, "stomach": 0.75}}
+    return {"seed": seed, "steps": steps, "arms": {"SSL init": arm}, "pretraining_health": {"verdict": "learning"}}
+
+
+def test_demo_seeds_resumes_at_the_same_commit_and_tabulates(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO))
+    from benchmarks import demo_seeds
+
+    results = tmp_path / "demo_cpu.json"
+    results.write_text(json.dumps({"commit": "old", "seeds": {"0": {}}, "budget_trials": {"kept": 1}}))
+    monkeypatch.setattr(demo_seeds, "RESULTS", results)
+    monkeypatch.setattr(demo_seeds, "git_commit", lambda: "abc")
+    ran = []
+
+    def fake_run(seed, work, extra):
+        ran.append(seed)
+        return {"wall_s": 440.4, "max_rss_kb": 1_300_000, "summary": _demo_summary(seed, 0.8 + seed / 100)}
+
+    monkeypatch.setattr(demo_seeds, "run_seed", fake_run)
+    first = demo_seeds.measure([0, 1], tmp_path, [])
+    assert ran == [0, 1] and first["budget_trials"] == {"kept": 1}  # another commit's seeds are measured again
+    demo_seeds.measure([1, 2], tmp_path, [])
+    assert ran == [0, 1, 2]  # seed 1 was recorded at this commit
+    rows = demo_seeds.table(json.loads(results.read_text())).splitlines()
+    assert rows[2] == "| 2 | 230.5 s | learning | 200.2 s | 440 s | 1.3 GB | **0.820** | 0.90 | 0.75 |"
+    assert demo_seeds.peak_rss_kb("\tMaximum resident set size (kbytes): 1279020\n") == 1279020
+    with pytest.raises(ValueError, match="Maximum resident set size"):
+        demo_seeds.peak_rss_kb("nothing")
