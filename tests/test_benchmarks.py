@@ -282,3 +282,69 @@ def test_demo_seeds_resumes_at_the_same_commit_and_tabulates(tmp_path, monkeypat
     assert demo_seeds.peak_rss_kb("\tMaximum resident set size (kbytes): 1279020\n") == 1279020
     with pytest.raises(ValueError, match="Maximum resident set size"):
         demo_seeds.peak_rss_kb("nothing")
+
+
+def _plan_module():
+    sys.path.insert(0, str(BENCHMARKS))
+    import gpu_health_plan
+
+    return gpu_health_plan
+
+
+def test_gpu_health_shares_and_reports():
+    plan = _plan_module()
+    assert plan.share(300.0, 3) == 100.0 and plan.share(-5.0, 2) == 0.0
+    with pytest.raises(ValueError, match="no recipe left"):
+        plan.share(10.0, 0)
+    # a report every quarter of the run and at its end
+    assert [(plan.validation_interval(e), plan.report_count(e, plan.validation_interval(e))) for e in (1, 3, 8, 9, 10)] == [
+        (1, 1), (1, 3), (2, 4), (2, 5), (2, 5)]  # fmt: skip
+
+
+def test_gpu_health_calibration_to_epochs():
+    """From a calibration's logged wall times to the epochs of the run that fits: 3 epochs of 14 iterations, the first
+    10 iterations at 1 s (warm-up), then 0.5 s each; a validation of 2 s and a health report of 3 s at the end."""
+    plan = _plan_module()
+    walls = [(1, 10.0), (11, 20.0), (21, 25.0), (31, 30.0), (41, 35.0)]  # (iteration, wall time) logged every 10
+    assert plan.iteration_seconds(walls, 14) == 0.5  # from iteration 21 on: the first epoch is start-up
+    assert plan.iteration_seconds(walls, 40) == 0.5  # one logged after the first epoch: from the second logged on
+    with pytest.raises(ValueError, match="cannot time iterations"):
+        plan.iteration_seconds(walls[:1], 14)
+    health_wall = 35.0 + 0.5 + 2.0 + 3.0  # iteration 42, the validation, the report
+    calibration = plan.calibrate(walls, health_wall, iterations=42, epochs=3, wall_s=60.0, health_s=3.0, health_crops=16)
+    assert (calibration.epoch_length, calibration.iteration_s) == (14, 0.5)
+    assert calibration.validation_s == pytest.approx(2.0) and calibration.startup_s == pytest.approx(60 - 21 - 2 - 3)
+    with pytest.raises(ValueError, match="not whole epochs"):
+        plan.calibrate(walls, health_wall, iterations=43, epochs=3, wall_s=60.0, health_s=3.0, health_crops=16)
+
+    # 200 s left: 0.85 * 200 - 3 = 167 s for 34 s of start-up, 7 s an epoch and 5 s a report (16 crops)
+    crops = lambda interval: 16  # noqa: E731
+    chosen = plan.plan_epochs(calibration, 200.0, crops)
+    # 16 epochs: 34 + 112 + 4 reports x 5 = 166 s; 17 epochs: 34 + 119 + 5 x 5 = 178 s
+    assert (chosen.max_epochs, chosen.val_interval, chosen.iterations, chosen.reports) == (16, 4, 224, 4)
+    assert chosen.predicted_s == pytest.approx(166.0) and chosen.available_s == 200.0
+    assert plan.predicted_seconds(calibration, 17, crops) == pytest.approx(178.0)
+    assert plan.plan_epochs(calibration, 200.0, crops, cap=10).max_epochs == 10
+    assert plan.plan_epochs(calibration, 45.0, crops) is None  # 34 + 7 + 5 = 46 s for one epoch
+    # the bundles' "auto" crops grow with the interval, and so does a report's cost: fewer epochs fit
+    auto = lambda interval: min(256, max(8, int(0.15 * 14 * 4 * interval)))  # noqa: E731
+    fewer = plan.plan_epochs(calibration, 200.0, auto)
+    assert fewer.max_epochs < 16 and fewer.health_crops == auto(fewer.val_interval)
+    assert fewer.predicted_s <= 167.0 < plan.predicted_seconds(calibration, fewer.max_epochs + 1, auto)
+
+
+def test_gpu_health_schedule_compressed_into_the_run():
+    plan = _plan_module()
+    configs = {name: json.loads((REPO / "bundles" / f"swin_unetr_{name}_pretrain" / "configs" / "train.json").read_text())
+               for name in ("ssl", "dino", "mim")}  # fmt: skip
+    # 20 epochs of 17 iterations: a 500-iteration warm-up is cut to a tenth of the run; epochs keep their share of 100
+    assert plan.schedule_overrides(configs["ssl"], 20, 17) == {"training#warmup_iterations": 34}
+    assert plan.schedule_overrides(configs["dino"], 20, 17) == {
+        "training#warmup_epochs": 2, "training#teacher_temperature_warmup_epochs": 6, "training#freeze_last_layer_epochs": 1}
+    assert plan.schedule_overrides(configs["mim"], 20, 17) == {
+        "training#warmup_iterations": 34, "masking#teacher_temperature_warmup_epochs": 6}
+    assert plan.schedule_overrides(configs["ssl"], 1000, 17) == {"training#warmup_iterations": 500}  # shipped, when short
+    assert plan.schedule_overrides(configs["dino"], 2, 17)["training#teacher_temperature_warmup_epochs"] == 1
+    with pytest.raises(ValueError, match="training#warmup_epochs = '\\$10'"):
+        plan.schedule_overrides({"max_epochs": 100, "training": {"warmup_epochs": "$10"}}, 20, 17)
+
