@@ -284,6 +284,59 @@ def test_demo_seeds_resumes_at_the_same_commit_and_tabulates(tmp_path, monkeypat
         demo_seeds.peak_rss_kb("nothing")
 
 
+# the signals each recipe's health report reads (components' recipes: pretext signals, then the embedding's)
+HEALTH_SIGNALS = {
+    "ssl": {"rotation_accuracy", "rotation_loss", "contrast_accuracy", "contrast_loss", "inpainting_l1", "embedding_std"},
+    "dino": {"teacher_entropy", "student_teacher_kl", "prototypes_in_use", "embedding_std"},
+    "mim": {"masked_l1", "masked_l1_median", "reconstruction_spread", "embedding_std"},
+}
+VERDICTS = {"learning", "at baseline", "collapsed"}
+
+
+def _signals_ok(signals: dict, recipe: str) -> None:
+    assert set(signals) == HEALTH_SIGNALS[recipe]
+    for signal in signals.values():
+        assert isinstance(signal["value"], float) and isinstance(signal["baseline"], float)
+        assert signal["better"] in {"higher", "lower"} and signal["margin"] >= 0
+        assert signal["verdict"] in VERDICTS | {"not collapsed"}
+
+
+@pytest.mark.slow
+def test_gpu_health_small(tmp_path):
+    """gpu_health.py --small: the three recipes calibrated, planned within their shares and run, each with its final
+    verdict, every signal beside its trivial baseline, and the report history, in one JSON named after the device."""
+    result = _run("gpu_health.py", "--small", "--budget_s", "1200", "--out_dir", str(tmp_path), timeout=1500)
+    assert json.loads((tmp_path / "gpu_health_cpu_small.json").read_text()) == result
+    assert result["benchmark"] == "gpu_health" and result["device"] == "cpu" and result["small"] is True
+    assert result["commit"] and result["torch"] and result["complete"] is True
+    _machine_ok(result["machine"])
+    corpus = result["corpus"]
+    assert corpus["training"] == 7 and corpus["validation"] == 1 and min(corpus["shape_min"]) >= 64
+    assert list(result["recipes"]) == ["ssl", "dino", "mim"]
+    for recipe, entry in result["recipes"].items():
+        assert entry["status"] == "done", entry
+        calibration, plan = entry["calibration"], entry["plan"]
+        assert calibration["epochs"] == 2 and calibration["iteration_s"] > 0 and calibration["startup_s"] >= 0
+        assert calibration["report"]["iteration"] == 2 * calibration["epoch_length"]
+        _signals_ok(calibration["report"]["signals"], recipe)
+        # the plan: at most --small's 3 epochs, predicted inside what was left of the share, and the run is the plan
+        assert 1 <= plan["max_epochs"] <= 3 and plan["predicted_s"] <= plan["available_s"] < entry["share_s"]
+        assert plan["iterations"] == plan["max_epochs"] * calibration["epoch_length"] == entry["iterations"]
+        overrides = entry["overrides"]
+        assert overrides["max_epochs"] == plan["max_epochs"] and overrides["training#val_interval"] == plan["val_interval"]
+        assert overrides["roi_size"] == ([32, 32, 32] if recipe == "dino" else [64, 32, 32])
+        assert overrides["feature_size"] == 12 and overrides["dataset_dir"] == "<work>/corpus"
+        assert entry["seconds"] > 0 and entry["wall_s"] <= entry["share_s"] + 5
+        assert entry["verdict"] in VERDICTS
+        _signals_ok(entry["signals"], recipe)
+        history = entry["history"]
+        assert len(history) == plan["reports"] and history[-1]["iteration"] == entry["iterations"]
+        assert history[-1]["signals"] == entry["signals"] and history[-1]["verdict"] == entry["verdict"]
+        for kind in ("calibration", "main"):
+            saved = json.loads((tmp_path / "gpu_health_cpu_small" / f"{recipe}_{kind}" / "health.json").read_text())
+            assert saved["reports"][-1]["verdict"] == (entry["verdict"] if kind == "main" else calibration["report"]["verdict"])
+
+
 def _plan_module():
     sys.path.insert(0, str(BENCHMARKS))
     import gpu_health_plan
@@ -348,3 +401,22 @@ def test_gpu_health_schedule_compressed_into_the_run():
     with pytest.raises(ValueError, match="training#warmup_epochs = '\\$10'"):
         plan.schedule_overrides({"max_epochs": 100, "training": {"warmup_epochs": "$10"}}, 20, 17)
 
+
+def test_gpu_health_enlarge_keeps_the_field_of_view(tmp_path):
+    import nibabel as nib
+    import numpy as np
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import gpu_health
+
+    affine = np.array([[0.0, -0.8, 0.0, 10.0], [-0.8, 0.0, 0.0, -20.0], [0.0, 0.0, 5.0, 30.0], [0, 0, 0, 1]])
+    array = np.full((10, 6, 4), 40, dtype=np.int16)
+    nib.save(nib.Nifti1Image(array, affine), str(tmp_path / "small.nii.gz"))
+    shape = gpu_health.enlarge(tmp_path / "small.nii.gz", tmp_path / "large.nii", 8)
+    large = nib.load(str(tmp_path / "large.nii"))
+    assert shape == list(large.shape) == [10, 8, 8] and large.get_data_dtype() == np.int16
+    assert np.all(np.asarray(large.dataobj) == 40)
+    assert np.allclose(large.header.get_zooms(), [0.8, 0.6, 2.5])
+    # the outer faces of the first and the last voxels lie where they did
+    for old, new in (([-0.5] * 3, [-0.5] * 3), ([9.5, 5.5, 3.5], [9.5, 7.5, 7.5])):
+        assert np.allclose(large.affine @ [*new, 1], affine @ [*old, 1])
