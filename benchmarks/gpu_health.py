@@ -320,9 +320,9 @@ def run_all(recipes: list[str], started: float, small: bool, path: Path, log: Pa
             left = header["budget_s"] - (time.perf_counter() - started) - END_S
             share_s = share(left, len(recipes) - index)
             if "status" in result["corpus"]:
-                entry = {"status": "skipped", "reason": f"no corpus: {result['corpus']['reason']}"}
+                entry = {"status": "skipped", "verdict": None, "reason": f"no corpus: {result['corpus']['reason']}"}
             elif share_s < settings["min_share_s"]:
-                entry = {"status": "skipped", "reason": f"needs at least {settings['min_share_s']:.0f} s; its share of "
+                entry = {"status": "skipped", "verdict": None, "reason": f"needs at least {settings['min_share_s']:.0f} s; its share of "
                          f"the {max(left, 0):.0f} s left is {share_s:.0f} s"}  # fmt: skip
             else:
                 entry = run_recipe(recipe, share_s, small, work, log, artefacts)

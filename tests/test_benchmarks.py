@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -420,3 +421,22 @@ def test_gpu_health_enlarge_keeps_the_field_of_view(tmp_path):
     # the outer faces of the first and the last voxels lie where they did
     for old, new in (([-0.5] * 3, [-0.5] * 3), ([9.5, 5.5, 3.5], [9.5, 7.5, 7.5])):
         assert np.allclose(large.affine @ [*new, 1], affine @ [*old, 1])
+
+
+def test_gpu_health_records_why_a_recipe_has_no_verdict(tmp_path):
+    """A share under the least a recipe starts with skips it, and a recipe still running at the end of its share is
+    killed (or, on a fast machine, finds that no run fits after its calibration): each is recorded with its reason
+    and no verdict, and the JSON is written all the same."""
+    skipped = _run("gpu_health.py", "--small", "--budget_s", "15", "--out_dir", str(tmp_path), timeout=300)
+    assert skipped["complete"] is False and list(skipped["recipes"]) == ["ssl", "dino", "mim"]
+    for entry in skipped["recipes"].values():
+        assert entry["status"] == "skipped" and entry["verdict"] is None
+        assert re.fullmatch(r"needs at least 20 s; its share of the \d+ s left is \d+ s", entry["reason"])
+    cut = _run("gpu_health.py", "--small", "--recipes", "ssl", "--budget_s", "30", "--out_dir", str(tmp_path), timeout=300)
+    entry = cut["recipes"]["ssl"]
+    assert cut["complete"] is False and entry["verdict"] is None and entry["history"] == []
+    assert entry["wall_s"] <= entry["share_s"] + 5 and cut["wall_s"] <= 30 + 5
+    if entry["status"] == "timed_out":
+        assert entry["reason"].startswith("still running at the end of its share")
+    else:
+        assert entry["status"] == "failed" and entry["reason"].startswith("RuntimeError: does not fit: one epoch")
