@@ -3,9 +3,9 @@ self-distillation and masked image bundles pretrained at the sizes their ``train
 wall-clock budget, with every health report kept, written to one JSON named after the device.
 
 The data: unlabeled synthetic CT written on the fly by ``components.data.synthetic.write_dataset`` (varied
-subjects, data seed 0, its test split trained on too), each volume's axes shorter than the recipes' largest crop
-region stretched to it (:func:`enlarge`), so that the recipes' crops (96^3; the self-distillation's 128^3 context)
-cut real anatomy rather than padding.
+subjects, data seed 0, its test split trained on too), every axis shorter than 160 voxels stretched to 160
+(:func:`enlarge`): the writer's 40-120 voxels an axis are fewer than the recipes' crops (96^3; the self-distillation's
+128^3 context), which would cut padding rather than anatomy.
 
 Each recipe runs in its own process (a recipe that hangs or crashes costs only its share), in two bundle runs
 (``components.demo.runner.run_bundle``, as a user runs the bundle):
@@ -25,9 +25,9 @@ A recipe that fails, does not fit its share, or is still running at its end is r
 (and the reports it had written), never as a result. The JSON is rewritten after every recipe and printed at the end;
 each run's ``health.json`` and ``train.log`` are copied beside it.
 
-    GPU_CHECK_SCRIPT=gpu_health bash benchmarks/gpu_check.sh --commit <sha>   # the device call (benchmarks/README.md)
-    python benchmarks/gpu_health.py --budget_s 480                            # the recipes' sizes
-    python benchmarks/gpu_health.py --small                                   # CPU: demo sizes, a few iterations
+    GPU_CHECK_SCRIPT=gpu_health GPU_CHECK_BUDGET_S=480 bash benchmarks/gpu_check.sh --commit <sha>  # the device call
+    python benchmarks/gpu_health.py --budget_s 480    # the recipes' sizes, with MONAI installed
+    python benchmarks/gpu_health.py --small           # CPU: the demo's sizes, a few iterations
 """
 
 from __future__ import annotations
