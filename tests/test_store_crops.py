@@ -73,18 +73,18 @@ def _plain(x) -> np.ndarray:
 
 
 class _ReadCounter:
-    """Records the chunks of each array file every ``StoredArray`` read covers."""
+    """Records the chunks of each array file every ``StoredArray`` read covers (``_stored``: where every read of a
+    region, ``handle[region]`` or ``read_into``, is checked and decompressed)."""
 
     def __init__(self, monkeypatch) -> None:
         self.reads: list[tuple[str, list[int]]] = []
-        original = StoredArray.__getitem__
+        original = StoredArray._stored
 
-        def counting(handle, index):
-            region = handle._region(index)
+        def counting(handle, region):
             self.reads.append((handle.path.name, chunk_numbers(handle.shape, handle.record["chunks"], region)))
-            return original(handle, index)
+            return original(handle, region)
 
-        monkeypatch.setattr(StoredArray, "__getitem__", counting)
+        monkeypatch.setattr(StoredArray, "_stored", counting)
 
     def chunks(self, name: str) -> list[list[int]]:
         return [numbers for file, numbers in self.reads if file == name]
