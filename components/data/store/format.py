@@ -141,7 +141,8 @@ def dequantize(codes: np.ndarray, scales: Sequence[float], dtype: np.dtype, chan
     return np.multiply(codes, scale, out=out)
 
 
-def decode(values: np.ndarray, record: dict, channels: slice = slice(None), out: np.ndarray | None = None) -> np.ndarray:
+def decode(values: np.ndarray, record: dict, channels: slice = slice(None),
+           out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Stored ``values`` (a region of the array of ``record``, :func:`write_array`'s) in the array's own dtype;
     ``channels``: which channels the region holds; ``out``: where to write them (of ``values``' shape and of the
     array's dtype), else a new array unless ``values`` already is one of that dtype."""
