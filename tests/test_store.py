@@ -152,6 +152,16 @@ def test_a_truncated_file_is_refused_when_opened(tmp_path):
         StoredArray(tmp_path / "image.b2nd", record, source="case_0.nii.gz")[:, 0:4]
 
 
+def test_a_record_without_the_frames_checksums_is_refused_naming_the_file(tmp_path):
+    """A volume written before the frame's header and tail were recorded (an earlier store under the same format
+    number) raises StoreReadError naming the file and the missing field, not a KeyError."""
+    array = np.random.default_rng(0).integers(-1000, 1000, (1, 40, 36, 28)).astype(np.int16)
+    record = write_array(array, tmp_path / "image.b2nd")
+    old = {k: v for k, v in record.items() if k not in ("head_bytes", "head_crc32", "tail_bytes", "tail_crc32")}
+    with pytest.raises(StoreReadError, match=r"image.b2nd \(from case_0.nii.gz\): its record .* has no 'head_bytes'"):
+        StoredArray(tmp_path / "image.b2nd", old, source="case_0.nii.gz")[:, 0:4]
+
+
 def _frame_regions(record: dict) -> dict[str, range]:
     """The byte positions of a stored file's header, compressed chunks and tail (offsets and trailer)."""
     size, head, tail = record["nbytes"], record["head_bytes"], record["tail_bytes"]
