@@ -17,6 +17,8 @@ Modules, each one concern:
 - ``foreground``: a label map's sampled foreground locations per class (``ClassLocations``);
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
 - ``workers``: the worker processes of ``preprocess``, which die with it and fail only the volume of one that dies;
+- ``mapped``: a stored file memory-mapped for random reads (a read moves from disk the chunks it covers), its
+  header and tail checked, each chunk's bytes found for its CRC-32;
 - ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
 - ``dataset``: ``open_store``, ``Store``, ``StoreDataset``, ``training_store`` (the datalist's volumes, a rank's
   shard, their sources checked) and ``ReadStoredd`` (whole arrays as MetaTensors);
