@@ -18,7 +18,6 @@ a rewritten store (``preprocess --overwrite``) is opened and checked anew.
 from __future__ import annotations
 
 import os
-import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
