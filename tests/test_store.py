@@ -32,6 +32,7 @@ from components import (
     preprocess,
     transforms_fingerprint,
 )
+from benchmarks.page_cache import drop_page_cache
 from components.data.partition import partition_for_rank
 from components.data.store.format import FORMAT_VERSION, chunk_numbers, storage_dtype, write_array
 from components.data.store.mapped import MappedArray
@@ -238,12 +239,7 @@ def _read_from_storage() -> int | None:
 
 def _evict(path: Path) -> None:
     """Writes back and drops ``path``'s pages from the page cache (no root needed)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_page_cache([path])
 
 
 def _cold_reads_counted(folder: Path) -> str | None:
