@@ -20,7 +20,7 @@ from torch import nn
 from ..config.values import is_null
 from ..files import temp_prefix
 from ..distributed import broadcast_from_rank0, get_rank
-from .pretrained import _unwrap_model
+from ..networks.wrappers import unwrap
 from .training_state import (
     RESUME_FORMAT,
     CheckpointEvents,
@@ -240,7 +240,7 @@ class ResumableCheckpointSaver:
         state = engine.state
         ckpt: dict[str, Any] = {
             "format": RESUME_FORMAT,
-            "model": _unwrap_model(self.network).state_dict(),
+            "model": unwrap(self.network).state_dict(),
             "trainer": {
                 "epoch": int(state.epoch),
                 "iteration": int(state.iteration),
