@@ -29,3 +29,9 @@ def test_requires_python_admits_no_python_the_code_cannot_run_on():
     assert needed, out
     assert _version(needed[1]) <= _version(floor[1]), f"the code needs Python {needed[1]}: {out}"
 
+
+def test_monai_is_a_range_whose_oldest_ci_installs():
+    """MONAI is required as ``monai>=OLDEST,<NEXT``, the form .ci/run reads OLDEST from for its second run (and
+    no exact pin: the package installs beside other MONAI versions)."""
+    (monai,) = [d for d in PROJECT["dependencies"] if re.match(r"monai\b", d)]
+    assert re.fullmatch(r"monai>=\d+\.\d+(\.\d+)?,<\d+\.\d+", monai), monai
