@@ -28,7 +28,7 @@ import torch
 from monai.data import DataLoader, SmartCacheDataset
 from monai.data.utils import set_rnd
 from torch.utils.data import get_worker_info
-from torch.utils.data._utils.worker import _generate_state
+from torch.utils.data._utils.worker import _generate_state  # a fresh worker's numpy seed: torch has no public route
 
 from ..distributed import get_local_world_size
 
