@@ -20,7 +20,7 @@ from torch import nn
 from ..config.values import is_null
 from ..files import temp_prefix
 from ..distributed import broadcast_from_rank0, get_rank
-from .pretrained import _unwrap_model
+from ..networks.wrappers import unwrap
 from .training_state import (
     RESUME_FORMAT,
     CheckpointEvents,
@@ -240,7 +240,7 @@ class ResumableCheckpointSaver:
         state = engine.state
         ckpt: dict[str, Any] = {
             "format": RESUME_FORMAT,
-            "model": _unwrap_model(self.network).state_dict(),
+            "model": unwrap(self.network).state_dict(),
             "trainer": {
                 "epoch": int(state.epoch),
                 "iteration": int(state.iteration),
@@ -289,8 +289,8 @@ class BestModelSaver(CheckpointSaver):
     record of the best score survives a resume or a restart.
 
     MONAI's saver (an ignite ``Checkpoint`` with a score) keeps the best score in memory only: after a restart the
-    first validation always overwrites ``model.pt``, even with a worse model. This one, when an evaluation starts
-    and it has saved nothing yet in this process, takes the best score from the evaluator's state, where
+    first validation always overwrites ``model.pt``, even with a worse model. This one, when the first evaluation of
+    this process starts, takes the best score from the evaluator's state, where
     :class:`ResumeHandler` restored ``best_metric`` / ``best_metric_epoch`` / ``best_metric_iteration`` from the
     resumable checkpoint, through MONAI's own ``load_state_dict``. ``model.pt`` is then replaced only by a strictly
     better validation (``key_metric_greater_or_equal=False``), and ``checkpoint.pt``'s best metric keeps describing it.
@@ -323,15 +323,18 @@ class BestModelSaver(CheckpointSaver):
         )
         self.path = Path(save_dir) / key_metric_filename
         self.sign = -1.0 if key_metric_negative_sign else 1.0
+        self.restore_pending = True  # until the first evaluation of this process starts
 
     def attach(self, engine: Engine) -> None:
         super().attach(engine)
         engine.add_event_handler(Events.STARTED, self.restore_best)
 
     def restore_best(self, engine: Engine) -> None:
-        """Seed the saver's best score from ``engine.state`` once, before this process saved any model."""
-        if self._key_metric_checkpoint.state_dict()["_saved"]:
+        """Seed the saver's best score from ``engine.state`` at the first evaluation of this process, before the
+        saver compared any score (MONAI's saver tells nothing of its record, so the first start is the marker)."""
+        if not self.restore_pending:
             return
+        self.restore_pending = False
         state = engine.state
         epoch, best = getattr(state, "best_metric_epoch", None), getattr(state, "best_metric", None)
         if epoch is None or best is None or int(epoch) < 1:

@@ -14,7 +14,7 @@ Modules, each one concern:
   datalist has none), ``MissingDatalist``, ``require_datalist``.
 - ``partition``: ``partition_for_rank``, ``split_for_rank``, ``check_shard_sizes`` (sizes fail before caching).
 - ``datasets``: ``build_dataset`` (the one place that builds training datasets), ``EpochShuffleSampler``,
-  ``rotate_smart_cache``, ``ResumableSmartCacheHandler``.
+  ``ResumableSmartCacheDataset`` / ``ResumableSmartCacheHandler`` (a smart cache that resumes at its window).
 - ``sources``: ``batch_filenames``, ``item_sources``, ``SourceNamingCompose`` / ``DataItemError``.
 - ``compact_cache``: ``CompactCropForegroundd``, ``RandCompactSpatialCropSamplesd``, ``IntensityScaler``,
   ``compact_nbytes``: the recipe's crops from a compact cache.
@@ -40,7 +40,13 @@ from ..lazy import lazy_names
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "datalists": ("MissingDatalist", "load_datalist", "load_split", "require_datalist"),
     "partition": ("check_shard_sizes", "partition_for_rank", "split_for_rank"),
-    "datasets": ("EpochShuffleSampler", "ResumableSmartCacheHandler", "build_dataset", "data_pipeline", "rotate_smart_cache"),
+    "datasets": (
+        "EpochShuffleSampler",
+        "ResumableSmartCacheDataset",
+        "ResumableSmartCacheHandler",
+        "build_dataset",
+        "data_pipeline",
+    ),
     "sources": ("DataItemError", "SourceNamingCompose", "batch_filenames", "item_sources"),
     "compact_cache": (
         "COMPACT_SUFFIX",

@@ -5,6 +5,7 @@
 - ``probe``: ``LinearProbe``, the finetuning bundles' test of a pretrained encoder alone.
 - ``attention``: ``FusedWindowAttention`` (the fused attention kernel in MONAI's window attention).
 - ``step_memory``: activation checkpointing decided from a step's memory (``checkpointing_decision``).
+- ``wrappers``: ``unwrap`` (the network under its DDP, DataParallel and ``torch.compile`` wrappers).
 
 The recipes' heads live in :mod:`components.recipes`. The names are re-exported here and in ``components``.
 """
@@ -19,5 +20,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "probe": ("LinearProbe",),
     "step_memory": ("checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"),
     "swin": ("check_roi_size", "prepare_network", "swin_vit"),
+    "wrappers": ("unwrap",),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)

@@ -136,6 +136,7 @@ def _memory_efficient_attention(
             bias = F.pad(bias, (0, _BIAS_ALIGNMENT - columns % _BIAS_ALIGNMENT))[..., :columns]
         bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
     log_sumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    # on meta tensors the public scaled_dot_product_attention picks its math kernel; this op saves what CUDA's does
     return torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, bias, log_sumexp, dropout_p, is_causal, scale=scale)[0]  # fmt: skip
 
@@ -177,7 +178,7 @@ def saved_activation_bytes(
     keep: list[torch.Tensor] = []  # alive until counted, so that ids are not reused
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        base = tensor if tensor._base is None else tensor._base  # views saved twice share one storage
+        base = tensor if tensor._base is None else tensor._base  # views share their base (no public accessor of it)
         keep.append(base)
         sizes[id(base)] = base.numel() * base.element_size()
         return tensor

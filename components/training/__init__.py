@@ -3,7 +3,7 @@
 - ``trainer``, ``evaluator``: ``PretrainingTrainer`` / ``PretrainingEvaluator`` (one MONAI engine each for every
   recipe); ``recipe``: the ``Recipe`` protocol they run and the steps they share.
 - ``non_finite``: ``StopOnNonFiniteLoss`` (any trainer); ``seeding``: ``ReseedEachEpoch`` (any trainer), ``epoch_seed``;
-  ``log_interval``: ``log_filter``; ``wrappers``: ``unwrap`` (the network under DDP and compile).
+  ``log_interval``: ``log_filter``.
 - ``loader``: ``PersistentWorkerLoader`` (workers kept for the run, reseeded per epoch), ``default_num_workers``.
 - ``encoder_lr``: ``encoder_param_groups`` (layer-wise rates of the encoder), ``FreezeEncoder``.
 - ``compilation``: ``CompileMonitor``; ``allocator``: ``tune_allocator``.

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from ...training.encoder_lr import encoder_param_groups
-from ...training.wrappers import unwrap
+from ...networks.wrappers import unwrap
 from ...networks.swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
 
 __all__ = ["SwinViTEmbedding", "ProjectionHead", "SelfDistillationNetwork", "weight_decay_groups"]
