@@ -4,7 +4,7 @@ as JSON.
 
 Each seed runs ``python -m components demo --out <work>/seed<N> --seed N`` under ``/usr/bin/time -v`` (the largest
 process's peak RSS) and keeps the demo's ``summary.json``. A seed already recorded at this commit is skipped, so that
-a stopped measurement resumes. The machine's load is recorded before each seed: a timing is a measurement only when
+a stopped measurement resumes; the seeds of another commit move under ``earlier``. The machine's load is recorded before each seed: a timing is a measurement only when
 nothing else ran. Other keys of the results file (earlier trials) are kept.
 
 Example::
@@ -65,7 +65,10 @@ def measure(seeds: list[int], work: Path, extra: list[str]) -> dict:
     """Runs every seed not yet recorded at this commit and writes the results file after each."""
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     commit = git_commit()
-    if results.get("commit") != commit:  # a new measurement: the earlier seeds describe other code
+    if results.get("commit") != commit:  # a new measurement; the earlier one is kept under its commit
+        if results.get("seeds"):
+            earlier = {key: results[key] for key in ("seeds", "machine", "date") if key in results}
+            results.setdefault("earlier", {})[results.get("commit", "unknown")] = earlier
         results.update({"benchmark": "demo_seeds", "commit": commit, "seeds": {}})
     results["machine"] = machine_info()
     results["date"] = time.strftime("%Y-%m-%d")

@@ -276,6 +276,7 @@ def test_demo_seeds_resumes_at_the_same_commit_and_tabulates(tmp_path, monkeypat
     monkeypatch.setattr(demo_seeds, "run_seed", fake_run)
     first = demo_seeds.measure([0, 1], tmp_path, [])
     assert ran == [0, 1] and first["budget_trials"] == {"kept": 1}  # another commit's seeds are measured again
+    assert first["earlier"] == {"old": {"seeds": {"0": {}}}}  # and kept under their commit
     demo_seeds.measure([1, 2], tmp_path, [])
     assert ran == [0, 1, 2]  # seed 1 was recorded at this commit
     rows = demo_seeds.table(json.loads(results.read_text())).splitlines()
