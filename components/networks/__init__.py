@@ -1,6 +1,6 @@
 """Networks: what every recipe and bundle shares about the network.
 
-- ``swin``: the Swin ViT encoder in ``SwinUNETR``'s configuration (``swin_vit``), ``check_roi_size``,
+- ``swin``: the Swin ViT encoder in ``SwinUNETR``'s configuration (``SwinViTSettings``), ``check_roi_size``,
   ``check_stages`` and ``prepare_network``, which every bundle's ``network`` goes through.
 - ``probe``: ``LinearProbe``, the finetuning bundles' test of a pretrained encoder alone.
 - ``attention``: ``FusedWindowAttention`` (the fused attention kernel in MONAI's window attention).
@@ -18,6 +18,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "attention": ("FusedWindowAttention", "use_fused_attention"),
     "probe": ("LinearProbe",),
     "step_memory": ("checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"),
-    "swin": ("check_roi_size", "prepare_network", "swin_vit"),
+    "swin": ("SwinViTSettings", "check_roi_size", "network_parameters", "prepare_network"),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
