@@ -38,9 +38,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import ignite.distributed as idist
 
-from ..distributed import all_reduce_mean, collective_device, get_rank, get_world_size, is_distributed
 from .check_entries import CheckOptions, EntryChecker, as_tuple, will_be_padded
 from .check_files import is_image_path
 from .check_report import WARNING, DataCheckError, DataReport
@@ -261,7 +260,7 @@ def check_before_caching(
     if keys is None:
         first = next((e for e in unique if isinstance(e, Mapping)), {})
         keys = tuple(k for k, v in first.items() if is_image_path(v)) or ("image",)
-    rank = get_rank()
+    rank = idist.get_rank()
     report = check_items(
         unique,
         keys=keys,
@@ -285,11 +284,10 @@ def check_before_caching(
     if padded:
         logger.warning("rank %d: %d of %d volumes are smaller than roi_size and will be padded, e.g. %s", rank,
                        len(padded), len(unique), padded[0].format())  # fmt: skip
-    where = f"{context} (rank {rank})" if is_distributed() else context
+    where = f"{context} (rank {rank})" if idist.get_world_size() > 1 else context
     failed_ranks = 1 if report.errors else 0
-    if sync and is_distributed() and get_world_size() > 1:
-        flag = torch.tensor(float(bool(report.errors)), device=collective_device())
-        failed_ranks = int(round(float(all_reduce_mean(flag)) * get_world_size()))
+    if sync and idist.get_world_size() > 1:
+        failed_ranks = int(idist.all_reduce(failed_ranks))  # the ranks with errors, this one included
     report.raise_if_errors(where)
     if failed_ranks:
         raise DataCheckError(
