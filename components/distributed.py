@@ -21,18 +21,11 @@ import torch.distributed as dist
 from ignite.distributed import get_rank, get_world_size
 
 __all__ = [
-    "TORCHRUN_ENV_VARS",
-    "RankBatches",
-    "agent_store",
     "all_gather_with_grad",
     "all_reduce_mean",
     "barrier",
-    "check_equal_shapes",
     "cleanup_distributed",
-    "default_backend",
     "device_for_rank",
-    "get_local_rank",
-    "get_local_world_size",
     "get_rank",
     "get_world_size",
     "init_distributed",

@@ -35,6 +35,16 @@ from .layouts import (
     source_name,
 )
 
+__all__ = [
+    "OVERRIDE_IDS",
+    "PRETRAINED_ARCH",
+    "SwinArchitecture",
+    "adopt_architecture",
+    "build_for_weights",
+    "check_architecture",
+    "infer_architecture",
+]
+
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
 #: what ``pretrained_arch`` may say: ``"config"`` (the configured network must fit the checkpoint) or ``"auto"``

@@ -33,6 +33,8 @@ from .training_state import (
     save_atomic,
 )
 
+__all__ = ["BestModelSaver", "ResumableCheckpointSaver"]
+
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
 class ResumableCheckpointSaver:

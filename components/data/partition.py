@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from .synthetic import split_sizes
 from .datalists import MissingDatalist
 
-__all__ = ["check_shard_sizes", "partition_for_rank", "shard_indices", "split_for_rank"]
+__all__ = ["check_shard_sizes", "partition_for_rank", "split_for_rank"]
 
 CACHE_MODES = ("full", "smart", "none", "disk")
 

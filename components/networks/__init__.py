@@ -13,11 +13,5 @@ from __future__ import annotations
 
 from ..lazy import lazy_names
 
-# module -> the public names it provides here
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "attention": ("FusedWindowAttention", "use_fused_attention"),
-    "probe": ("LinearProbe",),
-    "step_memory": ("checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"),
-    "swin": ("SwinViTSettings", "check_roi_size", "network_parameters", "prepare_network"),
-}
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+# the modules whose public names (each one's __all__) are offered here
+__getattr__, __dir__ = lazy_names(__name__, modules=("attention", "probe", "step_memory", "swin"))

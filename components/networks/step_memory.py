@@ -43,15 +43,7 @@ from .attention import FusedWindowAttention
 from ..config.values import as_bool
 from ..distributed import get_local_world_size
 
-__all__ = [
-    "StepMemory",
-    "checkpointing_decision",
-    "estimate_step_memory",
-    "free_memory_bytes",
-    "local_ranks_sharing",
-    "saved_activation_bytes",
-    "set_checkpointing",
-]
+__all__ = ["checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"]
 
 logger = logging.getLogger(__name__)
 

@@ -21,17 +21,7 @@ from .attention import use_fused_attention
 from ..config.values import as_bool
 from .step_memory import checkpointing_decision, set_checkpointing
 
-__all__ = [
-    "prepare_network",
-    "SwinViTSettings",
-    "network_parameters",
-    "check_stages",
-    "DEFAULT_WINDOW",
-    "DEFAULT_DEPTHS",
-    "DEFAULT_NUM_HEADS",
-    "SPATIAL_REDUCTION",
-    "check_roi_size",
-]
+__all__ = ["SwinViTSettings", "check_roi_size", "network_parameters", "prepare_network"]
 
 #: total downsampling of the encoder: patch embedding (2) times four patch-merging stages (2**4).
 SPATIAL_REDUCTION: int = 32

@@ -14,7 +14,7 @@ from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
 
 
-__all__ = ["ReseedEachEpoch", "epoch_seed", "reseed_data"]
+__all__ = ["ReseedEachEpoch"]
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:

@@ -30,7 +30,7 @@ from ...errors import UserError
 
 from .format import chunk_numbers, decode, frame_problem, open_array
 
-__all__ = ["OPEN_ARRAYS", "StoreReadError", "StoredArray"]
+__all__ = ["StoreReadError", "StoredArray"]
 
 #: opened arrays a process keeps (memory-mapped files: a few kB each)
 OPEN_ARRAYS = 256
