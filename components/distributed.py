@@ -1,10 +1,10 @@
 """What this package needs of ``torch.distributed`` beyond ``ignite.distributed``: the one module that calls it.
 
-Rank, world size, broadcast, all-reduce of plain values and barriers without a GPU to name come from
-``ignite.distributed`` (``idist``) at the call sites; ``get_rank`` and ``get_world_size`` are ignite's, re-exported
-because the bundle configs call ``components.get_rank()``. What is here, each function says why: the process group's
-start from torchrun's environment (with a per-attempt store after a restart) and its end, the device of a rank before
-any group exists, the autograd-aware gather of the pretraining losses, and the mean of per-rank values for the logs.
+Rank, world size, broadcast and the all-reduce of plain values come from ``ignite.distributed`` (``idist``) at the
+call sites; ``get_rank`` and ``get_world_size`` are ignite's, re-exported because the bundle configs call
+``components.get_rank()``. What is here, each function says why: the process group's start from torchrun's environment
+(with a per-attempt store after a restart) and its end, a barrier that names the GPU, the device of a rank before any
+group exists, the autograd-aware gather of the pretraining losses, and the mean of per-rank values for the logs.
 
 Every function degrades to single-process behaviour when no process group is initialised (gathers and reductions
 return their input, barriers return at once), so the same code path runs under ``python -m ...`` and ``torchrun``.
