@@ -644,8 +644,8 @@ def test_a_dataloader_reads_the_store_in_worker_processes(ssl_store):
     volumes = [(e["id"], store.source(e)) for e in store.entries]
     for rank in range(2):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("components.data.partition.get_rank", lambda: rank)
-            patch.setattr("components.data.partition.get_world_size", lambda: 2)
+            patch.setattr("ignite.distributed.get_rank", lambda: rank)
+            patch.setattr("ignite.distributed.get_world_size", lambda: 2)
             shard = StoreDataset(store, shard=True, seed=3)
         assert list(shard.data) == partition_for_rank(volumes, seed=3, rank=rank, world_size=2) and len(shard) == 2
 

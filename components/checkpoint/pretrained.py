@@ -43,6 +43,8 @@ from .layouts import (
     source_name,
 )
 
+__all__ = ["PretrainedLoader", "check_pretrained", "convert_state_dict", "load_pretrained"]
+
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
 #: the bundle config ids of the loader's options, as its messages name them by default (``--training#channel_policy

@@ -26,6 +26,8 @@ from .training_state import (
     restore_schedule,
 )
 
+__all__ = ["ResumeHandler", "check_resume", "resolve_resume"]
+
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
 class ResumeHandler:

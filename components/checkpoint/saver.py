@@ -13,13 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
+import torch
 from ignite.engine import Engine, Events
 from monai.handlers import CheckpointSaver
 from torch import nn
 
 from ..config.values import is_null
 from ..files import temp_prefix
-from ..distributed import broadcast_from_rank0, get_rank
 from ..networks.wrappers import unwrap
 from .training_state import (
     RESUME_FORMAT,
@@ -31,6 +32,8 @@ from .training_state import (
     register_checkpoint_events,
     save_atomic,
 )
+
+__all__ = ["BestModelSaver", "ResumableCheckpointSaver"]
 
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
@@ -192,11 +195,12 @@ class ResumableCheckpointSaver:
         now = self.clock()
         self._clock = (iteration, now)
         per_iteration = (now - start) / max(iteration - start_iteration, 1)
-        per_iteration, left = broadcast_from_rank0([per_iteration, self.time_interval_s - (now - self._last_save_time)])
+        measured = torch.tensor([per_iteration, self.time_interval_s - (now - self._last_save_time)], dtype=torch.float64)
+        per_iteration, left = idist.broadcast(measured, src=0).tolist()
         return per_iteration, left
 
     def _remove_stale_temps(self, engine: Engine | None = None) -> None:
-        if get_rank() > 0 or not self.path.parent.is_dir():
+        if idist.get_rank() > 0 or not self.path.parent.is_dir():
             return
         for leftover in self.path.parent.glob(f"{temp_prefix(self.path)}*.tmp"):
             try:
@@ -266,7 +270,7 @@ class ResumableCheckpointSaver:
         ``CheckpointEvents.BEFORE_SAVE`` on every rank first (a non-finite-loss guard raises there)."""
         register_checkpoint_events(engine)
         engine.fire_event(CheckpointEvents.BEFORE_SAVE)
-        if get_rank() > 0:
+        if idist.get_rank() > 0:
             return None
         marker = (engine.state.iteration, *(self._best() if self.evaluator is not None else ()))
         if marker == self._last_saved and self.path.exists():

@@ -18,6 +18,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from ..config.values import is_null
 from ..files import atomic_write
 
+__all__ = ["RESUME_FORMAT", "CheckpointEvents", "register_checkpoint_events", "restore_schedule", "save_atomic"]
+
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:

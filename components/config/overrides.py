@@ -17,7 +17,7 @@ from ..errors import ConfigError
 
 from .running import RunningBundle, running_bundle
 
-__all__ = ["KNOB_GROUPS", "check_overrides", "defined_overrides"]
+__all__ = ["check_overrides", "defined_overrides"]
 
 #: the groups of knobs a user rarely touches; their members are checked like top-level ids (an override of a member
 #: of another id, such as ``network_def#depths``, is an argument of that component and may add one).

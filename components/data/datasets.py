@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 import numpy as np
 from ignite.engine import Engine
 from monai.data import CacheDataset, Dataset, SmartCacheDataset
@@ -24,7 +25,7 @@ from monai.transforms import Compose, LoadImaged
 from torch.utils.data import DistributedSampler
 
 from ..config.values import optional_path
-from ..distributed import barrier, get_rank, get_world_size
+from ..distributed import barrier
 from .check import check_before_caching
 from .datalists import MissingDatalist
 from .partition import check_shard_sizes, partition_for_rank
@@ -86,7 +87,7 @@ def build_dataset(
     """
     if isinstance(data, MissingDatalist):  # parsing the bundle without data: nothing to read (see load_split)
         return Dataset(data, transform)
-    world_size = get_world_size() if partition else 1
+    world_size = idist.get_world_size() if partition else 1
     check_shard_sizes(len(data), world_size, batch_size, cache, cache_num, list_name=list_name, source=source)
     if not isinstance(transform, SourceNamingCompose):
         transform = SourceNamingCompose(transform if isinstance(transform, Compose) else Compose(transform))
@@ -100,12 +101,12 @@ def build_dataset(
         dataset = training_store(store, data, transform, shard=partition, seed=seed, on_read_error=on_read_error,
                                  batch_size=batch_size, source=str(source), source_root=source_root,
                                  source_check=source_check)  # fmt: skip
-        logger.info("rank %d: %d/%d volumes read from the store %s (cache=disk)", get_rank(), len(dataset), len(data), store)
+        logger.info("rank %d: %d/%d volumes read from the store %s (cache=disk)", idist.get_rank(), len(dataset), len(data), store)
         return dataset
     shard = partition_for_rank(data, seed=seed) if partition else list(data)
     check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels, pixdim=pixdim,
                          context=list_name, source=str(source))
-    show = progress and get_rank() == 0
+    show = progress and idist.get_rank() == 0
     workers = max(int(num_workers), 1)
     if cache == "full":
         dataset = CacheDataset(shard, transform, cache_rate=cache_rate, num_workers=workers, progress=show)
@@ -118,11 +119,11 @@ def build_dataset(
             num_init_workers=workers,
             num_replace_workers=workers,
             progress=show,
-            seed=seed + get_rank(),
+            seed=seed + idist.get_rank(),
         )
     else:
         dataset = Dataset(shard, transform)
-    logger.info("rank %d: dataset of %d/%d volumes (cache=%s)", get_rank(), len(shard), len(data), cache)
+    logger.info("rank %d: dataset of %d/%d volumes (cache=%s)", idist.get_rank(), len(shard), len(data), cache)
     barrier()
     return dataset
 

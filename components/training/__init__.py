@@ -24,33 +24,12 @@ from __future__ import annotations
 
 from ..lazy import lazy_names
 
-# module -> the public names it provides here
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "allocator": ("tune_allocator",),
-    "compilation": ("CompileMonitor", "compiled_graphs"),
-    "encoder_lr": ("FreezeEncoder", "encoder_param_groups"),
-    "evaluator": ("PretrainingEvaluator",),
-    "health": ("HealthReport", "Signal", "embedding_signals"),
-    "health_handler": ("HealthHandler", "health_crops", "recipe_health"),
-    "loader": ("PersistentWorkerLoader", "default_num_workers"),
-    "log_interval": ("log_filter",),
-    "non_finite": ("NonFiniteLossError", "StopOnNonFiniteLoss"),
-    "progress": ("StatsWithEta", "VolumeProgress"),
-    "quiet": ("install_filters", "log_from_rank_zero"),
-    "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
-    "read_errors": ("SkippedReads",),
-    "recipe": ("Recipe",),
-    "seeding": ("ReseedEachEpoch",),
-    "segmentation": (
-        "PerClassMetrics",
-        "balanced_class_weights",
-        "brats_labels_from_regions",
-        "loss_class_weights",
-        "per_class_means",
+# the modules whose public names (each one's __all__) are offered here
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    modules=(
+        "allocator", "compilation", "encoder_lr", "evaluator", "health", "health_handler", "loader", "log_interval",
+        "non_finite", "progress", "quiet", "rankme", "read_errors", "recipe", "seeding", "segmentation", "settings",
+        "setting_types", "trainer", "validation",
     ),
-    "settings": ("check_accumulation_steps", "check_settings", "rotation_axes"),
-    "setting_types": ("BUNDLE_SETTINGS", "Device", "check_setting_types"),
-    "trainer": ("PretrainingTrainer",),
-    "validation": ("FinalValidationHandler",),
-}
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+)  # fmt: skip

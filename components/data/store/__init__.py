@@ -34,14 +34,5 @@ from __future__ import annotations
 
 from ...lazy import lazy_names
 
-# submodule -> the public names it provides here
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "dataset": ("ON_READ_ERROR", "SOURCE_CHECKS", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint",
-                "training_store"),
-    "handle": ("StoreReadError", "StoredArray"),
-    "index": ("StoreError", "transforms_fingerprint"),
-    "preprocessing": ("PreprocessSummary", "VolumeFailedError", "preprocess"),
-    "transforms": ("build_transforms", "bundle_crop_size", "bundle_transforms"),
-    "crops": ("StoreRandCropByPosNegLabeld", "StoreRandSpatialCropSamplesd", "store_crops"),
-}
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+# the modules whose public names (each one's __all__) are offered here; the others are the store's machinery
+__getattr__, __dir__ = lazy_names(__name__, modules=("crops", "dataset", "handle", "index", "preprocessing", "transforms"))

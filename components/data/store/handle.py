@@ -31,7 +31,7 @@ from ...errors import UserError
 from .format import chunk_numbers, decode
 from .mapped import FrameError, MappedArray
 
-__all__ = ["OPEN_ARRAYS", "StoreReadError", "StoredArray"]
+__all__ = ["StoreReadError", "StoredArray"]
 
 #: opened arrays a process keeps (memory-mapped files: a few kB each)
 OPEN_ARRAYS = 256
