@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -425,19 +426,51 @@ def test_gpu_health_enlarge_keeps_the_field_of_view(tmp_path):
 
 
 def test_gpu_health_records_why_a_recipe_has_no_verdict(tmp_path):
-    """A share under the least a recipe starts with skips it, and a recipe still running at the end of its share is
-    killed (or, on a fast machine, finds that no run fits after its calibration): each is recorded with its reason
-    and no verdict, and the JSON is written all the same."""
+    """A share under the least a recipe starts with skips it, with its reason and no verdict, and the JSON is written
+    all the same."""
     skipped = _run("gpu_health.py", "--small", "--budget_s", "15", "--out_dir", str(tmp_path), timeout=300)
     assert skipped["complete"] is False and list(skipped["recipes"]) == ["ssl", "dino", "mim"]
+    assert json.loads((tmp_path / "gpu_health_cpu_small.json").read_text()) == skipped
     for entry in skipped["recipes"].values():
         assert entry["status"] == "skipped" and entry["verdict"] is None
         assert re.fullmatch(r"needs at least 20 s; its share of the \d+ s left is \d+ s", entry["reason"])
-    cut = _run("gpu_health.py", "--small", "--recipes", "ssl", "--budget_s", "30", "--out_dir", str(tmp_path), timeout=300)
-    entry = cut["recipes"]["ssl"]
-    assert cut["complete"] is False and entry["verdict"] is None and entry["history"] == []
-    assert entry["wall_s"] <= entry["share_s"] + 5 and cut["wall_s"] <= 30 + 5
-    if entry["status"] == "timed_out":
-        assert entry["reason"].startswith("still running at the end of its share")
-    else:
-        assert entry["status"] == "failed" and entry["reason"].startswith("RuntimeError: does not fit: one epoch")
+
+
+def test_gpu_health_a_run_that_cannot_fit_fails_with_its_prediction(tmp_path):
+    """A recipe whose calibration leaves no time for one epoch (here: its deadline is when it starts) raises before the
+    run, and its part records the prediction that did not fit in one line; the exit code says it failed."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from gpu_health import SETTINGS, write_corpus
+
+    write_corpus(tmp_path / "corpus", SETTINGS["small"]["subjects"], SETTINGS["small"]["min_size"])
+    partial = tmp_path / "ssl.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu_health.py"), "--small", "--_recipe", "ssl", "--_partial", str(partial),
+         "--_deadline", str(time.time()), "--_work", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    record = json.loads(partial.read_text())
+    [error] = record["errors"]
+    assert re.fullmatch(r"RuntimeError: does not fit: one epoch is predicted at \d+ s \(\d+ s of start-up, "
+                        r"[0-9.]+ s per iteration x 4\) and -\d+ s of the share are left", error), error  # fmt: skip
+    assert record["calibration"]["epochs"] == 2 and "plan" not in record and not (tmp_path / "ssl_main").exists()
+
+
+def test_a_part_still_running_at_the_end_of_its_share_is_killed_with_its_children(tmp_path):
+    """run_in_share kills the part's whole process group at the end of its share (a loader worker must not outlive
+    it) and says so; what the part had recorded is kept."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from gpu_timing import run_in_share
+
+    partial, pids = tmp_path / "part.json", tmp_path / "pids"
+    part = (f"import json, os, subprocess, sys, time; json.dump({{'figure': 1}}, open({str(partial)!r}, 'w')); "
+            f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+            f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}'); time.sleep(300)")  # fmt: skip
+    entry = run_in_share([sys.executable, "-c", part], partial, 3.0, tmp_path / "log", "part", tmp_path)
+    assert entry["status"] == "timed_out" and entry["reason"] == "still running at the end of its share (3 s); killed"
+    assert entry["share_s"] == 3.0 and 3.0 <= entry["wall_s"] < 10 and entry["figure"] == 1
+    for pid in map(int, pids.read_text().split()):  # gone, or a zombie its new parent has not reaped yet
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "\nState:\tZ" in status.read_text()
+    assert "===== part: share 3 s =====" in (tmp_path / "log").read_text()
