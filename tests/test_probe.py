@@ -71,11 +71,11 @@ def test_each_scale_is_standardised_before_its_convolution_and_norms_learn_nothi
     for head in probe.heads:
         head.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))
     probe.train()
-    probe(torch.rand(2, 1, 64, 64, 64))
+    probe(torch.rand(2, 1, 64, 64, 64, generator=torch.Generator().manual_seed(0)))
     assert len(seen) == 5
     for features in seen:  # per channel over the batch and the voxels: mean 0, variance 1 (biased, as batch norm)
         dims = [0, *range(2, features.ndim)]
-        torch.testing.assert_close(features.mean(dims), torch.zeros(features.shape[1]), atol=1e-5, rtol=0)
+        torch.testing.assert_close(features.mean(dims), torch.zeros(features.shape[1]), atol=1e-4, rtol=0)
         torch.testing.assert_close(features.var(dims, unbiased=False), torch.ones(features.shape[1]), atol=2e-3, rtol=0)
     assert not any(p.requires_grad for p in probe.norms.parameters()) and not list(probe.norms.parameters())
     assert all(norm.running_mean.abs().sum() > 0 for norm in probe.norms)  # the statistics eval mode will use
