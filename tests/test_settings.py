@@ -10,7 +10,7 @@ import torch
 from monai.bundle import ConfigParser
 
 from components import check_overrides, check_settings, defined_overrides, rot_rand, rotation_axes
-from components.config.running import RunningBundle, running_bundle
+from components.config.running import RunningBundle, parse_command_line, running_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -133,11 +133,17 @@ def test_ids_of_every_config_file_given_are_known():
         _check({"dist_backend": "gloo"}, TRAIN)
 
 
-def test_monai_workflow_creation_stops_at_initialize_on_a_moved_id(tmp_path):
-    """Where the defect showed: MONAI's create_workflow (behind `python -m monai.bundle run` and monai.bundle.load)
-    with a 0.2.0 override; the bundle's initialize stops it, before any data is read."""
+MONAI_MAIN = str(Path(__import__("monai.bundle").bundle.__file__).with_name("__main__.py"))
+
+
+def test_monai_workflow_creation_stops_at_initialize_on_a_moved_id(tmp_path, monkeypatch):
+    """Where the defect showed: ``python -m monai.bundle run ... --val_interval 1`` (its command line in sys.argv,
+    MONAI's create_workflow called as ``run`` calls it) with a 0.2.0 override; the bundle stops it at initialize,
+    before any data is read."""
     from monai.bundle.scripts import create_workflow
 
+    monkeypatch.setattr("sys.argv", [MONAI_MAIN, "run", "--config_file", str(TRAIN), "--dataset_dir", str(tmp_path),
+                                     "--val_interval", "1"])  # fmt: skip
     with pytest.raises(RuntimeError) as err:  # MONAI wraps what an initialize expression raises
         create_workflow(config_file=str(TRAIN), workflow_type="train", logging_file=False,
                         dataset_dir=str(tmp_path), val_interval=1)  # fmt: skip
@@ -145,44 +151,43 @@ def test_monai_workflow_creation_stops_at_initialize_on_a_moved_id(tmp_path):
     assert "run with --training#val_interval instead" in str(err.value.__cause__)
 
 
-def test_running_bundle_reads_the_files_and_overrides_monai_was_given(tmp_path):
-    """running_bundle() under create_workflow: the config files in order, and only the overrides (not MONAI's own
-    arguments such as workflow_type or logging_file)."""
-    from monai.bundle.scripts import create_workflow
-
-    config = {"imports": ["$import sys", "$from components.config.running import running_bundle"], "x": 1,
-              "initialize": [f"$sys.modules[{__name__!r}].SEEN.append(running_bundle())"]}
-    path = tmp_path / "configs" / "probe.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(config))
-    SEEN.clear()
-    create_workflow(config_file=[str(path)], workflow_type=None, logging_file=False, x=2)
-    (bundle,) = SEEN
-    assert bundle.config_files == (path,) and dict(bundle.overrides) == {"x": 2}
+def test_the_command_line_gives_the_files_in_order_and_only_the_overrides(tmp_path):
+    """parse_command_line reads MONAI's ``run`` command line as python-fire hands it over: a list of config files,
+    values parsed (JSON lists, numbers, bare flags True), MONAI's own arguments left out of the overrides."""
+    files = [str(tmp_path / "configs" / "a.json"), str(tmp_path / "configs" / "b.json")]
+    argv = [MONAI_MAIN, "run", "--config_file", json.dumps(files), "--meta_file", "m.json", "--logging_file=l.conf",
+            "--roi_size", "[64,32,32]", "--training#seed", "3", "--intensity_range", "[-175, 250]", "--debug",
+            "--speed#amp", "false", "--nocheck"]  # fmt: skip
+    bundle = parse_command_line(argv)
+    assert bundle.config_files == tuple(Path(f) for f in files) and bundle.tracking is None
+    assert dict(bundle.overrides) == {"roi_size": [64, 32, 32], "training#seed": 3, "intensity_range": [-175, 250],
+                                      "debug": True, "speed#amp": "false", "check": False}  # fmt: skip
     assert bundle.folder == tmp_path.resolve()
-    assert running_bundle() is None  # no workflow is being created now
+    assert parse_command_line([MONAI_MAIN, "verify_metadata", "--meta_file", "m.json"]) is None
+    assert parse_command_line(["/usr/bin/pytest", "run", "--config_file", files[0]]) is None
+    assert running_bundle() is None  # this process is pytest, no bundle run
 
 
-def test_running_bundle_keeps_the_tracking_settings_and_their_ids_pass(tmp_path):
+def test_an_args_file_gives_defaults_the_command_line_overrides(tmp_path):
+    """``--args_file``: its pairs are the defaults MONAI merges the command line onto (config_file among them)."""
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"config_file": "configs/train.json", "max_epochs": 5, "batch_size": 2}))
+    bundle = parse_command_line([MONAI_MAIN, "run", "--args_file", str(args), "--max_epochs", "7"])
+    assert bundle.config_files == (Path("configs/train.json"),)
+    assert dict(bundle.overrides) == {"max_epochs": 7, "batch_size": 2}
+
+
+def test_the_tracking_settings_ids_pass(tmp_path):
     """``--tracking mlflow --experiment_name e``: MONAI adds the tracking settings' ids (experiment_name, run_name,
     ...) to the config, so the check knows them; without the tracking they name no id."""
-    from monai.bundle.scripts import create_workflow
-
-    config = {"imports": ["$import sys", "$from components.config.running import running_bundle"],
-              "output_dir": str(tmp_path / "eval"), "initialize": [f"$sys.modules[{__name__!r}].SEEN.append(running_bundle())"]}  # fmt: skip
-    path = tmp_path / "probe.json"
-    path.write_text(json.dumps(config))
-    SEEN.clear()
-    create_workflow(config_file=str(path), workflow_type=None, logging_file=False, tracking="mlflow", experiment_name="e")
-    (bundle,) = SEEN
+    bundle = parse_command_line([MONAI_MAIN, "run", "--config_file", str(TRAIN), "--tracking", "mlflow",
+                                 "--experiment_name", "e"])  # fmt: skip
     assert bundle.tracking == "mlflow" and dict(bundle.overrides) == {"experiment_name": "e"}
+    check_overrides(bundle)
     check_overrides(RunningBundle((TRAIN,), {"experiment_name": "e", "run_name": "r"}, "mlflow"))
     check_overrides(RunningBundle((TRAIN,), {"experiment_name": "e"}, {"configs": {"experiment_name": "x"}}))
     with pytest.raises(ValueError, match="^--experiment_name names no id"):
         _check({"experiment_name": "e"})
-
-
-SEEN: list = []
 
 
 # ------------------------------------------------------------------ 90-degree rotations keep the crop shape

@@ -1,7 +1,8 @@
 """Config: what the bundle configs hand to the code, read before any work.
 
 - ``values``: ``as_bool``, ``optional_path``, ``require_file`` (config values as the code needs them).
-- ``running``: ``running_bundle``: the config files and overrides of the bundle this process runs.
+- ``running``: ``running_bundle``, ``parse_command_line``: the config files and overrides of the ``python -m
+  monai.bundle run`` command line this process was started with.
 - ``overrides``: ``check_overrides``: a command-line override of an id no config has is refused, not added;
   ``defined_overrides``: the overrides one config of a bundle takes.
 - ``kinds``: what a setting accepts (``Flag``, ``Integer``, ``Number``, ``OneOf``, ``ListOf`` ...), said in words.
@@ -17,7 +18,7 @@ from ..lazy import lazy_names
 # module -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "overrides": ("check_overrides", "defined_overrides"),
-    "running": ("RunningBundle", "running_bundle"),
+    "running": ("RunningBundle", "parse_command_line", "running_bundle"),
     "types": ("check_types",),
     "values": ("as_bool", "is_null", "optional_path", "require_file"),
 }

@@ -86,9 +86,9 @@ def _tracking_ids(tracking: str | Mapping[str, Any] | None) -> dict[str, Any]:
 
 def check_overrides(bundle: RunningBundle | None = None) -> None:
     """Stops a run whose overrides name an id that its config files do not define (a misspelt or moved id), before
-    any data is read. A bundle's ``initialize`` calls it without arguments: the config files and the overrides are
-    those ``python -m monai.bundle run`` (or ``monai.bundle.load``) was given (:func:`running_bundle`); nothing is
-    checked for a workflow built otherwise.
+    any data is read. A bundle calls it without arguments when it starts: the config files and the overrides are
+    those of the ``python -m monai.bundle run`` command line (:func:`running_bundle`); nothing is checked for a
+    workflow started from Python, unless ``bundle`` is given.
 
     Top-level ids and members of :data:`KNOB_GROUPS` must exist in the config files; a member of any other id
     (``--network_def#depths [2,2,6,2]``: an argument of that component) may be added.

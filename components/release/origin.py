@@ -17,9 +17,8 @@ before the next expression, which then finds the bundle's copy.
 
 Any other copy, an installed one or the copy of another bundle already imported in the same process, may differ
 (another version, another bundle's edits) and would run the config silently on the wrong code. :func:`report_origin`,
-the first item of every bundle config's ``initialize``, finds the bundle from the config files MONAI is reading
-(:func:`components.config.running.running_bundle`; ``bundle_root`` is the caller's directory under
-``monai.bundle.load``), compares the imported package with the bundle's copy by content (:func:`source_digest`) and
+called when a bundle starts, finds the bundle from the config files of the ``python -m monai.bundle run`` command
+line (:func:`components.config.running.running_bundle`; else ``bundle_root``), compares the imported package with the bundle's copy by content (:func:`source_digest`) and
 refuses a different one in one line naming both. Two bundles carrying the same code share one import.
 
 Importing this module imports neither torch nor MONAI.
@@ -107,14 +106,14 @@ def report_origin(bundle_root: str | os.PathLike = ".") -> Path:
     """Logs ``components <version> from <path>`` (INFO) for the imported package and returns its folder; refuses a run
     on code other than the bundle's own.
 
-    The bundle folder is that of the config files MONAI is reading (:func:`~components.config.running.running_bundle`,
-    whatever the working directory), else ``bundle_root``. When it holds a ``components/`` package (a downloaded
+    The bundle folder is that of the config files on the ``python -m monai.bundle run`` command line
+    (:func:`~components.config.running.running_bundle`, whatever the working directory), else ``bundle_root``. When it holds a ``components/`` package (a downloaded
     bundle) whose source differs from the imported package's (:func:`source_digest`), the run stops. A bundle folder
     without ``components/`` (a bundle inside this repository, run with the installed package) gets the INFO line only.
 
     Args:
-        bundle_root: the configs' ``@bundle_root``, used when no MONAI workflow is being created (a bare
-            ``ConfigParser``).
+        bundle_root: the configs' ``@bundle_root``, used without such a command line (a workflow started from
+            Python).
 
     Raises:
         BundleCodeMismatch: one line naming the bundle's copy and the imported one (versions and paths), and how to
