@@ -71,7 +71,7 @@ def test_no_recompile_after_the_first_epoch_with_validation_and_resume(tmp_path,
     monitor = CompileMonitor()
     trainer = _trainer(_batches(3), True, max_epochs=3, network=network, handlers=[monitor])
     ValidationHandler(validator=evaluator, interval=1, epoch_level=True).attach(trainer)
-    ResumableCheckpointSaver(tmp_path, network, trainer.optimizer).attach(trainer)
+    ResumableCheckpointSaver(tmp_path, {"model": network, "optimizer": trainer.optimizer}).attach(trainer)
     per_epoch: list[int] = []
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: per_epoch.append(compiled_graphs()))
     with caplog.at_level(logging.INFO, logger="components.training.compilation"):
@@ -81,7 +81,7 @@ def test_no_recompile_after_the_first_epoch_with_validation_and_resume(tmp_path,
     assert any("compiling about" in r.getMessage() for r in caplog.records)
 
     resumed = _trainer(_batches(3), True, max_epochs=5, network=network, handlers=[CompileMonitor()])
-    ResumeHandler(tmp_path / "checkpoint.pt", network, resumed.optimizer).attach(resumed)
+    ResumeHandler(tmp_path / "checkpoint.pt", {"model": network, "optimizer": resumed.optimizer}).attach(resumed)
     before = compiled_graphs()
     resumed.run()
     assert resumed.state.epoch == 5 and compiled_graphs() == before  # the cached graphs serve the resumed run

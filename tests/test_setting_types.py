@@ -215,7 +215,7 @@ def test_null_from_a_command_line_reaches_the_readers_as_none():
     from components import ResumableCheckpointSaver, loss_class_weights
     from components.training.recipe import resolve_amp_dtype
 
-    saver = ResumableCheckpointSaver(ckpt_dir="unused", network=torch.nn.Linear(1, 1), epoch_interval="null",
+    saver = ResumableCheckpointSaver(ckpt_dir="unused", to_save={"model": torch.nn.Linear(1, 1)}, epoch_interval="null",
                                      iteration_interval=2, time_interval_s="null")  # fmt: skip
     assert (saver.epoch_interval, saver.iteration_interval, saver.time_interval_s) == (None, 2, None)
     assert loss_class_weights("null", "cpu") is None and loss_class_weights([1, 2], "cpu").tolist() == [1.0, 2.0]
