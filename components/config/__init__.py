@@ -2,7 +2,8 @@
 
 - ``values``: ``as_bool``, ``optional_path``, ``require_file`` (config values as the code needs them).
 - ``running``: ``running_bundle``, ``parse_command_line``: the config files and overrides of the ``python -m
-  monai.bundle run`` command line this process was started with.
+  monai.bundle run`` command line this process was started with; ``run_config_files``: the files a run of a bundle
+  reads (its shared ``common.json`` first), ``check_shared_config``.
 - ``overrides``: ``check_overrides``: a command-line override of an id no config has is refused, not added;
   ``defined_overrides``: the overrides one config of a bundle takes.
 - ``kinds``: what a setting accepts (``Flag``, ``Integer``, ``Number``, ``OneOf``, ``ListOf`` ...), said in words.
@@ -18,7 +19,8 @@ from ..lazy import lazy_names
 # module -> the public names it provides here
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "overrides": ("check_overrides", "defined_overrides"),
-    "running": ("RunningBundle", "parse_command_line", "running_bundle"),
+    "running": ("SHARED_CONFIG", "RunningBundle", "check_shared_config", "parse_command_line", "run_config_files",
+                "running_bundle"),
     "types": ("check_types",),
     "values": ("as_bool", "is_null", "optional_path", "require_file"),
 }

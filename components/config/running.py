@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunningBundle", "parse_command_line", "running_bundle"]
+__all__ = ["SHARED_CONFIG", "RunningBundle", "check_shared_config", "parse_command_line", "run_config_files", "running_bundle"]
+
+#: the config file every bundle's ``train.json`` is read with, first: the settings all the bundles share
+SHARED_CONFIG = "common.json"
 
 #: the ``monai.bundle`` commands that create a workflow from config files (``python -m monai.bundle <command>``)
 WORKFLOW_COMMANDS = ("run", "run_workflow")
@@ -139,3 +142,34 @@ def running_bundle() -> RunningBundle | None:
     """The bundle run of this process's command line (:func:`parse_command_line` of ``sys.argv``): set when the process
     was started as ``python -m monai.bundle run`` (or under ``torchrun``); None otherwise."""
     return parse_command_line(sys.argv)
+
+
+def run_config_files(bundle_dir: str | Path, names: Sequence[str]) -> list[Path]:
+    """The config files of a run of ``names`` (e.g. ``["train.json", "multi_gpu_train.json"]``) in the bundle folder
+    ``bundle_dir``, in MONAI's order: :data:`SHARED_CONFIG` first when the run reads ``train.json`` and the bundle
+    has it (an older bundle has none)."""
+    configs = Path(bundle_dir) / "configs"
+    shared = [SHARED_CONFIG] if "train.json" in names and (configs / SHARED_CONFIG).is_file() else []
+    return [configs / name for name in [*shared, *names]]
+
+
+def check_shared_config(bundle: RunningBundle | None = None) -> None:
+    """Stops a run whose command line reads a bundle's ``train.json`` without its :data:`SHARED_CONFIG` (the command
+    line of a bundle from before the shared settings), naming the command line that reads both; nothing is checked
+    without a command line (:func:`running_bundle`).
+
+    Raises:
+        ConfigError: ``configs/train.json`` given, ``configs/common.json`` beside it but not given.
+    """
+    from ..errors import ConfigError
+
+    bundle = running_bundle() if bundle is None else bundle
+    if bundle is None:
+        return
+    names = [f.name for f in bundle.config_files]
+    shared = bundle.config_files[0].parent / SHARED_CONFIG
+    if "train.json" in names and SHARED_CONFIG not in names and shared.is_file():
+        files = [str(shared), *[str(f) for f in bundle.config_files]]
+        listed = "[" + ",".join(repr(f) for f in files) + "]"
+        raise ConfigError(f"--config_file {' '.join(str(f) for f in bundle.config_files)} leaves out {shared}, which "
+                          f"holds the settings all the bundles share: run with --config_file \"{listed}\".")

@@ -2,8 +2,8 @@
 
 A setting of the wrong type or value (``--training#num_samples 1.5``, ``--speed#compile maybe``, ``--loader#cache
 ful``) used to fail where the code first read it: after the dataset was cached, or deep inside MONAI as a traceback
-naming no setting, or not at all ("false" is a true string). :func:`check_types`, in a bundle's ``initialize`` right
-after :func:`~components.config.overrides.check_overrides`, reads every setting a table of kinds names from the
+naming no setting, or not at all ("false" is a true string). :func:`check_types`, when a bundle starts, right after
+:func:`~components.config.overrides.check_overrides`, reads every setting a table of kinds names from the
 config files and the overrides of the ``python -m monai.bundle run`` command line (:func:`~components.config.running.running_bundle`),
 and refuses the run in one line per bad setting, naming the id, the value and what it accepts.
 

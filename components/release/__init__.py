@@ -5,6 +5,7 @@
 - ``export``: ``export_network`` / ``load_exported`` (``torch.export`` programs bound to their checkpoint).
 - ``conversion``: ``convert_checkpoint`` (a published encoder into the layout the bundles load).
 - ``origin``: ``report_origin``: which ``components`` code a bundle runs, refused when two bundles' code differ.
+- ``start``: ``start``: what every bundle run does first (one-line errors, its own code, the command line checked).
 
 The names are re-exported here and in ``components``, imported on first use.
 """
@@ -20,5 +21,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "export": ("ExportedModule", "export_network", "load_exported"),
     "origin": ("report_origin",),
     "package": ("metadata_schema", "package_bundle", "schema_path"),
+    "start": ("start",),
 }
 __all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
