@@ -7,7 +7,7 @@ what it needs.
 
 The packages, each one concern; imports point down this list, never up:
 
-- ``release``: packaging, download, export, checkpoint conversion, the code-origin check;
+- ``release``: packaging, download, export, checkpoint conversion, the code-origin check, a bundle run's start;
 - ``demo``: the demo, its pictures and the bundle runner;
 - ``recipes``: one package per pretraining recipe (views, forward, loss, head) and the recipes' pictures;
 - ``training``: the recipe-agnostic trainer and evaluator and what every run shares (loader, settings, progress,
@@ -50,7 +50,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "resolve_resume",
         "save_atomic",
     ),
-    "config": ("as_bool", "check_overrides", "check_types", "defined_overrides", "is_null", "optional_path", "require_file"),
+    "config": ("as_bool", "check_overrides", "check_types", "defined_overrides", "is_null", "optional_path", "require_file",
+               "run_config_files"),
     "data": (  # datalists, partitioning, datasets, the compact cache, the data check, the on-disk store, synthetic data
         "CheckVoxelsd",
         "CompactCropForegroundd",
@@ -139,6 +140,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "aug_rand",
         "block_grid",
         "check_koleo_batch",
+        "input_corruption",
         "rot_rand",
         "ssl_views",
         "weight_decay_groups",
@@ -157,9 +159,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "package_bundle",
         "report_origin",
         "schema_path",
+        "start",
     ),
     "training": (
         "BUNDLE_SETTINGS",
+        "BundleEvaluator",
+        "BundleTrainer",
         "CompileMonitor",
         "EmbeddingRankHandler",
         "FinalValidationHandler",
@@ -172,6 +177,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "PretrainingEvaluator",
         "PretrainingTrainer",
         "Recipe",
+        "RankLossStats",
         "ReseedEachEpoch",
         "SkippedReads",
         "StatsWithEta",
@@ -179,10 +185,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "VolumeProgress",
         "balanced_class_weights",
         "brats_labels_from_regions",
+        "bundle_loader",
         "check_accumulation_steps",
         "check_setting_types",
         "check_settings",
         "compiled_graphs",
+        "cuda_amp",
         "default_num_workers",
         "effective_rank",
         "embedding_signals",
@@ -191,7 +199,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "install_filters",
         "log_filter",
         "log_from_rank_zero",
+        "loss_and_lr",
         "loss_class_weights",
+        "lr_for_world_size",
         "per_class_means",
         "recipe_health",
         "rotation_axes",

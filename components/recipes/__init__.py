@@ -9,6 +9,7 @@ from .inpainting_contrast import (
     SSLTrainer,
     SSLViewsImageHandler,
     aug_rand,
+    input_corruption,
     rot_rand,
     ssl_views,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "SwinViTEmbedding",
     "TeacherCollapseError",
     "aug_rand",
+    "input_corruption",
     "block_grid",
     "check_koleo_batch",
     "rot_rand",

@@ -6,7 +6,7 @@ from .loss import SSLLoss, nt_xent_loss
 from .network import OUTPUT_MODES, UPSAMPLE_MODES, SSLHead
 from .recipe import InpaintingContrastRecipe, SSLEvaluator, SSLTrainer, SSLViewsImageHandler
 from .settings import SSL_SETTINGS
-from .views import SSLViews, aug_rand, rot_rand, ssl_views
+from .views import SSLViews, aug_rand, input_corruption, rot_rand, ssl_views
 
 __all__ = [
     "InpaintingContrastRecipe",
@@ -20,6 +20,7 @@ __all__ = [
     "SSL_SETTINGS",
     "UPSAMPLE_MODES",
     "aug_rand",
+    "input_corruption",
     "nt_xent_loss",
     "rot_rand",
     "ssl_views",
