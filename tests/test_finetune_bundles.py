@@ -32,6 +32,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from monai.bundle import ConfigParser
 from monai.networks.nets import SwinUNETR
 
 import components
