@@ -50,8 +50,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
         "resolve_resume",
         "save_atomic",
     ),
-    "config": ("as_bool", "check_overrides", "check_types", "defined_overrides", "is_null", "optional_path", "require_file",
-               "run_config_files"),
+    "config": ("as_bool", "check_overrides", "check_types", "defined_overrides", "is_null", "optional_path",
+               "require_file", "run_config_files"),
     "data": (  # datalists, partitioning, datasets, the compact cache, the data check, the on-disk store, synthetic data
         "CheckVoxelsd",
         "CompactCropForegroundd",

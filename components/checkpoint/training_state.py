@@ -51,7 +51,8 @@ def read_to_save(to_save: Mapping[str, Any], owner: str) -> dict[str, Any]:
             ``state_dict`` / ``load_state_dict``.
     """
     if not isinstance(to_save, Mapping):
-        raise ConfigError(f"{owner}: to_save must be a dict of {', '.join(TO_SAVE_KEYS)}, got {type(to_save).__name__}.")
+        raise ConfigError(f"{owner}: to_save must be a dict of {', '.join(TO_SAVE_KEYS)}, "
+                          f"got {type(to_save).__name__}.")
     unknown = sorted(set(to_save) - set(TO_SAVE_KEYS))
     if unknown:
         raise ConfigError(f"{owner}: to_save has {unknown}; its keys are {', '.join(TO_SAVE_KEYS)}.")
@@ -64,7 +65,8 @@ def read_to_save(to_save: Mapping[str, Any], owner: str) -> dict[str, Any]:
     for key in ("optimizer", "lr_scheduler", "scaler", "sampler"):
         obj = objects[key]
         if obj is not None and not all(callable(getattr(obj, m, None)) for m in ("state_dict", "load_state_dict")):
-            raise TypeError(f"{owner}: to_save[{key!r}] has no state_dict() / load_state_dict() ({type(obj).__name__}).")
+            raise TypeError(f"{owner}: to_save[{key!r}] has no state_dict() / load_state_dict() "
+                            f"({type(obj).__name__}).")
     return objects
 
 

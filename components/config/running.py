@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SHARED_CONFIG", "RunningBundle", "check_shared_config", "parse_command_line", "run_config_files", "running_bundle"]
+__all__ = ["SHARED_CONFIG", "RunningBundle", "check_shared_config", "parse_command_line", "run_config_files",
+           "running_bundle"]
 
 #: the config file every bundle's ``train.json`` is read with, first: the settings all the bundles share
 SHARED_CONFIG = "common.json"

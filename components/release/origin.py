@@ -18,8 +18,9 @@ before the next expression, which then finds the bundle's copy.
 Any other copy, an installed one or the copy of another bundle already imported in the same process, may differ
 (another version, another bundle's edits) and would run the config silently on the wrong code. :func:`report_origin`,
 called when a bundle starts, finds the bundle from the config files of the ``python -m monai.bundle run`` command
-line (:func:`components.config.running.running_bundle`; else ``bundle_root``), compares the imported package with the bundle's copy by content (:func:`source_digest`) and
-refuses a different one in one line naming both. Two bundles carrying the same code share one import.
+line (:func:`components.config.running.running_bundle`; else ``bundle_root``), compares the imported package with
+the bundle's copy by content (:func:`source_digest`) and refuses a different one in one line naming both. Two
+bundles carrying the same code share one import.
 
 Importing this module imports neither torch nor MONAI.
 """
@@ -107,8 +108,9 @@ def report_origin(bundle_root: str | os.PathLike = ".") -> Path:
     on code other than the bundle's own.
 
     The bundle folder is that of the config files on the ``python -m monai.bundle run`` command line
-    (:func:`~components.config.running.running_bundle`, whatever the working directory), else ``bundle_root``. When it holds a ``components/`` package (a downloaded
-    bundle) whose source differs from the imported package's (:func:`source_digest`), the run stops. A bundle folder
+    (:func:`~components.config.running.running_bundle`, whatever the working directory), else ``bundle_root``. When
+    it holds a ``components/`` package (a downloaded bundle) whose source differs from the imported package's
+    (:func:`source_digest`), the run stops. A bundle folder
     without ``components/`` (a bundle inside this repository, run with the installed package) gets the INFO line only.
 
     Args:

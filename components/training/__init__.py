@@ -11,7 +11,8 @@
 - ``compilation``: ``CompileMonitor``; ``allocator``: ``tune_allocator``.
 - ``settings``: ``check_settings`` (a run's settings before any data is read), ``rotation_axes``;
   ``setting_types``: ``check_setting_types`` (every setting's type and range, ``BUNDLE_SETTINGS``).
-- ``progress``: ``StatsWithEta``, ``VolumeProgress``, ``RankLossStats``, ``loss_and_lr``; ``quiet``: the log filters every process installs.
+- ``progress``: ``StatsWithEta``, ``VolumeProgress``, ``RankLossStats``, ``loss_and_lr``; ``quiet``: the log filters
+  every process installs.
 - ``rankme``: ``EmbeddingRankHandler`` (RankMe of the encoder on fixed crops).
 - ``read_errors``: ``SkippedReads`` (the stored volumes a run skipped, per epoch and in total; the cap).
 - ``health``: pretext and collapse signals beside their trivial answers, read together (``HealthReport``);

@@ -150,7 +150,8 @@ def bundle_loader(dataset: Any, batch_size: int, settings: Mapping[str, Any], tr
     workers = 0 if on_device else int(settings.get("num_workers", 0))
     pin = as_bool(settings.get("pin_memory", torch.cuda.is_available()), "pin_memory") and not on_device
     prefetch = settings.get("prefetch_factor")
-    kwargs.update(num_workers=workers, pin_memory=pin, prefetch_factor=None if prefetch is None or not workers else int(prefetch))
+    prefetch = None if prefetch is None or not workers else int(prefetch)
+    kwargs.update(num_workers=workers, pin_memory=pin, prefetch_factor=prefetch)
     if training:
         persist = as_bool(settings.get("persistent_workers", True), "persistent_workers") and settings.get("cache") != "smart"
         kwargs["persistent_workers"] = persist and workers > 0
