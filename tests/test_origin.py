@@ -71,6 +71,21 @@ def test_a_bundle_without_its_own_copy_runs_the_imported_package(tmp_path, caplo
     assert [r.levelname for r in caplog.records if r.name == "components.release.origin"] == ["INFO", "INFO"]
 
 
+def test_without_a_command_line_the_first_copy_on_sys_path_is_the_bundles(tmp_path, monkeypatch):
+    """monai.bundle.load of a second bundle in one process: no command line names its folder and bundle_root is the
+    caller's directory, but the docs have the user put the bundle's folder first on sys.path, where a fresh import
+    would find its copy: that copy is compared with the one imported, and other code is refused naming both."""
+    bundle = _bundle_carrying(tmp_path / "downloads" / "other_bundle", "9.9.9")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setattr(sys, "argv", ["python"])
+    monkeypatch.setattr(sys, "path", [str(bundle), *sys.path])
+    with pytest.raises(BundleCodeMismatch, match=f"the bundle at {bundle.resolve()} carries components 9.9.9"):
+        report_origin(elsewhere)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(bundle)])
+    assert report_origin(elsewhere) == PACKAGE  # the copy sys.path gives first is the imported one
+
+
 def test_the_bundle_is_found_from_its_config_files_whatever_the_working_directory(tmp_path, monkeypatch):
     """Under `monai.bundle run` from another folder bundle_root may be the caller's directory, so the check looked for
     components/ there and never saw the bundle's own copy. It takes the folder of the config files of the command
