@@ -27,9 +27,10 @@ command skips what is done and a killed run continues (a work folder of an earli
    from the bundle's in-memory cache and from its disk store, alternating, with the same random state (the same
    crops): SSL and masked-image (``RandCompactSpatialCropSamplesd``, 2 crops of 96^3 per volume), self-distillation
    (its ``training#context_size`` crop), BTCV finetuning (its random transforms on labeled volumes; from disk its
-   label-centred crops drawn from the stored foreground locations, ``StoreRandCropByPosNegLabeld``). Warm: after a
-   first pass the files are in the page cache and the store's per-process cache of opened arrays holds every volume;
-   the bytes read from storage during the timed passes are recorded (``/proc/self/io``).
+   label-centred crops drawn from the stored foreground locations, ``StoreRandCropByPosNegLabeld``); a recipe's store
+   is written first where there is none or where it answers other transforms, format or package versions. Warm:
+   after a first pass the files are in the page cache and the store's per-process cache of opened arrays holds every
+   volume; the bytes read from storage during the timed passes are recorded (``/proc/self/io``).
 6. ``cold``: the same crops from the disk store with the per-process cache of opened arrays missing (the store's
    ``OPEN_ARRAYS`` set to 0: every item opens its file and checks the CRC-32 of its chunks anew, as at 100,000
    volumes where that cache never hits), first with the store's files evicted from the page cache before the pass
@@ -48,6 +49,8 @@ size; the first iteration within 10 s of the launch at every size (disk); disk a
 second of one worker, warm and cold.
 
     nice python benchmarks/data_scale.py --work /work/bench-data/data_scale      # sizes 100, 1,000, 5,000
+    nice python benchmarks/data_scale.py --work /work/bench-data/data_scale_100 --sizes 100 --redo crops cold \
+        --out benchmarks/results/data_scale_100.json       # the crop phases again, the other phases' records kept
     python benchmarks/data_scale.py --small --work /tmp/data_scale_small         # CI: 64x64x48, sizes 4 and 8
     python benchmarks/data_scale.py --markdown benchmarks/results/data_scale.json [--write_docs benchmarks/README.md]
     python benchmarks/data_scale.py --sizing PREPROCESS_RESULT STORE_RESULT benchmarks/results/index_scale.json \
@@ -100,6 +103,9 @@ IN_MEMORY = ("smart", "full")
 RECIPES = {"ssl": SSL, "dino": "swin_unetr_dino_pretrain", "finetune": "swin_unetr_btcv_finetune"}
 GOALS = {"disk_memory_flat_within": 0.10, "disk_first_iteration_s": 10.0, "disk_over_memory_crops_per_s": 0.8}
 STEP_MS = (100, 200, 400)
+REDO = ("crops", "cold")
+"""Phases ``--redo`` measures again on a work folder's corpus and stores (a crops store of an earlier format is
+written again)."""
 CORES_PER_GPU = 16
 # the network is not what phase 3 measures: small, one crop per step, no mixed precision on the CPU
 TINY_NETWORK = {"feature_size": 12, "network_def#window_size": 4, "batch_size": 1, "training#num_samples": 1,
@@ -149,11 +155,11 @@ def _write_json(path: Path, record: dict) -> None:
         f.write(json.dumps(record, indent=1) + "\n")
 
 
-def kept(path: Path, compute: Callable[[], dict]) -> dict:
-    """The record a previous run left at ``path``, else ``compute()``'s, kept there (with the commit) for the next;
-    one line on stderr either way."""
+def kept(path: Path, compute: Callable[[], dict], redo: bool = False) -> dict:
+    """The record a previous run left at ``path``, else (or with ``redo``) ``compute()``'s, kept there (with the
+    commit) for the next; one line on stderr either way."""
     name = path.relative_to(path.parents[1]).with_suffix("").as_posix()
-    if path.is_file():
+    if path.is_file() and not redo:
         print(f"data_scale: {name}: kept from an earlier run", file=sys.stderr, flush=True)
         return json.loads(path.read_text())
     start = time.perf_counter()
@@ -441,13 +447,19 @@ def arrays_kept(count: int) -> Iterator[None]:
 def _crop_sources(settings: Settings, corpus: Path, store: Path, recipe: str) -> dict:
     """The recipe's training dataset from its in-memory cache ("memory") and from its disk store ("disk"), the store
     written first where it is not there yet."""
-    from components.data.store import bundle_crop_size, bundle_transforms, preprocess
+    from components.data.store import (StoreError, bundle_crop_size, bundle_transforms, preprocess,
+                                       transforms_fingerprint)  # fmt: skip
 
     datalist = _crop_datalist(settings, corpus, recipe)
     parser = recipe_parser(settings, recipe, datalist, "disk", store)
-    if not (store / "index.json").is_file():
-        preprocess(datalist, store, bundle_transforms(parser), workers=settings.workers, channels=parser["in_channels"],
-                   patch_size=bundle_crop_size(parser))  # as the preprocess command writes it
+    transforms = bundle_transforms(parser)
+    try:  # a store of another format or package versions (written by an earlier version) is written again
+        open_store(store, fingerprint=transforms_fingerprint(transforms))
+    except StoreError as err:
+        if (store / "index.json").is_file():
+            print(f"data_scale: {store} written again: {err}", file=sys.stderr, flush=True)
+        preprocess(datalist, store, transforms, workers=settings.workers, channels=parser["in_channels"],
+                   patch_size=bundle_crop_size(parser), overwrite=True)  # as the preprocess command writes it
     return {"memory": recipe_parser(settings, recipe, datalist, "full", store).get_parsed_content("train#dataset"),
             "disk": parser.get_parsed_content("train#dataset")}  # fmt: skip
 
@@ -656,9 +668,10 @@ def _check_work(settings: Settings, work: Path) -> None:
     _write_json(path, wanted)
 
 
-def run(settings: Settings, work: Path, gpu_step_ms: dict[str, float], caveat: str | None = None) -> dict:
-    """All phases, each skipped where ``work`` holds its record; the result as one dict (with ``caveat`` first where
-    one is given, e.g. a loaded machine)."""
+def run(settings: Settings, work: Path, gpu_step_ms: dict[str, float], caveat: str | None = None,
+        redo: tuple[str, ...] = ()) -> dict:  # fmt: skip
+    """All phases, each skipped where ``work`` holds its record but those named in ``redo`` (:data:`REDO`), measured
+    again; the result as one dict (with ``caveat`` first where one is given, e.g. a loaded machine)."""
     work = work.resolve()
     _check_work(settings, work)
     corpus, phases = work / "corpus", work / "phases"
@@ -674,11 +687,13 @@ def run(settings: Settings, work: Path, gpu_step_ms: dict[str, float], caveat: s
     result["worker_memory"] = worker_memory_phase(settings, work)
     result["crops"] = {recipe: kept(phases / "crops" / f"{recipe}.json",
                                     lambda: in_new_process(crop_rates, settings, corpus,
-                                                           work / "stores" / f"crops_{recipe}", recipe))
+                                                           work / "stores" / f"crops_{recipe}", recipe),
+                                    redo="crops" in redo)
                        for recipe in RECIPES}  # fmt: skip
     result["cold"] = {recipe: kept(phases / "cold" / f"{recipe}.json",
                                    lambda: in_new_process(cold_crop_rates, settings, corpus,
-                                                          work / "stores" / f"crops_{recipe}", recipe))
+                                                          work / "stores" / f"crops_{recipe}", recipe),
+                                   redo="cold" in redo)
                       for recipe in RECIPES}  # fmt: skip
     result["workers"] = workers_phase(result["crops"], gpu_step_ms, result["cold"])
     result["goals"] = goals(result["memory"], result["crops"], result["cold"], result["worker_memory"])
@@ -708,6 +723,9 @@ def main(argv: list[str] | None = None) -> dict | None:
                         help="loader workers per rank in the worker_memory phase (default 4)")
     parser.add_argument("--gpu_step_ms", type=step_time, nargs="+", default=[], metavar="RECIPE=MS",
                         help=f"GPU step times measured at the recipes' sizes, recipes {list(RECIPES)}")  # fmt: skip
+    parser.add_argument("--redo", nargs="+", choices=REDO, default=[],
+                        help="measure these phases again, replacing their records in --work (e.g. after a change to "
+                             "the store's reads); the other phases are taken from the folder")  # fmt: skip
     parser.add_argument("--out", type=Path, help="where the JSON goes (default: benchmarks/results/data_scale.json)")
     parser.add_argument("--caveat", help='recorded with the result and its tables, e.g. "loaded 2-core VM, not a clean '
                         'measurement"')  # fmt: skip
@@ -743,7 +761,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     # a SIGTERM unwinds like Ctrl-C, so a bundle run under way is stopped with its whole process tree (its own session)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.perf_counter()
-    result = run(settings, args.work, dict(args.gpu_step_ms), args.caveat)
+    result = run(settings, args.work, dict(args.gpu_step_ms), args.caveat, tuple(args.redo))
     write_result(result, sys.stdout, started)
     out = args.out or (None if args.small else RESULT)
     if out:

@@ -41,9 +41,6 @@ import argparse
 import json
 import logging
 import os
-import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,10 +49,10 @@ from pathlib import Path
 import torch
 
 from gpu_timing import (
-    Record, autocast_for, device_in_use, one_line, peak_gib, ratio, release, reset_peak, significant, synchronizer, time_loop,
-    time_trainer,
+    Record, autocast_for, device_in_use, one_line, peak_gib, ratio, release, reset_peak, run_in_share, significant, synchronizer,
+    time_loop, time_trainer,
 )
-from machine import git_commit, machine_info
+from machine import device_facts, device_slug, git_commit, machine_info
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLES = REPO / "bundles"
@@ -442,55 +439,12 @@ def run_part(name: str, share: float, small: bool, log: Path, workdir: Path) -> 
     tail = min(15.0, 0.15 * share)  # for the last FLOP count and the clean-up after a part's adaptive loops
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_part", name, "--_partial", str(partial),
            "--_deadline", str(time.time() + share - tail), *(["--small"] if small else [])]  # fmt: skip
-    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    # unbuffered: a killed part's log is whole; its temporary files go where this run removes them at its end
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "TMPDIR": str(workdir)}
-    with log.open("a") as out:
-        out.write(f"\n===== {name}: share {share:.0f} s =====\n")
-        out.flush()
-        offset, start = out.tell(), time.perf_counter()
-        child = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = child.wait(timeout=share)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)  # the part's own process group: its loader workers go with it
-            child.wait()
-            code = None
-    figures = json.loads(partial.read_text()) if partial.is_file() else {}
-    wall = round(time.perf_counter() - start, 1)
-    entry = {"status": "done" if code == 0 else "failed", "share_s": round(share, 1), "wall_s": wall}
-    if code is None:
-        entry.update(status="timed_out", reason=f"still running at the end of its share ({share:.0f} s); killed")
-    elif code != 0:
-        entry["reason"] = "; ".join(figures.pop("errors", [])) or _last_line(log, offset) or f"exit code {code}"
-    return {**entry, **figures}
-
-
-def _last_line(log: Path, offset: int) -> str:
-    lines = log.read_bytes()[offset:].decode(errors="replace").strip().splitlines()
-    return lines[-1] if lines else ""
-
-
-def device_facts() -> dict:
-    """The accelerator: name (torch's), memory, compute capability, CUDA, cuDNN and driver versions; the CPU alone
-    is "cpu"."""
-    if not torch.cuda.is_available():
-        return {"name": "cpu"}
-    props = torch.cuda.get_device_properties(0)
-    try:
-        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "--id=0"]
-        driver = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        driver = None
-    return {"name": torch.cuda.get_device_name(0), "memory_gib": round(props.total_memory / 2**30, 1),
-            "capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
-            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "driver": driver}  # fmt: skip
+    return run_in_share(cmd, partial, share, log, name, workdir)
 
 
 def result_path(out_dir: Path, device: str, small: bool) -> Path:
     """``gpu_check_<device slug>[_small].json``: "nvidia-h100-80gb-hbm3", "cpu"."""
-    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
-    return out_dir / f"gpu_check_{slug}{'_small' if small else ''}.json"
+    return out_dir / f"gpu_check_{device_slug(device)}{'_small' if small else ''}.json"
 
 
 def _write(result: dict, path: Path) -> None:

@@ -1,6 +1,7 @@
-"""The timing helpers of ``benchmarks/gpu_check.py``: device synchronisation, peak memory, a timed loop with a
-deadline, a bundle trainer's timed iterations, and :class:`Record`, a part's figures rewritten to its file at every
-change (a part killed at the end of its share leaves what it had measured)."""
+"""The helpers of ``benchmarks/gpu_check.py`` and ``benchmarks/gpu_health.py``: device synchronisation, peak memory,
+a timed loop with a deadline, a bundle trainer's timed iterations, :class:`Record`, a part's figures rewritten to its
+file at every change (a part killed at the end of its share leaves what it had measured), and :func:`run_in_share`,
+which runs a part in a child process and kills it at the end of its share."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import gc
 import json
 import logging
 import math
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -165,3 +169,38 @@ class Record:
             return None
         self[key] = value
         return value
+
+
+def run_in_share(cmd: list[str], partial: Path, share: float, log: Path, name: str, workdir: Path) -> dict:
+    """Runs ``cmd`` (a part writing its :class:`Record` to ``partial``) in its own session for at most ``share``
+    seconds, its output appended to ``log``; at the end of the share the whole process group (its bundle runs and
+    loader workers) is killed. Returns the part's status ("done", "failed" with a reason, "timed_out"), share, wall
+    time and figures."""
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])
+    # unbuffered: a killed part's log is whole; its temporary files go where the caller removes them at its end
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "TMPDIR": str(workdir)}
+    with log.open("a") as out:
+        out.write(f"\n===== {name}: share {share:.0f} s =====\n")
+        out.flush()
+        offset, start = out.tell(), time.perf_counter()
+        child = subprocess.Popen(cmd, cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = child.wait(timeout=share)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)  # the part's own process group: its loader workers go with it
+            child.wait()
+            code = None
+    figures = json.loads(partial.read_text()) if partial.is_file() else {}
+    wall = round(time.perf_counter() - start, 1)
+    entry = {"status": "done" if code == 0 else "failed", "share_s": round(share, 1), "wall_s": wall}
+    if code is None:
+        entry.update(status="timed_out", reason=f"still running at the end of its share ({share:.0f} s); killed")
+    elif code != 0:
+        entry["reason"] = "; ".join(figures.pop("errors", [])) or _last_line(log, offset) or f"exit code {code}"
+    return {**entry, **figures}
+
+
+def _last_line(log: Path, offset: int) -> str:
+    lines = log.read_bytes()[offset:].decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else ""

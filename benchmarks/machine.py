@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -42,6 +43,32 @@ def machine_info() -> dict:
         "monai": _installed("monai"),
         "cuda": torch.cuda.is_available(),
     }
+
+
+def device_facts() -> dict:
+    """The accelerator: name (torch's), memory, compute capability, CUDA, cuDNN and driver versions; the CPU alone
+    is "cpu"."""
+    if not torch.cuda.is_available():
+        return {"name": "cpu"}
+    props = torch.cuda.get_device_properties(0)
+    try:
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "--id=0"]
+        driver = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        driver = None
+    return {"name": torch.cuda.get_device_name(0), "memory_gib": round(props.total_memory / 2**30, 1),
+            "capability": f"{props.major}.{props.minor}", "multiprocessors": props.multi_processor_count,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "driver": driver}  # fmt: skip
+
+
+def device_slug(device: str) -> str:
+    """A device's name as a file name's part.
+
+    Example:
+        >>> device_slug("NVIDIA H100 80GB HBM3")
+        'nvidia-h100-80gb-hbm3'
+    """
+    return re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
 
 
 def _installed(package: str) -> str | None:

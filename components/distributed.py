@@ -1,22 +1,13 @@
-"""The small shared distributed toolkit.
+"""What this package needs of ``torch.distributed`` beyond ``ignite.distributed``: the one module that calls it.
 
-Everything in this package that needs to know about ``torch.distributed`` goes through this module, so that
-there is exactly one place that decides the backend, the device of a rank, how a process group is created and
-torn down, and how tensors are gathered / averaged across ranks. Imports only ``torch`` (and ignite's
-distributed model, synced at initialisation).
+Rank, world size, broadcast and the all-reduce of plain values come from ``ignite.distributed`` (``idist``) at the
+call sites; ``get_rank`` and ``get_world_size`` are ignite's, re-exported because the bundle configs call
+``components.get_rank()``. What is here, each function says why: the process group's start from torchrun's environment
+(with a per-attempt store after a restart) and its end, a barrier that names the GPU, the device of a rank before any
+group exists, the autograd-aware gather of the pretraining losses, and the mean of per-rank values for the logs.
 
-All helpers degrade to single-process behaviour when no process group is initialised (rank 0, world size 1,
-gathers and reductions return their input, barriers return at once), so the same code path runs under
-``python -m ...`` and under ``torchrun``.
-
-Why the pieces exist:
-
-- ``torch.distributed.all_gather`` is not differentiable: the gathered copies are leaves without history, so
-  the gradient of a loss that uses the other ranks' embeddings never reaches them and, after DDP averages
-  the gradients, the contrastive gradient comes out too small (by 1/W for the gathered part).
-  :func:`all_gather_with_grad` is the autograd-aware version.
-- per-rank loss values differ (each rank sees its own shard; DDP averages gradients, not losses), so logs
-  should show :func:`all_reduce_mean` of the loss, written by rank 0.
+Every function degrades to single-process behaviour when no process group is initialised (gathers and reductions
+return their input, barriers return at once), so the same code path runs under ``python -m ...`` and ``torchrun``.
 """
 
 from __future__ import annotations
@@ -27,26 +18,17 @@ from datetime import timedelta
 import ignite.distributed as idist
 import torch
 import torch.distributed as dist
+from ignite.distributed import get_rank, get_world_size
 
 __all__ = [
-    "TORCHRUN_ENV_VARS",
-    "agent_store",
     "all_gather_with_grad",
     "all_reduce_mean",
-    "all_reduce_sum",
     "barrier",
-    "broadcast_from_rank0",
-    "check_equal_shapes",
     "cleanup_distributed",
-    "collective_device",
-    "default_backend",
     "device_for_rank",
-    "get_local_rank",
-    "get_local_world_size",
     "get_rank",
     "get_world_size",
     "init_distributed",
-    "is_distributed",
     "wrap_ddp",
 ]
 
@@ -57,25 +39,14 @@ TORCHRUN_ENV_VARS: tuple[str, ...] = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MAST
 _MAX_GATHER_DIMS = 16
 
 
-def is_distributed() -> bool:
-    """True when ``torch.distributed`` is available and a default process group is initialised."""
+def _initialised() -> bool:
+    """Whether a default process group exists (a group of one process too, unlike ``idist.get_world_size() > 1``)."""
     return dist.is_available() and dist.is_initialized()
 
 
-def get_rank() -> int:
-    """Global rank of this process in the default group; 0 when not distributed."""
-    return dist.get_rank() if is_distributed() else 0
-
-
-def get_world_size() -> int:
-    """Number of processes in the default group; 1 when not distributed."""
-    return dist.get_world_size() if is_distributed() else 1
-
-
 def get_local_rank() -> int:
-    """Rank of this process on its node, read from the ``LOCAL_RANK`` variable that torchrun sets (default 0).
-
-    The local rank (not the global rank) selects the GPU of a process on a multi-GPU node.
+    """Rank of this process on its node, read from the ``LOCAL_RANK`` variable that torchrun sets (default 0): it
+    picks a rank's GPU before any process group exists, when ``idist.get_local_rank()`` still says 0.
 
     Raises:
         ValueError: when ``LOCAL_RANK`` is set but is not a non-negative integer.
@@ -92,7 +63,8 @@ def get_local_rank() -> int:
 
 def get_local_world_size() -> int:
     """Ranks on this node, read from the ``LOCAL_WORLD_SIZE`` variable that torchrun sets (default 1): they share the
-    node's CPUs (data-loader workers) and, on a CPU, its memory.
+    node's CPUs (data-loader workers) and, on a CPU, its memory. Read before any process group exists, when
+    ``idist.get_nproc_per_node()`` still says 1.
 
     Raises:
         ValueError: when ``LOCAL_WORLD_SIZE`` is set but is not a positive integer.
@@ -108,14 +80,16 @@ def get_local_world_size() -> int:
 
 
 def default_backend() -> str:
-    """``"nccl"`` when CUDA and NCCL are available, otherwise ``"gloo"`` (CPU; works everywhere)."""
+    """``"nccl"`` when CUDA and NCCL are available, otherwise ``"gloo"`` (CPU; works everywhere): the choice the
+    configs' ``dist_backend`` and :func:`init_distributed` make, which ignite leaves to the caller."""
     if torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available():
         return "nccl"
     return "gloo"
 
 
 def device_for_rank(device: str | torch.device | None = None) -> torch.device:
-    """The device this process should compute on.
+    """The device this process should compute on, known before the process group exists (the configs' ``device``
+    builds the network first), unlike ``idist.device()``.
 
     Args:
         device: ``None`` or ``"cuda"`` (no index) mean "this rank's GPU", i.e. ``cuda:{LOCAL_RANK}``, when CUDA is
@@ -138,26 +112,22 @@ def device_for_rank(device: str | torch.device | None = None) -> torch.device:
     return dev
 
 
-def collective_device() -> torch.device:
-    """Where tensors of a collective must live: this rank's GPU under NCCL, the CPU for any other backend."""
-    if is_distributed() and dist.get_backend() == "nccl":
-        return torch.device("cuda", get_local_rank())
-    return torch.device("cpu")
-
-
 def wrap_ddp(module: torch.nn.Module, device: str | torch.device, **kwargs) -> torch.nn.Module:
     """``module`` moved to ``device`` and wrapped in DistributedDataParallel (``device_ids`` only on CUDA, as
-    DDP requires); returned unwrapped on one process, so one config serves both cases."""
+    DDP requires); returned unwrapped on one process, so one config serves both cases. ``idist.auto_model`` would
+    pick the device itself and wrap one process with several GPUs in ``DataParallel``."""
     device = torch.device(device)
     module = module.to(device)
-    if not is_distributed():
+    if not _initialised():
         return module
     device_ids = [device] if device.type == "cuda" else None
     return torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids, **kwargs)
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = 4 * 3600) -> None:
-    """Initialise the default process group from the torchrun environment (``env://``).
+    """Initialise the default process group from the torchrun environment (``env://``), as ``idist.initialize`` does
+    not: torchrun's variables checked first, a timeout long enough for caching, and a store of its own for a restarted
+    attempt (:func:`_restart_attempt_store`).
 
     Idempotent: does nothing when a process group is already initialised. For NCCL the CUDA device of this
     process is set to ``cuda:{LOCAL_RANK}`` first, so that collectives and ``barrier`` use the right GPU.
@@ -175,7 +145,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 4 * 3600) ->
         RuntimeError: when ``torch.distributed`` is unavailable or torchrun's variables are missing.
         ValueError: when ``timeout_s`` is not positive.
     """
-    if is_distributed():
+    if _initialised():
         return
     if not dist.is_available():
         raise RuntimeError("torch.distributed is not available in this PyTorch build.")
@@ -239,28 +209,25 @@ def agent_store(name: str, timeout_s: float = 10.0) -> dist.Store | None:
 
 
 def cleanup_distributed() -> None:
-    """Destroy the default process group if one is initialised (no-op otherwise), after a barrier: a rank that
-    tears down its connections while another still finishes (e.g. rank 0 writing the last checkpoint) was once
-    seen to abort at exit ("terminate called without an active exception") in a restarted torchrun run."""
-    if is_distributed():
-        barrier()
-        dist.destroy_process_group()
-
-
-def barrier(timeout_s: float | None = None) -> None:
-    """Wait until every rank gets here; returns at once when not distributed.
-
-    Args:
-        timeout_s: optional limit for this barrier. With gloo it uses ``monitored_barrier``, which also names
-            the ranks that did not arrive; other backends always use the process-group timeout.
-    """
-    if not is_distributed():
+    """Destroy the default process group if one is initialised (no-op otherwise), after a barrier, and return ignite's
+    model to one process (``idist.finalize``) so that a later group is seen. The barrier: a rank that tears down its
+    connections while another still finishes (e.g. rank 0 writing the last checkpoint) was once seen to abort at exit
+    ("terminate called without an active exception") in a restarted torchrun run."""
+    if not _initialised():
         return
-    backend = dist.get_backend()
-    if timeout_s is not None and backend == "gloo":
-        dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
-    elif backend == "nccl" and torch.cuda.is_available():
-        # name the device, otherwise NCCL guesses it (and warns) when no collective has run yet
+    barrier()
+    if idist.model_name() == "serial":  # a group ignite was never told of: destroyed here, ignite's model is right
+        dist.destroy_process_group()
+    else:
+        idist.finalize()
+
+
+def barrier() -> None:
+    """Wait until every rank gets here; returns at once when not distributed. Under NCCL the GPU is named, which
+    ``idist.barrier()`` does not: NCCL otherwise guesses it (and warns) when no collective has run yet."""
+    if not _initialised():
+        return
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
         dist.barrier(device_ids=[torch.cuda.current_device()])
     else:
         dist.barrier()
@@ -361,14 +328,16 @@ class _AllGatherWithGrad(torch.autograd.Function):
 
 
 def all_gather_with_grad(x: torch.Tensor, equal_sizes: bool = False) -> torch.Tensor:
-    """Concatenate ``x`` of all ranks along dim 0, in rank order, keeping the autograd graph.
+    """Concatenate ``x`` of all ranks along dim 0, in rank order, keeping the autograd graph: ``idist.all_gather``
+    (like ``torch.distributed.all_gather``) returns copies without history, so a loss over the gathered embeddings
+    would send no gradient back to the other ranks' rows (the contrastive gradient 1/W too small after DDP).
 
     Sizes along dim 0 may differ across ranks (the other dims and the dtype must agree; a clear ``ValueError``
     is raised on every rank otherwise): the shapes are exchanged first, which reads them back to the host (on
     CUDA a host sync). With ``equal_sizes=True`` the caller guarantees that every rank passes the same shape
     (e.g. equal training shards and a fixed batch): one ``all_gather_into_tensor`` then does the whole forward,
-    with no shape exchange and no host sync; :func:`check_equal_shapes` verifies the guarantee once. The backward all-reduces (sums) the incoming gradient and returns this
-    rank's rows, so that after DDP's gradient averaging the parameter gradients equal those of one process
+    with no shape exchange and no host sync; :func:`check_equal_shapes` verifies the guarantee once. The backward
+    all-reduces (sums) the incoming gradient and returns this rank's rows, so that after DDP's gradient averaging the parameter gradients equal those of one process
     computing the mean of the ranks' losses on the concatenated batch. Every rank must call this (and run
     backward through it) the same number of times, like any collective.
 
@@ -381,18 +350,19 @@ def all_gather_with_grad(x: torch.Tensor, equal_sizes: bool = False) -> torch.Te
     Returns:
         tensor of shape (sum of N_rank over ranks, ...).
     """
-    if not is_distributed() or dist.get_world_size() == 1:
+    if get_world_size() == 1:
         return x
     return _AllGatherWithGrad.apply(x, bool(equal_sizes))
 
 
 def check_equal_shapes(x: torch.Tensor, what: str) -> None:
     """Raises ``ValueError`` on every rank when the ranks' ``x`` differ in shape or dtype: the one-time check of a
-    caller that then gathers with ``equal_sizes=True``. ``what`` names the setting that promised equal shapes.
+    caller that then gathers with ``equal_sizes=True`` (every rank raises, where one rank's check would leave the
+    others waiting in the gather). ``what`` names the setting that promised equal shapes.
     A no-op on one process."""
-    if not is_distributed() or dist.get_world_size() == 1:
+    if get_world_size() == 1:
         return
-    shapes = _gather_shapes(x, dist.get_world_size())
+    shapes = _gather_shapes(x, get_world_size())
     if len(set(shapes)) > 1:
         raise ValueError(
             f"{what} promises the same batch on every rank, but the ranks' shapes are {shapes} (rank order): "
@@ -432,12 +402,11 @@ class RankBatches:
     @property
     def active(self) -> bool:
         """Whether this call gathers: wanted (or, by default, a process group exists) and more than one rank."""
-        wanted = is_distributed() if self.wanted is None else self.wanted
-        return bool(wanted) and get_world_size() > 1
+        return self.wanted is not False and get_world_size() > 1
 
     def check_once(self, *tensors: torch.Tensor) -> None:
         """With ``equal_sizes``, verify once (one shape exchange per tensor) that every rank holds the same shapes."""
-        if self.equal_sizes and not self._checked and is_distributed() and get_world_size() > 1:
+        if self.equal_sizes and not self._checked and get_world_size() > 1:
             for tensor in tensors:
                 check_equal_shapes(tensor, self.owner)
             self._checked = True
@@ -445,7 +414,7 @@ class RankBatches:
     def gather(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Every rank's ``x`` (B_rank, ...) concatenated in rank order with gradients, and the row where this rank's
         own rows start; ``(x, 0)`` on one process."""
-        if not is_distributed() or get_world_size() == 1:
+        if get_world_size() == 1:
             return x, 0
         if self.equal_sizes:
             self.check_once(x)
@@ -455,7 +424,8 @@ class RankBatches:
 
 
 def all_reduce_mean(x: torch.Tensor | float, weight: torch.Tensor | float | None = None) -> torch.Tensor:
-    """Global mean of per-rank values, detached: for logging a loss or metric that each rank computed locally.
+    """Global mean of per-rank values, detached: for logging a loss or metric that each rank computed locally
+    (``idist.all_reduce`` sums in place, keeps the graph and takes no weights).
 
     Args:
         x: this rank's value (a scalar or a tensor of the same shape on every rank).
@@ -468,12 +438,12 @@ def all_reduce_mean(x: torch.Tensor | float, weight: torch.Tensor | float | None
     x = torch.as_tensor(x).detach()
     if not x.is_floating_point():
         x = x.to(torch.get_default_dtype())
-    if not is_distributed() or dist.get_world_size() == 1:
+    if get_world_size() == 1:
         return x.clone()
     if weight is None:
         total = x.clone()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return total / dist.get_world_size()
+        return total / get_world_size()
     if isinstance(weight, torch.Tensor):
         w = weight.detach().to(dtype=x.dtype, device=x.device)
     else:  # a fill kernel on the device: a Python number copied to the device would block the host every call
@@ -483,24 +453,3 @@ def all_reduce_mean(x: torch.Tensor | float, weight: torch.Tensor | float | None
     packed = torch.cat([(x * w).reshape(-1), w.reshape(1)])
     dist.all_reduce(packed, op=dist.ReduceOp.SUM)
     return (packed[:-1] / packed[-1]).reshape(x.shape)
-
-
-def all_reduce_sum(values: list[int]) -> list[int]:
-    """The sum over the ranks of each of this rank's integer ``values`` (one ``all_reduce``, read back to the host):
-    for counts every rank must see alike, such as the stored volumes a run skipped. Returns ``values`` itself on one
-    process."""
-    if not is_distributed() or dist.get_world_size() == 1:
-        return [int(v) for v in values]
-    packed = torch.tensor(values, dtype=torch.int64, device=collective_device())
-    dist.all_reduce(packed, op=dist.ReduceOp.SUM)
-    return [int(v) for v in packed.tolist()]
-
-
-def broadcast_from_rank0(values: list[float]) -> list[float]:
-    """Rank 0's ``values`` on every rank (one broadcast, read back to the host): for decisions that every rank must
-    take alike, such as when to save by rank 0's clock. Returns ``values`` itself on one process."""
-    if not is_distributed() or dist.get_world_size() == 1:
-        return list(values)
-    packed = torch.tensor(values, dtype=torch.float64, device=collective_device())
-    dist.broadcast(packed, src=0)
-    return packed.tolist()

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-__all__ = ["ConfigError", "MissingFileError", "UserError", "error_lines", "report_errors", "user_error"]
+__all__ = ["ConfigError", "MissingFileError", "UserError", "report_errors"]
 
 #: what the one-line report says to get the traceback, for ``python -m monai.bundle run`` and ``python -m components``
 DEBUG_HINT = "--debug shows the traceback"

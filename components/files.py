@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "fsync_dir", "sha256_file", "temp_prefix"]
+__all__ = ["atomic_write", "sha256_file"]
 
 
 def temp_prefix(path: Path) -> str:

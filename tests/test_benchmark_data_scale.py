@@ -297,6 +297,33 @@ def test_the_page_cache_is_evicted_and_the_cold_read_counted(tmp_path):
     assert mapped_files(tmp_path) == 0
 
 
+def test_redo_measures_a_phase_again_and_a_crops_store_of_an_earlier_version_is_written_again(tmp_path, capsys):
+    """``--redo`` recomputes a phase whose record is there; the crop phases write a recipe's store again where it
+    answers other transforms, format or package versions (a store an earlier version wrote), and reuse it
+    otherwise."""
+    from dataclasses import replace
+
+    from data_scale import REDO, SMALL, _crop_sources, kept, write_corpus
+
+    assert set(REDO) == {"crops", "cold"}
+    record = tmp_path / "phases" / "crops" / "ssl.json"
+    assert kept(record, lambda: {"n": 1})["n"] == 1
+    assert kept(record, lambda: {"n": 2})["n"] == 1 and kept(record, lambda: {"n": 2}, redo=True)["n"] == 2
+    assert json.loads(record.read_text())["n"] == 2
+    settings = replace(SMALL, sizes=(2,), distinct=2, validation=1, labeled=1, crop_volumes=2, workers=1)
+    write_corpus(settings, tmp_path / "corpus")
+    store = tmp_path / "stores" / "crops_ssl"
+    assert len(_crop_sources(settings, tmp_path / "corpus", store, "ssl")["disk"]) == 2
+    index = json.loads((store / "index.json").read_text())
+    assert "written again" not in capsys.readouterr().err
+    _crop_sources(settings, tmp_path / "corpus", store, "ssl")
+    assert "written again" not in capsys.readouterr().err  # the same transforms: the store is used as it is
+    (store / "index.json").write_text(json.dumps({**index, "fingerprint": "0" * 64}))  # as an earlier version's
+    sources = _crop_sources(settings, tmp_path / "corpus", store, "ssl")
+    assert f"{store} written again" in capsys.readouterr().err and len(sources["disk"]) == 2
+    assert json.loads((store / "index.json").read_text())["fingerprint"] == index["fingerprint"]
+
+
 def test_a_work_folder_gains_the_settings_of_new_phases_and_refuses_changed_ones(tmp_path):
     """A work folder written before loader_workers existed is taken (its phase has not run there) and its record
     completed; a folder measured with other loader workers is refused, naming the setting."""

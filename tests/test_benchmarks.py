@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -249,3 +251,226 @@ def test_finetune_crops_small(tmp_path):
                                                                    "StoreRandSpatialCropSamplesd"}
     for crops in result["crops"].values():
         assert crops["crops"] > 0 and crops["crops_per_s_disk"] > 0 and crops["crops_per_s_memory"] > 0
+
+
+def _demo_summary(seed: int, dice: float) -> dict:
+    steps = [{"step": "synthesise", "seconds": 1.0}, {"step": "SSL pretraining", "seconds": 230.5},
+             {"step": "finetune, SSL init", "seconds": 200.25}]  # fmt: skip
+    arm = {"mean_dice": dice, "per_class_dice": {"spleen": 0.9, "liver": None, "stomach": 0.75}}
+    return {"seed": seed, "steps": steps, "arms": {"SSL init": arm}, "pretraining_health": {"verdict": "learning"}}
+
+
+def test_demo_seeds_resumes_at_the_same_commit_and_tabulates(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO))
+    from benchmarks import demo_seeds
+
+    results = tmp_path / "demo_cpu.json"
+    results.write_text(json.dumps({"commit": "old", "seeds": {"0": {}}, "budget_trials": {"kept": 1}}))
+    monkeypatch.setattr(demo_seeds, "RESULTS", results)
+    monkeypatch.setattr(demo_seeds, "git_commit", lambda: "abc")
+    ran = []
+
+    def fake_run(seed, work, extra):
+        ran.append(seed)
+        return {"wall_s": 440.4, "max_rss_kb": 1_300_000, "summary": _demo_summary(seed, 0.8 + seed / 100)}
+
+    monkeypatch.setattr(demo_seeds, "run_seed", fake_run)
+    first = demo_seeds.measure([0, 1], tmp_path, [])
+    assert ran == [0, 1] and first["budget_trials"] == {"kept": 1}  # another commit's seeds are measured again
+    assert first["earlier"] == {"old": {"seeds": {"0": {}}}}  # and kept under their commit
+    demo_seeds.measure([1, 2], tmp_path, [])
+    assert ran == [0, 1, 2]  # seed 1 was recorded at this commit
+    rows = demo_seeds.table(json.loads(results.read_text())).splitlines()
+    assert rows[2] == "| 2 | 230.5 s | learning | 200.2 s | 440 s | 1.3 GB | **0.820** | 0.90 | 0.75 |"
+    assert demo_seeds.peak_rss_kb("\tMaximum resident set size (kbytes): 1279020\n") == 1279020
+    with pytest.raises(ValueError, match="Maximum resident set size"):
+        demo_seeds.peak_rss_kb("nothing")
+
+
+# the signals each recipe's health report reads (components' recipes: pretext signals, then the embedding's)
+HEALTH_SIGNALS = {
+    "ssl": {"rotation_accuracy", "rotation_loss", "contrast_accuracy", "contrast_loss", "inpainting_l1", "embedding_std"},
+    "dino": {"teacher_entropy", "student_teacher_kl", "prototypes_in_use", "embedding_std"},
+    "mim": {"masked_l1", "masked_l1_median", "reconstruction_spread", "embedding_std"},
+}
+VERDICTS = {"learning", "at baseline", "collapsed"}
+
+
+def _signals_ok(signals: dict, recipe: str) -> None:
+    assert set(signals) == HEALTH_SIGNALS[recipe]
+    for signal in signals.values():
+        assert isinstance(signal["value"], float) and isinstance(signal["baseline"], float)
+        assert signal["better"] in {"higher", "lower"} and signal["margin"] >= 0
+        assert signal["verdict"] in VERDICTS | {"not collapsed"}
+
+
+@pytest.mark.slow
+def test_gpu_health_small(tmp_path):
+    """gpu_health.py --small: the three recipes calibrated, planned within their shares and run, each with its final
+    verdict, every signal beside its trivial baseline, and the report history, in one JSON named after the device."""
+    result = _run("gpu_health.py", "--small", "--budget_s", "1200", "--out_dir", str(tmp_path), timeout=1500)
+    assert json.loads((tmp_path / "gpu_health_cpu_small.json").read_text()) == result
+    assert result["benchmark"] == "gpu_health" and result["device"] == "cpu" and result["small"] is True
+    assert result["commit"] and result["torch"] and result["complete"] is True
+    _machine_ok(result["machine"])
+    corpus = result["corpus"]
+    assert corpus["training"] == 7 and corpus["validation"] == 1 and min(corpus["shape_min"]) >= 64
+    assert list(result["recipes"]) == ["ssl", "dino", "mim"]
+    for recipe, entry in result["recipes"].items():
+        assert entry["status"] == "done", entry
+        calibration, plan = entry["calibration"], entry["plan"]
+        assert calibration["epochs"] == 2 and calibration["iteration_s"] > 0 and calibration["startup_s"] >= 0
+        assert calibration["report"]["iteration"] == 2 * calibration["epoch_length"]
+        _signals_ok(calibration["report"]["signals"], recipe)
+        # the plan: at most --small's 3 epochs, predicted inside what was left of the share, and the run is the plan
+        assert 1 <= plan["max_epochs"] <= 3 and plan["predicted_s"] <= plan["available_s"] < entry["share_s"]
+        assert plan["iterations"] == plan["max_epochs"] * calibration["epoch_length"] == entry["iterations"]
+        overrides = entry["overrides"]
+        assert overrides["max_epochs"] == plan["max_epochs"] and overrides["training#val_interval"] == plan["val_interval"]
+        assert overrides["roi_size"] == ([32, 32, 32] if recipe == "dino" else [64, 32, 32])
+        assert overrides["feature_size"] == 12 and overrides["dataset_dir"] == "<work>/corpus"
+        assert entry["seconds"] > 0 and entry["wall_s"] <= entry["share_s"] + 5
+        assert entry["verdict"] in VERDICTS
+        _signals_ok(entry["signals"], recipe)
+        history = entry["history"]
+        assert len(history) == plan["reports"] and history[-1]["iteration"] == entry["iterations"]
+        assert history[-1]["signals"] == entry["signals"] and history[-1]["verdict"] == entry["verdict"]
+        for kind in ("calibration", "main"):
+            saved = json.loads((tmp_path / "gpu_health_cpu_small" / f"{recipe}_{kind}" / "health.json").read_text())
+            assert saved["reports"][-1]["verdict"] == (entry["verdict"] if kind == "main" else calibration["report"]["verdict"])
+
+
+def _plan_module():
+    sys.path.insert(0, str(BENCHMARKS))
+    import gpu_health_plan
+
+    return gpu_health_plan
+
+
+def test_gpu_health_shares_and_reports():
+    plan = _plan_module()
+    assert plan.share(300.0, 3) == 100.0 and plan.share(-5.0, 2) == 0.0
+    with pytest.raises(ValueError, match="no recipe left"):
+        plan.share(10.0, 0)
+    # a report every quarter of the run and at its end
+    assert [(plan.validation_interval(e), plan.report_count(e, plan.validation_interval(e))) for e in (1, 3, 8, 9, 10)] == [
+        (1, 1), (1, 3), (2, 4), (2, 5), (2, 5)]  # fmt: skip
+
+
+def test_gpu_health_calibration_to_epochs():
+    """From a calibration's logged wall times to the epochs of the run that fits: 3 epochs of 14 iterations, the first
+    10 iterations at 1 s (warm-up), then 0.5 s each; a validation of 2 s and a health report of 3 s at the end."""
+    plan = _plan_module()
+    walls = [(1, 10.0), (11, 20.0), (21, 25.0), (31, 30.0), (41, 35.0)]  # (iteration, wall time) logged every 10
+    assert plan.iteration_seconds(walls, 14) == 0.5  # from iteration 21 on: the first epoch is start-up
+    assert plan.iteration_seconds(walls, 40) == 0.5  # one logged after the first epoch: from the second logged on
+    with pytest.raises(ValueError, match="cannot time iterations"):
+        plan.iteration_seconds(walls[:1], 14)
+    health_wall = 35.0 + 0.5 + 2.0 + 3.0  # iteration 42, the validation, the report
+    calibration = plan.calibrate(walls, health_wall, iterations=42, epochs=3, wall_s=60.0, health_s=3.0, health_crops=16)
+    assert (calibration.epoch_length, calibration.iteration_s) == (14, 0.5)
+    assert calibration.validation_s == pytest.approx(2.0) and calibration.startup_s == pytest.approx(60 - 21 - 2 - 3)
+    with pytest.raises(ValueError, match="not whole epochs"):
+        plan.calibrate(walls, health_wall, iterations=43, epochs=3, wall_s=60.0, health_s=3.0, health_crops=16)
+
+    # 200 s left: 0.85 * 200 - 3 = 167 s for 34 s of start-up, 7 s an epoch and 5 s a report (16 crops)
+    crops = lambda interval: 16  # noqa: E731
+    chosen = plan.plan_epochs(calibration, 200.0, crops)
+    # 16 epochs: 34 + 112 + 4 reports x 5 = 166 s; 17 epochs: 34 + 119 + 5 x 5 = 178 s
+    assert (chosen.max_epochs, chosen.val_interval, chosen.iterations, chosen.reports) == (16, 4, 224, 4)
+    assert chosen.predicted_s == pytest.approx(166.0) and chosen.available_s == 200.0
+    assert plan.predicted_seconds(calibration, 17, crops) == pytest.approx(178.0)
+    assert plan.plan_epochs(calibration, 200.0, crops, cap=10).max_epochs == 10
+    assert plan.plan_epochs(calibration, 45.0, crops) is None  # 34 + 7 + 5 = 46 s for one epoch
+    # the bundles' "auto" crops grow with the interval, and so does a report's cost: fewer epochs fit
+    auto = lambda interval: min(256, max(8, int(0.15 * 14 * 4 * interval)))  # noqa: E731
+    fewer = plan.plan_epochs(calibration, 200.0, auto)
+    assert fewer.max_epochs < 16 and fewer.health_crops == auto(fewer.val_interval)
+    assert fewer.predicted_s <= 167.0 < plan.predicted_seconds(calibration, fewer.max_epochs + 1, auto)
+
+
+def test_gpu_health_schedule_compressed_into_the_run():
+    plan = _plan_module()
+    configs = {name: json.loads((REPO / "bundles" / f"swin_unetr_{name}_pretrain" / "configs" / "train.json").read_text())
+               for name in ("ssl", "dino", "mim")}  # fmt: skip
+    # 20 epochs of 17 iterations: a 500-iteration warm-up is cut to a tenth of the run; epochs keep their share of 100
+    assert plan.schedule_overrides(configs["ssl"], 20, 17) == {"training#warmup_iterations": 34}
+    assert plan.schedule_overrides(configs["dino"], 20, 17) == {
+        "training#warmup_epochs": 2, "training#teacher_temperature_warmup_epochs": 6, "training#freeze_last_layer_epochs": 1}
+    assert plan.schedule_overrides(configs["mim"], 20, 17) == {
+        "training#warmup_iterations": 34, "masking#teacher_temperature_warmup_epochs": 6}
+    assert plan.schedule_overrides(configs["ssl"], 1000, 17) == {"training#warmup_iterations": 500}  # shipped, when short
+    assert plan.schedule_overrides(configs["dino"], 2, 17)["training#teacher_temperature_warmup_epochs"] == 1
+    with pytest.raises(ValueError, match="training#warmup_epochs = '\\$10'"):
+        plan.schedule_overrides({"max_epochs": 100, "training": {"warmup_epochs": "$10"}}, 20, 17)
+
+
+def test_gpu_health_enlarge_keeps_the_field_of_view(tmp_path):
+    import nibabel as nib
+    import numpy as np
+
+    sys.path.insert(0, str(BENCHMARKS))
+    import gpu_health
+
+    affine = np.array([[0.0, -0.8, 0.0, 10.0], [-0.8, 0.0, 0.0, -20.0], [0.0, 0.0, 5.0, 30.0], [0, 0, 0, 1]])
+    array = np.full((10, 6, 4), 40, dtype=np.int16)
+    nib.save(nib.Nifti1Image(array, affine), str(tmp_path / "small.nii.gz"))
+    shape = gpu_health.enlarge(tmp_path / "small.nii.gz", tmp_path / "large.nii", 8)
+    large = nib.load(str(tmp_path / "large.nii"))
+    assert shape == list(large.shape) == [10, 8, 8] and large.get_data_dtype() == np.int16
+    assert np.all(np.asarray(large.dataobj) == 40)
+    assert np.allclose(large.header.get_zooms(), [0.8, 0.6, 2.5])
+    # the outer faces of the first and the last voxels lie where they did
+    for old, new in (([-0.5] * 3, [-0.5] * 3), ([9.5, 5.5, 3.5], [9.5, 7.5, 7.5])):
+        assert np.allclose(large.affine @ [*new, 1], affine @ [*old, 1])
+
+
+def test_gpu_health_records_why_a_recipe_has_no_verdict(tmp_path):
+    """A share under the least a recipe starts with skips it, with its reason and no verdict, and the JSON is written
+    all the same."""
+    skipped = _run("gpu_health.py", "--small", "--budget_s", "15", "--out_dir", str(tmp_path), timeout=300)
+    assert skipped["complete"] is False and list(skipped["recipes"]) == ["ssl", "dino", "mim"]
+    assert json.loads((tmp_path / "gpu_health_cpu_small.json").read_text()) == skipped
+    for entry in skipped["recipes"].values():
+        assert entry["status"] == "skipped" and entry["verdict"] is None
+        assert re.fullmatch(r"needs at least 20 s; its share of the \d+ s left is \d+ s", entry["reason"])
+
+
+def test_gpu_health_a_run_that_cannot_fit_fails_with_its_prediction(tmp_path):
+    """A recipe whose calibration leaves no time for one epoch (here: its deadline is when it starts) raises before the
+    run, and its part records the prediction that did not fit in one line; the exit code says it failed."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from gpu_health import SETTINGS, write_corpus
+
+    write_corpus(tmp_path / "corpus", SETTINGS["small"]["subjects"], SETTINGS["small"]["min_size"])
+    partial = tmp_path / "ssl.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "gpu_health.py"), "--small", "--_recipe", "ssl", "--_partial", str(partial),
+         "--_deadline", str(time.time()), "--_work", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    record = json.loads(partial.read_text())
+    [error] = record["errors"]
+    assert re.fullmatch(r"RuntimeError: does not fit: one epoch is predicted at \d+ s \(\d+ s of start-up, "
+                        r"[0-9.]+ s per iteration x 4\) and -\d+ s of the share are left", error), error  # fmt: skip
+    assert record["calibration"]["epochs"] == 2 and "plan" not in record and not (tmp_path / "ssl_main").exists()
+
+
+def test_a_part_still_running_at_the_end_of_its_share_is_killed_with_its_children(tmp_path):
+    """run_in_share kills the part's whole process group at the end of its share (a loader worker must not outlive
+    it) and says so; what the part had recorded is kept."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from gpu_timing import run_in_share
+
+    partial, pids = tmp_path / "part.json", tmp_path / "pids"
+    part = (f"import json, os, subprocess, sys, time; json.dump({{'figure': 1}}, open({str(partial)!r}, 'w')); "
+            f"child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+            f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}'); time.sleep(300)")  # fmt: skip
+    entry = run_in_share([sys.executable, "-c", part], partial, 3.0, tmp_path / "log", "part", tmp_path)
+    assert entry["status"] == "timed_out" and entry["reason"] == "still running at the end of its share (3 s); killed"
+    assert entry["share_s"] == 3.0 and 3.0 <= entry["wall_s"] < 10 and entry["figure"] == 1
+    for pid in map(int, pids.read_text().split()):  # gone, or a zombie its new parent has not reaped yet
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "\nState:\tZ" in status.read_text()
+    assert "===== part: share 3 s =====" in (tmp_path / "log").read_text()

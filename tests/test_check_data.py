@@ -402,8 +402,8 @@ def test_roi_warning_follows_monai_ras_orientation(tmp_path):
     for item in json.loads(datalist.read_text())["training"] + json.loads(datalist.read_text())["validation"]:
         path = str(tmp_path / item["image"])
         header = nib.load(path)
-        info = datacheck._FileInfo(tuple(header.shape), header.affine, header, True)
-        assert datacheck._ras(info, 3)[0] == tuple(load(path).shape[1:]), path
+        info = datacheck.FileHeader(tuple(header.shape), header.affine, header, True)
+        assert datacheck.ras_geometry(info, 3)[0] == tuple(load(path).shape[1:]), path
     report = check_datalist(datalist, keys="image", roi_size=(1, 1, 64), list_keys="training")
     for warning in report.warnings:
         assert "along S (" in warning.message and "R (" not in warning.message

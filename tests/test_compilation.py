@@ -58,7 +58,7 @@ def test_compiled_steps_equal_eager():
     assert isinstance(compiled.network, torch._dynamo.eval_frame.OptimizedModule)
     losses_e, losses_c = _losses(eager), _losses(compiled)
     torch.testing.assert_close(torch.stack(losses_c), torch.stack(losses_e), rtol=RTOL, atol=1e-7)
-    for (name, p_e), p_c in zip(eager.network.named_parameters(), components.training.wrappers.unwrap(compiled.network).parameters()):
+    for (name, p_e), p_c in zip(eager.network.named_parameters(), components.networks.wrappers.unwrap(compiled.network).parameters()):
         torch.testing.assert_close(p_c, p_e, rtol=RTOL, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
@@ -185,7 +185,7 @@ def _real_run(kind: str, compile: bool) -> tuple[list[torch.Tensor], list[torch.
     trainer.add_event_handler(Events.ITERATION_COMPLETED, record)
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: graphs.append(compiled_graphs()))
     trainer.run()
-    return losses, [p.detach().clone() for p in components.training.wrappers.unwrap(network).parameters()], graphs
+    return losses, [p.detach().clone() for p in components.networks.wrappers.unwrap(network).parameters()], graphs
 
 
 def monai_dice_ce():

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 from monai.data import CacheDataset, DataLoader, Dataset, SmartCacheDataset
-from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandomizableTransform
+from monai.transforms import Compose, EnsureChannelFirstd, Lambda, LoadImaged, RandomizableTransform
 
 from components.data import (
     EpochShuffleSampler,
     MissingDatalist,
+    ResumableSmartCacheDataset,
     build_dataset,
     check_shard_sizes,
     load_datalist,
@@ -176,7 +177,7 @@ def _double(item: dict) -> dict:
     return {"image": torch.full((1, 2, 2, 2), float(item["image"]) * 2)}
 
 
-@pytest.mark.parametrize("cache, cls", [("full", CacheDataset), ("smart", SmartCacheDataset), ("none", Dataset)])
+@pytest.mark.parametrize("cache, cls", [("full", CacheDataset), ("smart", ResumableSmartCacheDataset), ("none", Dataset)])
 def test_build_dataset_modes(cache, cls):
     data = [{"image": i} for i in range(6)]
     # in-memory items, not files: the header check is off
@@ -328,6 +329,51 @@ def test_restart_mid_epoch_continues_the_epoch_in_order(tmp_path, cache):
     assert seen == straight
     state = torch.load(run / "checkpoint.pt", weights_only=True)
     assert state["sampler"]["position"] == 0 and state["trainer"]["iteration"] == 3 * per_epoch
+
+
+def _window(dataset) -> list[int]:
+    return [int(dataset[i]["image"].flatten()[0]) // 2 for i in range(len(dataset))]
+
+
+@pytest.mark.parametrize("rotations", [1, 3, 7])
+def test_rotated_smart_cache_is_monai_window_after_as_many_updates(rotations):
+    """``rotate(r)`` caches what ``r`` ``update_cache()`` calls of MONAI's own ``SmartCacheDataset`` (same seed) cache,
+    loading the window's 4 items only, and later updates continue MONAI's sequence (7 items, 2 replaced per epoch:
+    3 rotations wrap around the end, 7 are a whole period)."""
+    data = [{"image": i} for i in range(7)]
+    loads: list[int] = []
+
+    def counted(item):
+        loads.append(item["image"])
+        return _double(item)
+
+    monai_cache = SmartCacheDataset(data, _double, replace_rate=0.5, cache_num=4, seed=3, progress=False)
+    cached = Lambda(counted)  # a MONAI transform that is not random: its results are what the cache holds
+    ours = ResumableSmartCacheDataset(data, cached, replace_rate=0.5, cache_num=4, seed=3, progress=False)
+    assert _window(ours) == _window(monai_cache)  # MONAI's shuffle with the same seed
+    for _ in range(rotations):
+        monai_cache.update_cache()
+    ours.rotate(rotations)
+    try:
+        assert _window(ours) == _window(monai_cache)
+        assert len(loads) == (4 if rotations == 7 else 8)  # the first window, then the rotated one (7: the same)
+        for _ in range(2):
+            monai_cache.update_cache()
+            ours.update_cache()
+            assert _window(ours) == _window(monai_cache)
+        with pytest.raises(RuntimeError, match="has started"):
+            ours.rotate(1)
+    finally:
+        monai_cache.shutdown()
+        ours.shutdown()
+
+
+def test_resumable_smart_cache_handler_needs_the_resumable_dataset():
+    from components import ResumableSmartCacheHandler
+
+    plain = SmartCacheDataset([{"image": i} for i in range(3)], _double, cache_num=2, progress=False)
+    with pytest.raises(TypeError, match="needs a ResumableSmartCacheDataset.*got SmartCacheDataset"):
+        ResumableSmartCacheHandler(plain)
 
 
 def test_sampler_position_is_saved_and_another_order_is_refused(tmp_path):

@@ -18,7 +18,7 @@ from monai.networks.layers import DropPath
 from monai.networks.nets.swin_unetr import WindowAttention
 
 from components import FusedWindowAttention, write_dataset
-from components.training.wrappers import unwrap
+from components.networks.wrappers import unwrap
 from components.demo.runner import BUNDLES_DIR, bundle_command
 from components.config.running import run_config_files
 from tests.test_multi_gpu_bundle import _launch_all, _torchrun

@@ -15,6 +15,7 @@ import os
 import traceback
 from pathlib import Path
 
+import ignite.distributed as idist
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -22,7 +23,7 @@ import torch.nn as nn
 
 from components import distributed as D
 from components.recipes.inpainting_contrast.loss import SSLLoss
-from tests.ranks import run_ranks
+from tests.ranks import AGENT_STORE_ENV, hosted_store, run_ranks
 
 WORLD = 2
 GLOBAL_B = 6
@@ -162,7 +163,7 @@ class CollectiveCounter:
 
 
 def scenario_gather(rank: int, world: int) -> dict:
-    out = {"is_distributed": D.is_distributed(), "rank": D.get_rank(), "world": D.get_world_size()}
+    out = {"is_distributed": torch.distributed.is_initialized(), "rank": D.get_rank(), "world": D.get_world_size()}
     out["local_rank"] = D.get_local_rank()
     # unequal first dims: rank r sends r + 2 rows
     x = (torch.arange((rank + 2) * 3, dtype=torch.float32).reshape(rank + 2, 3) + 100 * rank).requires_grad_(True)
@@ -183,7 +184,6 @@ def scenario_gather(rank: int, world: int) -> dict:
     out["weighted_mean"] = D.all_reduce_mean(torch.tensor(float(rank + 1)), weight=[4, 2][rank])
     out["int_mean"] = D.all_reduce_mean(torch.tensor(rank + 1))
     D.barrier()
-    D.barrier(timeout_s=30)
     return out
 
 
@@ -202,7 +202,7 @@ def _child(rank: int, world: int, port: int, out_dir: str, scenario: str) -> Non
         result = SCENARIOS[scenario](rank, world)
         D.barrier()
         D.cleanup_distributed()
-        result["after_cleanup"] = (D.is_distributed(), D.get_rank(), D.get_world_size())
+        result["after_cleanup"] = (torch.distributed.is_initialized(), D.get_rank(), D.get_world_size())
         torch.save(result, out / f"rank{rank}.pt")
     except BaseException:
         (out / f"rank{rank}.err").write_text(traceback.format_exc())
@@ -353,7 +353,7 @@ def test_all_reduce_mean(gather):
 
 def test_helpers_are_noops_without_process_group(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
-    assert not D.is_distributed()
+    assert not torch.distributed.is_initialized()
     assert (D.get_rank(), D.get_world_size(), D.get_local_rank()) == (0, 1, 0)
     x = torch.randn(3, 4, requires_grad=True)
     assert D.all_gather_with_grad(x) is x
@@ -362,7 +362,6 @@ def test_helpers_are_noops_without_process_group(monkeypatch):
     assert not mean.requires_grad
     torch.testing.assert_close(D.all_reduce_mean(2.5, weight=3), torch.tensor(2.5))
     D.barrier()
-    D.barrier(timeout_s=1)
     D.cleanup_distributed()
     cuda = torch.cuda.is_available() and torch.distributed.is_nccl_available()
     assert D.default_backend() == ("nccl" if cuda else "gloo")
@@ -371,6 +370,23 @@ def test_helpers_are_noops_without_process_group(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "x")
     with pytest.raises(ValueError, match="LOCAL_RANK"):
         D.get_local_rank()
+
+
+def test_rank_and_world_size_are_ignites_and_cleanup_returns_it_to_one_process(monkeypatch):
+    """The configs' components.get_rank is ignite's own; after cleanup_distributed ignite answers for one process and
+    sees the next process group (a group of one here, twice in this process), as a second run in one process needs."""
+    assert D.get_rank is idist.get_rank and D.get_world_size is idist.get_world_size
+    with hosted_store(60) as port:
+        monkeypatch.setenv(AGENT_STORE_ENV, str(True))
+        for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                            "MASTER_PORT": str(port)}.items():  # fmt: skip
+            monkeypatch.setenv(name, value)
+        for _ in range(2):
+            D.init_distributed(backend="gloo", timeout_s=60)
+            assert (idist.model_name(), idist.backend(), idist.get_world_size()) == ("native-dist", "gloo", 1)
+            D.cleanup_distributed()
+            assert not torch.distributed.is_initialized()
+            assert (idist.model_name(), idist.get_rank(), idist.get_world_size()) == ("serial", 0, 1)
 
 
 def test_device_for_rank(monkeypatch):
@@ -395,6 +411,6 @@ def test_init_distributed_names_missing_torchrun_variables(monkeypatch):
     with pytest.raises(RuntimeError, match="WORLD_SIZE, MASTER_ADDR, MASTER_PORT") as info:
         D.init_distributed(backend="gloo", timeout_s=5)
     assert "torchrun" in str(info.value) and "RANK" in str(info.value)
-    assert not D.is_distributed()
+    assert not torch.distributed.is_initialized()
     with pytest.raises(ValueError, match="timeout_s"):
         D.init_distributed(timeout_s=0)

@@ -63,7 +63,8 @@ TINY_COMMON = ["--max_epochs", "2", "--loader#num_workers", "0", "--device", "cp
 USER_FILES = {"model_swinvit.pt"}  # files the docs expect the reader to bring
 COVERED_ELSEWHERE = {"python -m components demo": "tests/test_demo.py",
                      "python benchmarks/pretrain_curve.py": "tests/test_pretrain_curve.py",
-                     "python benchmarks/curve_probe.py": "tests/test_curve_probe.py"}
+                     "python benchmarks/curve_probe.py": "tests/test_curve_probe.py",
+                     "python benchmarks/demo_seeds.py": "tests/test_benchmarks.py"}
 # the docs whose own tiny SSL run writes bundles/swin_unetr_ssl_pretrain/models/model.pt: every other doc is given it
 WRITES_SSL_MODEL = {"docs/pretraining.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md"}
 # docs with no command, and docs none of whose commands the suite runs: named, so a doc whose commands stop being

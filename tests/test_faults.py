@@ -222,7 +222,8 @@ def test_rank_failing_while_caching_stops_every_rank(fault_data, tmp_path):
     marker = tmp_path / "failed_at"
     raising = f"{PROBES}.raise_on_rank(1, 'boom while caching', {str(marker)!r})"
     transform = f"$monai.transforms.Compose([{raising}, @train#preprocessing])"
-    launch = _torchrun_bundle(tmp_path, overrides, {"run": RUN, "train#dataset#transform": transform}, timeout=LAUNCH_LIMIT_S)
+    extra = {"run": RUN, "train#dataset#transform": transform, "debug": True}  # debug: the traceback, not one line
+    launch = _torchrun_bundle(tmp_path, overrides, extra, timeout=LAUNCH_LIMIT_S)
     _assert_prompt_end(launch, marker)
     assert "boom while caching (rank 1)" in launch.output, launch.ok()
     assert "_load_cache_item" in launch.output  # raised by CacheDataset's caching, not later in a data loader

@@ -82,6 +82,28 @@ def test_data_is_a_package_of_small_modules_below_the_trainer():
         assert not upward, f"{path.relative_to(COMPONENTS)} imports {sorted(upward)}"
 
 
+def _private_imports(path: Path) -> list[str]:
+    """The private names (``_x``) that a module imports from another module of the package."""
+    return [alias.name for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.level and node.module != "__future__"
+            for alias in node.names if alias.name.startswith("_")]  # fmt: skip
+
+
+def test_the_data_check_modules_meet_at_public_names():
+    """The data check is split along interfaces (one file, one entry, the datalist walk): none of its modules imports a
+    private name of another, as the split to stay under a line cap once did (13 of them)."""
+    check = sorted((COMPONENTS / "data").glob("check*.py"))
+    assert len(check) >= 5
+    assert {str(p.relative_to(COMPONENTS)): _private_imports(p) for p in check if _private_imports(p)} == {}
+
+
+def test_a_private_import_is_seen(tmp_path):
+    fake = tmp_path / "components" / "data" / "check_x.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("from .check_files import _fmt, read_header\nfrom numpy import _core\n")
+    assert _private_imports(fake) == ["_fmt"]
+
+
 def test_no_module_points_to_files_outside_the_repository():
     outside = ("shared/notes", "recipe.md", "pitfalls.md", "architecture.md", "bundle-conventions.md")
     offenders = [f"{p.relative_to(COMPONENTS)}:{n}" for p in COMPONENTS.rglob("*.py")

@@ -451,7 +451,7 @@ def test_multi_node_smart_cache_rotates_through_each_shard(multi_node):
     multi_node.assert_ok()
     train = _read(multi_node.probe, "train")
     for t in train:
-        assert t["dataset_type"] == "SmartCacheDataset" and t["dataset_len"] == 2
+        assert t["dataset_type"] == "ResumableSmartCacheDataset" and t["dataset_len"] == 2
         assert len(t["shard"]) == 3
         per_epoch = {e: [n for ep, names in t["batches"] if ep == e for n in names] for e in (1, 2)}
         assert [len(per_epoch[1]), len(per_epoch[2])] == [2, 2]

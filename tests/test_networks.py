@@ -1,5 +1,6 @@
 """Tests of components.recipes.inpainting_contrast.network.SSLHead: layout, parameter counts, shapes, input checks, gradients;
-and of the SwinUNETR v2 encoder (``use_v2``) in components.networks.swin.swin_vit, SSLHead, the self-distillation networks and
+and of the encoder's arguments written once (components.networks.swin.SwinViTSettings, which every network builds its
+encoder from), the SwinUNETR v2 encoder (``use_v2``) in it, SSLHead, the self-distillation networks and
 components.release.conversion.convert_checkpoint.
 
 CPU budget: forward passes use feature_size 12 and the smallest valid ROIs (64^3, or 32x32x64 which gives
@@ -8,6 +9,7 @@ the minimum of 2 final tokens; 64x32x32 at window 4 for v2); parameter counts at
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,11 @@ from torch import nn
 from components.__main__ import main
 from components.checkpoint import CheckpointLoadError, infer_architecture
 from components.release.conversion import convert_checkpoint
-from components.networks.swin import check_roi_size, swin_vit
+from components.checkpoint.architecture import build_for_weights
+from components.networks.probe import LinearProbe
+from components.networks.swin import SwinViTSettings, check_roi_size, network_parameters
 from components.recipes.inpainting_contrast.network import SSLHead
+from components.recipes.masked_image.network import MaskedImageModel
 from components.recipes.self_distillation import SelfDistillationNetwork, SwinViTEmbedding
 
 DECODERS = ("vae", "deconv", "large_kernel_deconv")
@@ -246,7 +251,7 @@ def test_check_roi_size():
         ({"in_channels": 0}, "in_channels must be >= 1, got 0"),
         ({"in_channels": 1.5}, "in_channels must be an integer"),
         ({"feature_size": 40}, "multiple of 12, got 40"),
-        ({"feature_size": 0}, "feature_size must be >= 12, got 0"),
+        ({"feature_size": 0}, "feature_size must be >= 1, got 0"),
         ({"dropout_path_rate": 1.5}, "dropout_path_rate must be in [0, 1], got 1.5"),
         ({"window_size": 1}, "window_size must be >= 2, got 1"),
     ],
@@ -257,11 +262,56 @@ def test_bad_constructor_arguments(kwargs, fragment):
     assert fragment in str(err.value)
 
 
+# ---------------------------------------------------------------- the encoder's arguments, written once
+
+NETWORKS = {
+    "SSLHead": SSLHead,
+    "MaskedImageModel": MaskedImageModel,
+    "SwinViTEmbedding": SwinViTEmbedding,
+    "SelfDistillationNetwork": SelfDistillationNetwork,
+    "LinearProbe": lambda **encoder: LinearProbe(out_channels=2, **encoder),
+}
+
+
+@pytest.mark.parametrize("name", list(NETWORKS))
+def test_every_network_takes_the_encoder_arguments_through_one_declaration(name):
+    """No network spells the encoder's nine arguments again: each takes them as ``**encoder`` for SwinViTSettings, and
+    network_parameters (what build_for_weights reads) shows them with SwinViTSettings' defaults; its encoder is the one
+    SwinViTSettings builds, tensor for tensor, from the same seed."""
+    network = {"LinearProbe": LinearProbe}.get(name, NETWORKS[name])
+    fields = inspect.signature(SwinViTSettings).parameters
+    own = inspect.signature(network.__init__).parameters
+    assert set(own) & set(fields) <= {"in_channels"}, name  # the probe names in_channels: it is positional there
+    taken = network_parameters(network)
+    assert {f: taken[f].default for f in fields if f != "in_channels" or name != "LinearProbe"} == {
+        f: p.default for f, p in fields.items() if f != "in_channels" or name != "LinearProbe"
+    }
+    encoder = {"in_channels": 2, "feature_size": 12, "window_size": 4, "use_v2": True, "depths": [2, 2, 4, 2]}
+    torch.manual_seed(3)
+    built = NETWORKS[name](**encoder).swinViT.state_dict()
+    torch.manual_seed(3)
+    expected = SwinViTSettings(**encoder).build().state_dict()
+    assert list(built) == list(expected)
+    assert all(torch.equal(built[k], expected[k]) for k in expected)
+    with pytest.raises(TypeError, match="feature_sise"):
+        NETWORKS[name](in_channels=1, feature_sise=12)
+
+
+def test_build_for_weights_sees_the_encoder_arguments_of_a_network_that_takes_them_as_keywords(tmp_path):
+    """A checkpoint of window 4 into SSLHead with the window left at its default: build_for_weights names the default
+    (7, SwinViTSettings') in the mismatch with pretrained_arch "config", and takes the checkpoint's with "auto"."""
+    torch.save(SSLHead(feature_size=12, window_size=4).state_dict(), tmp_path / "w4.pt")
+    with pytest.raises(CheckpointLoadError, match="window_size"):
+        build_for_weights(SSLHead, tmp_path / "w4.pt", "config", feature_size=12)
+    assert build_for_weights(SSLHead, tmp_path / "w4.pt", "auto", feature_size=12).window_size == 4
+    assert network_parameters(MaskedImageModel)["decoder"].default == "linear"  # the class's own arguments stay
+
+
 # ---------------------------------------------------------------- depths and heads (BrainSegFounder's deeper encoders)
 
 DEEP = {"depths": (2, 2, 6, 2), "num_heads": (4, 8, 16, 32)}  # --num_swin_block 6 --num_heads_first_stage 4
 DEEP_ENCODERS = {
-    "swin_vit": lambda **deep: nn.ModuleDict({"swinViT": swin_vit(2, 12, window_size=4, **deep)}),
+    "SwinViTSettings": lambda **deep: nn.ModuleDict({"swinViT": SwinViTSettings(2, 12, window_size=4, **deep).build()}),
     "SSLHead": lambda **deep: SSLHead(in_channels=2, feature_size=12, window_size=4, **deep),
     "SwinViTEmbedding": lambda **deep: SwinViTEmbedding(in_channels=2, feature_size=12, window_size=4, **deep),
     "SelfDistillationNetwork": lambda **deep: SelfDistillationNetwork(
@@ -427,7 +477,8 @@ def test_v1_is_the_default_and_v2_only_adds_the_residual_blocks():
         for i in range(4)
         for j in (1, 2)
     }
-    assert n_params(swin_vit(1, 12, use_v2=True)) - n_params(swin_vit(1, 12)) == 54 * 12**2 * (1 + 4 + 16 + 64)
+    v2_blocks = n_params(SwinViTSettings(1, 12, use_v2=True).build()) - n_params(SwinViTSettings(1, 12).build())
+    assert v2_blocks == 54 * 12**2 * (1 + 4 + 16 + 64)
     with pytest.raises(ValueError, match="use_v2 must be true or false, got 'v2'"):
         SSLHead(feature_size=12, use_v2="v2")
 

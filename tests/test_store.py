@@ -32,8 +32,10 @@ from components import (
     preprocess,
     transforms_fingerprint,
 )
+from benchmarks.page_cache import drop_page_cache
 from components.data.partition import partition_for_rank
 from components.data.store.format import FORMAT_VERSION, chunk_numbers, storage_dtype, write_array
+from components.data.store.mapped import MappedArray
 from components.data.store.packages import package_versions
 from components.data.store.transforms import build_transforms
 from components.data.store.values import decode_value, encode_value
@@ -151,6 +153,16 @@ def test_a_truncated_file_is_refused_when_opened(tmp_path):
         StoredArray(tmp_path / "image.b2nd", record, source="case_0.nii.gz")[:, 0:4]
 
 
+def test_a_record_without_the_frames_checksums_is_refused_naming_the_file(tmp_path):
+    """A volume written before the frame's header and tail were recorded (an earlier store under the same format
+    number) raises StoreReadError naming the file and the missing field, not a KeyError."""
+    array = np.random.default_rng(0).integers(-1000, 1000, (1, 40, 36, 28)).astype(np.int16)
+    record = write_array(array, tmp_path / "image.b2nd")
+    old = {k: v for k, v in record.items() if k not in ("head_bytes", "head_crc32", "tail_bytes", "tail_crc32")}
+    with pytest.raises(StoreReadError, match=r"image.b2nd \(from case_0.nii.gz\): its record .* has no 'head_bytes'"):
+        StoredArray(tmp_path / "image.b2nd", old, source="case_0.nii.gz")[:, 0:4]
+
+
 def _frame_regions(record: dict) -> dict[str, range]:
     """The byte positions of a stored file's header, compressed chunks and tail (offsets and trailer)."""
     size, head, tail = record["nbytes"], record["head_bytes"], record["tail_bytes"]
@@ -213,7 +225,92 @@ def test_a_handle_reads_numpy_and_torch_and_pickles_without_its_open_file(tmp_pa
     state = pickle.dumps(handle)
     assert len(state) < 2000  # the record and the path, no open file
     copy = pickle.loads(state)
-    assert copy._array is None and np.array_equal(np.asarray(copy), array)
+    assert copy._mapped is None and np.array_equal(np.asarray(copy), array)
+
+
+def _read_from_storage() -> int | None:
+    """This process's bytes read from storage so far (``/proc/self/io``), None where they are not counted."""
+    try:
+        lines = Path("/proc/self/io").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(line.split(":")[1]) for line in lines if line.startswith("read_bytes:")), None)
+
+
+def _evict(path: Path) -> None:
+    """Writes back and drops ``path``'s pages from the page cache (no root needed)."""
+    drop_page_cache([path])
+
+
+def _cold_reads_counted(folder: Path) -> str | None:
+    """Why a cold read cannot be counted in ``folder`` (no posix_fadvise or /proc/self/io, or a filesystem whose
+    reads never reach storage, such as tmpfs), or None: a 1 MiB file evicted and read back must count its bytes."""
+    if not hasattr(os, "posix_fadvise") or _read_from_storage() is None:
+        return "no posix_fadvise or /proc/self/io read_bytes on this platform"
+    probe = folder / "probe.bin"
+    probe.write_bytes(np.random.default_rng(0).integers(0, 255, 2**20, dtype=np.uint8).tobytes())
+    _evict(probe)
+    before = _read_from_storage()
+    probe.read_bytes()
+    counted = _read_from_storage() - before
+    probe.unlink()
+    return None if counted >= 2**20 else f"reads are not counted from {folder} ({counted} bytes for 1 MiB: tmpfs?)"
+
+
+def test_a_crop_from_a_cold_file_reads_the_chunks_it_covers_not_the_file(tmp_path):
+    """From a file not in the page cache, a crop reads from storage the compressed chunks it covers and a few pages
+    (header, tail, page rounding), in a few large reads: not the whole file, which one page fault's read-ahead
+    around it fetched where the device's read-ahead is larger than the file (8 MiB here)."""
+    import resource
+
+    reason = _cold_reads_counted(tmp_path)
+    if reason:
+        pytest.skip(reason)
+    rng = np.random.default_rng(5)
+    array = rng.integers(-1000, 1000, (1, 160, 160, 96)).astype(np.int16)  # noise: chunks of ~50 kB
+    path = tmp_path / "image.b2nd"
+    record = write_array(array, path, patch_size=(64, 64, 64))
+    assert record["chunks"] == [1, 32, 32, 32] and len(record["crc32"]) == 5 * 5 * 3
+    region = (slice(0, 1), slice(40, 104), slice(40, 104), slice(20, 84))
+    covered = chunk_numbers(array.shape, record["chunks"], region)
+    assert len(covered) == 27
+    import blosc2
+
+    written = blosc2.open(str(path), mode="r")
+    covered_bytes = sum(len(written.schunk.get_chunk(n)) for n in covered)
+    del written
+    _evict(path)
+    handle = StoredArray(path, record, source="case.nii.gz")
+    before, faults = _read_from_storage(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    assert np.array_equal(handle[region], array[region])
+    read = _read_from_storage() - before
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults
+    size = path.stat().st_size
+    assert covered_bytes <= read <= covered_bytes + 64 * 1024, (read, covered_bytes, size)
+    assert read < 0.45 * size
+    assert faults <= 16  # the chunks asked for at once (MADV_WILLNEED), not page by page (about 330 pages)
+
+
+def test_a_mapped_file_finds_every_chunks_bytes_and_the_chunks_not_stored(tmp_path):
+    """The chunk offsets in the frame's tail give each stored chunk's bytes (their CRC-32 is the recorded one); a
+    chunk of zeros is described by the offsets and not stored, and is checked as blosc2 describes it; offsets of
+    another number of chunks are refused."""
+    from components.data.store.mapped import FrameError, chunk_spans
+
+    label = np.zeros((1, 96, 64, 64), np.uint8)
+    label[0, 10:40, 5:30, 5:60] = np.random.default_rng(0).integers(1, 4, (30, 25, 55))
+    record = write_array(label, tmp_path / "label.b2nd", patch_size=(64, 64, 64))
+    mapped = MappedArray(tmp_path / "label.b2nd", record)
+    stored = [n for n in range(len(record["crc32"])) if mapped._spans[n, 0] >= 0]
+    assert 0 < len(stored) < len(record["crc32"])  # some chunks all zeros
+    assert [mapped.checksum(n) for n in range(len(record["crc32"]))] == record["crc32"]
+    assert mapped._spans[stored[0], 0] == record["head_bytes"]
+    assert mapped._spans[stored[-1], 1] == record["nbytes"] - record["tail_bytes"]
+    assert np.array_equal(StoredArray(tmp_path / "label.b2nd", record)[...], label)
+    tail = (tmp_path / "label.b2nd").read_bytes()[-record["tail_bytes"] :]
+    assert len(record["crc32"]) == 3 * 2 * 2
+    with pytest.raises(FrameError, match="name 12 chunks, the index 25"):
+        chunk_spans(tail, record["head_bytes"], record["nbytes"] - record["tail_bytes"], 25)
 
 
 def test_a_process_reuses_an_opened_array_until_its_file_is_rewritten(tmp_path):
@@ -224,7 +321,7 @@ def test_a_process_reuses_an_opened_array_until_its_file_is_rewritten(tmp_path):
     record = write_array(first, path)
     one, two = StoredArray(path, record), StoredArray(path, record)
     assert np.array_equal(one[:, :4], first[:, :4])
-    assert two._open() is one._array and two._verified is one._verified and len(one._verified) > 0
+    assert two._open() is one._mapped and two._verified is one._verified and len(one._verified) > 0
     second = first[:, ::-1].copy()  # the same size and record shape
     record = write_array(second, path)
     assert np.array_equal(StoredArray(path, record)[:, :4], second[:, :4])
@@ -405,32 +502,34 @@ def test_crops_from_the_store_equal_the_in_memory_compact_path_and_monais_transf
     assert padded_crops  # some crops reached outside the stored region
 
 
-class _CountingArray:
-    """An opened stored array that records, per slice read, the chunks decompressed (those the slice covers) and,
-    per compressed chunk fetched (the CRC check), its number: what a crop costs, counted where blosc2 is called."""
+class _CountingSlices:
+    """An opened blosc2 array that records, per slice read, the chunks the slice covers (those decompressed)."""
 
-    def __init__(self, array, decompressed: list[list[int]], fetched: list[int]) -> None:
-        self._array, self._decompressed, self._fetched = array, decompressed, fetched
+    def __init__(self, array, decompressed: list[list[int]]) -> None:
+        self._array, self._decompressed = array, decompressed
 
     def __getattr__(self, name):
         return getattr(self._array, name)
 
-    @property
-    def schunk(self):
-        array, fetched = self._array, self._fetched
-
-        class _Chunks:
-            nchunks = array.schunk.nchunks
-
-            def get_chunk(self, number):
-                fetched.append(number)
-                return array.schunk.get_chunk(number)
-
-        return _Chunks()
-
     def __getitem__(self, region):
         self._decompressed.append(chunk_numbers(self._array.shape, self._array.chunks, region))
         return self._array[region]
+
+
+class _CountingMapped(MappedArray):
+    """A mapped stored file that records the chunks each slice decompresses and, per compressed chunk checked (its
+    CRC-32 computed), its number: what a crop costs, counted where blosc2 and the bytes are read."""
+
+    decompressed: list[list[int]] = []
+    fetched: list[int] = []
+
+    def __init__(self, path, record) -> None:
+        super().__init__(path, record)
+        self.array = _CountingSlices(self.array, self.decompressed)
+
+    def checksum(self, number: int) -> int:
+        self.fetched.append(number)
+        return super().checksum(number)
 
 
 def test_a_pretraining_crop_reads_only_the_chunks_it_covers(tmp_path, monkeypatch):
@@ -450,8 +549,9 @@ def test_a_pretraining_crop_reads_only_the_chunks_it_covers(tmp_path, monkeypatc
     fetched: list[int] = []
     from components.data.store import handle as handle_module
 
-    opened = handle_module.open_array
-    monkeypatch.setattr(handle_module, "open_array", lambda path: _CountingArray(opened(path), decompressed, fetched))
+    monkeypatch.setattr(_CountingMapped, "decompressed", decompressed)
+    monkeypatch.setattr(_CountingMapped, "fetched", fetched)
+    monkeypatch.setattr(handle_module, "MappedArray", _CountingMapped)
     dataset = StoreDataset(tmp_path / "store", transform=Compose([
         RandCompactSpatialCropSamplesd("image", roi_size=roi, num_samples=2), EnsureTyped("image", track_meta=False)]))
     stored = dataset[0]  # the crops of one item
@@ -544,8 +644,8 @@ def test_a_dataloader_reads_the_store_in_worker_processes(ssl_store):
     volumes = [(e["id"], store.source(e)) for e in store.entries]
     for rank in range(2):
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("components.data.partition.get_rank", lambda: rank)
-            patch.setattr("components.data.partition.get_world_size", lambda: 2)
+            patch.setattr("ignite.distributed.get_rank", lambda: rank)
+            patch.setattr("ignite.distributed.get_world_size", lambda: 2)
             shard = StoreDataset(store, shard=True, seed=3)
         assert list(shard.data) == partition_for_rank(volumes, seed=3, rank=rank, world_size=2) and len(shard) == 2
 

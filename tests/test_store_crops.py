@@ -73,18 +73,18 @@ def _plain(x) -> np.ndarray:
 
 
 class _ReadCounter:
-    """Records the chunks of each array file every ``StoredArray`` read covers."""
+    """Records the chunks of each array file every ``StoredArray`` read covers (``_stored``: where every read of a
+    region, ``handle[region]`` or ``read_into``, is checked and decompressed)."""
 
     def __init__(self, monkeypatch) -> None:
         self.reads: list[tuple[str, list[int]]] = []
-        original = StoredArray.__getitem__
+        original = StoredArray._stored
 
-        def counting(handle, index):
-            region = handle._region(index)
+        def counting(handle, region):
             self.reads.append((handle.path.name, chunk_numbers(handle.shape, handle.record["chunks"], region)))
-            return original(handle, index)
+            return original(handle, region)
 
-        monkeypatch.setattr(StoredArray, "__getitem__", counting)
+        monkeypatch.setattr(StoredArray, "_stored", counting)
 
     def chunks(self, name: str) -> list[list[int]]:
         return [numbers for file, numbers in self.reads if file == name]
@@ -211,6 +211,33 @@ def test_label_centred_crops_are_the_padded_volume_at_their_centre_and_positive_
             assert value > 0 and (sample["label"] == value).any()
         else:
             assert value == 0 and float(padded_item["image"][(0, *voxel)]) > 0.0
+
+
+@pytest.mark.parametrize("floats", ["quantized", "exact"])
+def test_a_crop_cut_from_a_handle_is_the_zero_padded_array_bit_for_bit(tmp_path, floats):
+    """``_cut`` writes a stored crop into the crop in one pass (``StoredArray.read_into``): the same values, bit for
+    bit, as the decoded array zero-padded and sliced, for crops inside, across and wholly outside the stored
+    region; ``read_into`` refuses an array of another shape or dtype."""
+    from components.data.store.crops import _cut, _padded
+    from components.data.store.format import write_array
+
+    rng = np.random.default_rng(4)
+    image = rng.normal(0.3, 0.2, (1, 40, 30, 20)).astype(np.float32)
+    label = rng.integers(0, 4, (1, 40, 30, 20)).astype(np.float32)
+    for name, array in (("image", image), ("label", label)):
+        record = write_array(array, tmp_path / f"{name}.b2nd", patch_size=(16, 16, 16), floats=floats)
+        handle = StoredArray(tmp_path / f"{name}.b2nd", record)
+        values = handle[...]
+        assert values.dtype == np.float32 and ("scales" in record) == (floats == "quantized" and name == "image")
+        padded, before = _padded(handle.shape[1:], (48, 40, 32))
+        whole = np.pad(values, [(0, 0)] + [(b, p - n - b) for b, p, n in zip(before, padded, handle.shape[1:])])
+        for corner in ((0, 0, 0), (4, 5, 6), (20, 10, 16), (0, 0, 31), (47, 39, 0)):
+            size = (24, 24, 16)
+            crop = _cut(handle, padded, before, corner, size)
+            want = whole[(slice(None), *(slice(c, c + z) for c, z in zip(corner, size)))]
+            assert crop.dtype == torch.float32 and np.array_equal(crop.numpy(), want), (name, corner)
+        with pytest.raises(ValueError, match="out must be float32"):
+            handle.read_into((slice(None), slice(0, 2)), np.zeros((1, 2, 30, 20), np.float64))
 
 
 def test_random_crops_equal_monais_draw_for_draw_with_virtual_padding(labeled):

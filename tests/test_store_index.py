@@ -262,9 +262,8 @@ def test_a_rank_reads_its_shards_entries_of_the_index_not_the_corpus(tmp_path, m
                         lambda root, rows, fields=None: read.append(len(rows)) or read_entries(root, rows, fields))  # fmt: skip
     served = {}
     for rank in range(4):
-        monkeypatch.setattr("components.data.partition.get_rank", lambda rank=rank: rank)
-        monkeypatch.setattr("components.data.partition.get_world_size", lambda: 4)
-        monkeypatch.setattr(module, "get_world_size", lambda: 4)
+        monkeypatch.setattr("ignite.distributed.get_rank", lambda rank=rank: rank)
+        monkeypatch.setattr("ignite.distributed.get_world_size", lambda: 4)
         read.clear()
         dataset = StoreDataset(tmp_path / "store", shard=True, seed=1)
         assert read == [250] and len(dataset.data) == 250

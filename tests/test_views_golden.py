@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from components.recipes.inpainting_contrast.views import aug_rand, ssl_views
+from tests.test_engine import _one_thread  # noqa: F401 (autouse fixture: one thread here too)
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "inpainting_views.json"
 
@@ -71,14 +72,6 @@ def run_case(name: str) -> dict[str, str]:
     views = ssl_views(x, generator, **options)
     return {"input": _sha(x), "inputs": _sha(views.inputs), "rot_labels": _sha(views.rot_labels),
             "targets": _sha(views.targets), "changed": int((views.inputs != views.targets).sum())}  # fmt: skip
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from ..config.values import as_bool, optional_path
+from ..networks.swin import network_parameters
 from .layouts import (
     _ENCODER_PREFIX,
     PATCH_EMBED_WEIGHT,
@@ -33,6 +34,16 @@ from .layouts import (
     read_checkpoint,
     source_name,
 )
+
+__all__ = [
+    "OVERRIDE_IDS",
+    "PRETRAINED_ARCH",
+    "SwinArchitecture",
+    "adopt_architecture",
+    "build_for_weights",
+    "check_architecture",
+    "infer_architecture",
+]
 
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
@@ -328,7 +339,7 @@ def _check_built(network: nn.Module, found: SwinArchitecture, where: str, builde
     if not differences:
         return
     name = getattr(builder, "__name__", type(network).__name__)
-    accepted = inspect.signature(builder).parameters
+    accepted = network_parameters(builder)
     named = "; ".join(
         f"{field}={_cli(needed)}, which {name} cannot take (it "
         + ("has no " if field not in accepted else "ignores its ")
@@ -347,7 +358,8 @@ def build_for_weights(
     """``network(**kwargs)`` with the architecture of the weights it will start from: the bundles' ``network_def``.
 
     The architecture values ``network`` accepts (``feature_size``, ``use_v2``, ``window_size``, ``depths``,
-    ``num_heads``, and for MONAI's ``SwinUNETR`` also ``patch_size``; ``kwargs`` or the signature's defaults) go
+    ``num_heads``, and for MONAI's ``SwinUNETR`` also ``patch_size``; ``kwargs`` or the defaults of the arguments
+    :func:`~components.networks.swin.network_parameters` reads) go
     through :func:`adopt_architecture`: with ``pretrained_arch="config"`` a checkpoint of another architecture fails
     here, when the config builds the network (the bundles build it before their data is cached), with one line
     naming each difference and the overrides; with ``"auto"`` the network takes the checkpoint's values (logged).
@@ -372,7 +384,7 @@ def build_for_weights(
                         "pretrained_path": "@pretrained_path", "pretrained_arch": "@training#pretrained_arch",
                         "in_channels": 1, "out_channels": 14, "feature_size": 48, "use_v2": false}
     """
-    accepted = inspect.signature(network).parameters
+    accepted = network_parameters(network)
     configured = {
         name: kwargs.get(name, accepted[name].default)
         for name in OVERRIDE_IDS

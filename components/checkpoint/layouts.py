@@ -97,6 +97,20 @@ import torch
 
 from ..errors import UserError
 
+__all__ = [
+    "CHANNEL_POLICIES",
+    "LAYOUTS",
+    "PATCH_EMBED_WEIGHT",
+    "REQUIRED_POLICIES",
+    "TARGETS",
+    "CheckpointLoadError",
+    "LoadReport",
+    "UnusedKey",
+    "detect_layout",
+    "extract_state_dict",
+    "read_checkpoint",
+]
+
 #: layouts :func:`detect_layout` can name (see the module docstring).
 LAYOUTS: tuple[str, ...] = (
     "model_swinvit",

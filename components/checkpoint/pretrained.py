@@ -22,6 +22,7 @@ from torch import nn
 
 from ..config.values import optional_path
 from ..errors import ConfigError
+from ..networks.wrappers import unwrap
 from .architecture import check_architecture, encoder_architecture
 from .layouts import (
     _ENCODER_PREFIX,
@@ -42,6 +43,8 @@ from .layouts import (
     source_name,
 )
 
+__all__ = ["PretrainedLoader", "check_pretrained", "convert_state_dict", "load_pretrained"]
+
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
 #: the bundle config ids of the loader's options, as its messages name them by default (``--training#channel_policy
@@ -51,18 +54,6 @@ LOADER_OVERRIDE_IDS: dict[str, str] = {"channel_policy": "training#channel_polic
 # ---------------------------------------------------------------------------------------------------------------
 # the target model
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def _unwrap_model(model: nn.Module) -> nn.Module:
-    """The module whose ``state_dict`` has no ``module.`` / ``_orig_mod.`` prefixes (DDP, DataParallel, compile)."""
-    for _ in range(8):
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
-        else:
-            return model
-    return model
 
 
 def _detect_target(model: nn.Module) -> str:
@@ -311,7 +302,7 @@ def convert_state_dict(
     where = source_name(source)
     raw = read_checkpoint(source, map_location, mmap=mmap) if isinstance(source, (str, os.PathLike)) else source
     state, container = extract_state_dict(raw, where)
-    model = _unwrap_model(target_model)
+    model = unwrap(target_model)
     target = target or _detect_target(model)
     layout, prefixes, keys = map_state_dict(state, where, beside_training_progress(raw, container))
     report = LoadReport(layout=layout, target=target, source=where, container=container, stripped_prefixes=prefixes,
@@ -385,7 +376,7 @@ def load_pretrained(
         map_location=map_location,
         override_ids=override_ids,
     )
-    module = _unwrap_model(model)
+    module = unwrap(model)
     # every key of `state` is a key of the model with the model's shape (checked above), so strict=False only
     # tolerates the keys the report lists as missing; verify that torch agrees with the report.
     result = module.load_state_dict(state, strict=False)
@@ -492,7 +483,7 @@ class PretrainedLoader:
         engine.add_event_handler(Events.STARTED, self)
 
     def __call__(self, engine: Engine | None = None) -> LoadReport | None:
-        name = type(_unwrap_model(self.network)).__name__
+        name = type(unwrap(self.network)).__name__
         if self.path is None:
             logger.log(
                 logging.WARNING if self.warn_from_scratch else logging.INFO,

@@ -16,8 +16,8 @@ from torch import nn
 
 from ..config.values import as_bool, optional_path
 from ..errors import ConfigError
+from ..networks.wrappers import unwrap
 from .layouts import CheckpointLoadError, _strip_wrappers, read_checkpoint
-from .pretrained import _unwrap_model
 from .training_state import (
     _batch_size,
     _differs,
@@ -26,6 +26,8 @@ from .training_state import (
     read_to_save,
     restore_schedule,
 )
+
+__all__ = ["ResumeHandler", "check_resume", "resolve_resume"]
 
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
@@ -224,7 +226,7 @@ class ResumeHandler:
 
         iteration, epoch_len = self._check_loop(engine, ckpt["trainer"])
         epoch = iteration // epoch_len if epoch_len else int(ckpt["trainer"].get("epoch", 0))
-        module = _unwrap_model(self.network)
+        module = unwrap(self.network)
         model_state = self._check_model(module, ckpt["model"])
         recipe_state = self._check_model(self.recipe, ckpt["recipe"], "recipe") if self.recipe is not None else None
         if self.optimizer is not None:

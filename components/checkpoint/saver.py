@@ -13,13 +13,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
+import torch
 from ignite.engine import Engine, Events
 from monai.handlers import CheckpointSaver
 
 from ..config.values import is_null
 from ..files import temp_prefix
-from ..distributed import broadcast_from_rank0, get_rank
-from .pretrained import _unwrap_model
+from ..networks.wrappers import unwrap
 from .training_state import (
     RESUME_FORMAT,
     CheckpointEvents,
@@ -31,6 +32,8 @@ from .training_state import (
     register_checkpoint_events,
     save_atomic,
 )
+
+__all__ = ["BestModelSaver", "ResumableCheckpointSaver"]
 
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
@@ -180,11 +183,12 @@ class ResumableCheckpointSaver:
         now = self.clock()
         self._clock = (iteration, now)
         per_iteration = (now - start) / max(iteration - start_iteration, 1)
-        per_iteration, left = broadcast_from_rank0([per_iteration, self.time_interval_s - (now - self._last_save_time)])
+        measured = torch.tensor([per_iteration, self.time_interval_s - (now - self._last_save_time)], dtype=torch.float64)
+        per_iteration, left = idist.broadcast(measured, src=0).tolist()
         return per_iteration, left
 
     def _remove_stale_temps(self, engine: Engine | None = None) -> None:
-        if get_rank() > 0 or not self.path.parent.is_dir():
+        if idist.get_rank() > 0 or not self.path.parent.is_dir():
             return
         for leftover in self.path.parent.glob(f"{temp_prefix(self.path)}*.tmp"):
             try:
@@ -228,7 +232,7 @@ class ResumableCheckpointSaver:
         state = engine.state
         ckpt: dict[str, Any] = {
             "format": RESUME_FORMAT,
-            "model": _unwrap_model(self.network).state_dict(),
+            "model": unwrap(self.network).state_dict(),
             "trainer": {
                 "epoch": int(state.epoch),
                 "iteration": int(state.iteration),
@@ -254,7 +258,7 @@ class ResumableCheckpointSaver:
         ``CheckpointEvents.BEFORE_SAVE`` on every rank first (a non-finite-loss guard raises there)."""
         register_checkpoint_events(engine)
         engine.fire_event(CheckpointEvents.BEFORE_SAVE)
-        if get_rank() > 0:
+        if idist.get_rank() > 0:
             return None
         marker = (engine.state.iteration, *(self._best() if self.evaluator is not None else ()))
         if marker == self._last_saved and self.path.exists():
@@ -277,8 +281,8 @@ class BestModelSaver(CheckpointSaver):
     record of the best score survives a resume or a restart.
 
     MONAI's saver (an ignite ``Checkpoint`` with a score) keeps the best score in memory only: after a restart the
-    first validation always overwrites ``model.pt``, even with a worse model. This one, when an evaluation starts
-    and it has saved nothing yet in this process, takes the best score from the evaluator's state, where
+    first validation always overwrites ``model.pt``, even with a worse model. This one, when the first evaluation of
+    this process starts, takes the best score from the evaluator's state, where
     :class:`ResumeHandler` restored ``best_metric`` / ``best_metric_epoch`` / ``best_metric_iteration`` from the
     resumable checkpoint, through MONAI's own ``load_state_dict``. ``model.pt`` is then replaced only by a strictly
     better validation (``key_metric_greater_or_equal=False``), and ``checkpoint.pt``'s best metric keeps describing it.
@@ -311,15 +315,18 @@ class BestModelSaver(CheckpointSaver):
         )
         self.path = Path(save_dir) / key_metric_filename
         self.sign = -1.0 if key_metric_negative_sign else 1.0
+        self.restore_pending = True  # until the first evaluation of this process starts
 
     def attach(self, engine: Engine) -> None:
         super().attach(engine)
         engine.add_event_handler(Events.STARTED, self.restore_best)
 
     def restore_best(self, engine: Engine) -> None:
-        """Seed the saver's best score from ``engine.state`` once, before this process saved any model."""
-        if self._key_metric_checkpoint.state_dict()["_saved"]:
+        """Seed the saver's best score from ``engine.state`` at the first evaluation of this process, before the
+        saver compared any score (MONAI's saver tells nothing of its record, so the first start is the marker)."""
+        if not self.restore_pending:
             return
+        self.restore_pending = False
         state = engine.state
         epoch, best = getattr(state, "best_metric_epoch", None), getattr(state, "best_metric", None)
         if epoch is None or best is None or int(epoch) < 1:

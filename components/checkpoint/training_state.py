@@ -19,6 +19,8 @@ from ..config.values import is_null
 from ..errors import ConfigError
 from ..files import atomic_write
 
+__all__ = ["RESUME_FORMAT", "CheckpointEvents", "register_checkpoint_events", "restore_schedule", "save_atomic"]
+
 logger = logging.getLogger("components.checkpoint")  # one logger name for the whole package, as the logs show it
 
 def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
@@ -111,9 +113,9 @@ def restore_schedule(scheduler: Any, saved: Mapping[str, Any]) -> str:
     """
     if isinstance(scheduler, LambdaLR) and "last_epoch" in saved:
         last_epoch = int(saved["last_epoch"])
-        step_count = int(saved.get("_step_count", last_epoch + 1))
-        scheduler.last_epoch = last_epoch - 1
-        scheduler._step_count = step_count - 1
+        counters = scheduler.state_dict()  # this run's settings, with the saved step before the last
+        counters.update(last_epoch=last_epoch - 1, _step_count=int(saved.get("_step_count", last_epoch + 1)) - 1)
+        scheduler.load_state_dict(counters)
         with warnings.catch_warnings():  # step() warns when it believes no optimizer step happened yet
             warnings.simplefilter("ignore", UserWarning)
             scheduler.step()  # last_epoch, _step_count and the optimizer's LRs now those of the saved step
@@ -157,5 +159,5 @@ class CheckpointEvents(EventEnum):
 
 def register_checkpoint_events(engine: Engine) -> None:
     """Registers :class:`CheckpointEvents` on ``engine`` (once; savers and guards both call this)."""
-    if CheckpointEvents.BEFORE_SAVE not in engine._allowed_events:
+    if not engine.has_registered_events(CheckpointEvents.BEFORE_SAVE):
         engine.register_events(*CheckpointEvents)

@@ -16,12 +16,5 @@ from __future__ import annotations
 
 from ..lazy import lazy_names
 
-# module -> the public names it provides here
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "overrides": ("check_overrides", "defined_overrides"),
-    "running": ("SHARED_CONFIG", "RunningBundle", "check_shared_config", "parse_command_line", "run_config_files",
-                "running_bundle"),
-    "types": ("check_types",),
-    "values": ("as_bool", "is_null", "optional_path", "require_file"),
-}
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+# the modules whose public names (each one's __all__) are offered here
+__getattr__, __dir__ = lazy_names(__name__, modules=("overrides", "running", "types", "values"))

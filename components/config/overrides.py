@@ -21,7 +21,7 @@ from ..errors import ConfigError
 
 from .running import RunningBundle, running_bundle
 
-__all__ = ["KNOB_GROUPS", "MOVED_IDS", "REPLACED_IDS", "check_overrides", "defined_overrides"]
+__all__ = ["check_overrides", "defined_overrides"]
 
 #: the groups of knobs a user rarely touches (searched first for an id given at the top level)
 KNOB_GROUPS: tuple[str, ...] = ("training", "loader", "speed", "checkpointing")

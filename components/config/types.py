@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from .kinds import Kind
 from .running import RunningBundle, running_bundle
 
-__all__ = ["check_types", "literal", "setting_problems", "setting_values"]
+__all__ = ["check_types"]
 
 _EXPRESSION_PREFIXES = ("$", "@", "%")
 

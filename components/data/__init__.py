@@ -14,7 +14,7 @@ Modules, each one concern:
   datalist has none), ``MissingDatalist``, ``require_datalist``.
 - ``partition``: ``partition_for_rank``, ``split_for_rank``, ``check_shard_sizes`` (sizes fail before caching).
 - ``datasets``: ``build_dataset`` (the one place that builds training datasets), ``EpochShuffleSampler``,
-  ``rotate_smart_cache``, ``ResumableSmartCacheHandler``.
+  ``ResumableSmartCacheDataset`` and ``ResumableSmartCacheHandler``.
 - ``sources``: ``batch_filenames``, ``item_sources``, ``SourceNamingCompose`` / ``DataItemError``.
 - ``compact_cache``: ``CompactCropForegroundd``, ``RandCompactSpatialCropSamplesd``, ``IntensityScaler``,
   ``compact_nbytes``: the recipe's crops from a compact cache.
@@ -36,34 +36,12 @@ from __future__ import annotations
 
 from ..lazy import lazy_names
 
-# submodule -> the public names it provides here
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "datalists": ("MissingDatalist", "load_datalist", "load_split", "require_datalist"),
-    "partition": ("check_shard_sizes", "partition_for_rank", "split_for_rank"),
-    "datasets": ("EpochShuffleSampler", "ResumableSmartCacheHandler", "build_dataset", "data_pipeline", "rotate_smart_cache"),
-    "sources": ("DataItemError", "SourceNamingCompose", "batch_filenames", "item_sources"),
-    "compact_cache": (
-        "COMPACT_SUFFIX",
-        "CompactCropForegroundd",
-        "IntensityScaler",
-        "RandCompactSpatialCropSamplesd",
-        "compact_nbytes",
+# the modules and the sub-package whose public names (each module's __all__) are offered here
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    modules=(
+        "check", "check_report", "check_voxels", "compact_cache", "datalists", "datasets", "partition", "sources",
+        "synthetic",
     ),
-    "check_report": ("DataCheckError", "DataIssue", "DataReport"),
-    "check": ("check_before_caching", "check_datalist", "check_items"),
-    "check_voxels": ("CheckVoxelsd",),
-    "store": (
-        "ReadStoredd",
-        "Store",
-        "StoreDataset",
-        "StoreError",
-        "StoreReadError",
-        "StoredArray",
-        "bundle_transforms",
-        "open_store",
-        "preprocess",
-        "transforms_fingerprint",
-    ),
-    "synthetic": ("write_dataset",),
-}
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+    packages=("store",),
+)  # fmt: skip

@@ -38,12 +38,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import ignite.distributed as idist
 
 from ..config.values import as_bool
-from ..distributed import all_reduce_mean, collective_device, get_rank, get_world_size, is_distributed
-from .check_entries import _PADDED, _as_tuple, _Checker, _options
-from .check_files import _NIBABEL_SUFFIXES, _has_suffix
+from .check_entries import CheckOptions, EntryChecker, as_tuple, will_be_padded
+from .check_files import is_image_path
 from .check_report import WARNING, DataCheckError, DataReport
 
 __all__ = ["check_before_caching", "check_datalist", "check_items"]
@@ -97,11 +96,11 @@ def check_items(
         >>> report = check_items(load_datalist("data/dataset.json"), keys=("image",), roi_size=96)
         >>> report.raise_if_errors("training list")
     """
-    opt = _options(
+    opt = CheckOptions.validated(
         keys, roi_size, deep, channels, num_classes, label_values, label_key, pixdim, spatial_dims, atol, duplicates
     )
     report = DataReport(deep=opt.deep)
-    checker = _Checker(opt, report, source=source)
+    checker = EntryChecker(opt, report, source=source)
     checker.check_list(
         list(items) if not isinstance(items, list) else items,
         list_name,
@@ -148,7 +147,7 @@ def check_datalist(
         a :class:`DataReport` with every problem found.
     """
     default_lists = list_keys is None
-    list_keys = ("training", "validation") if default_lists else _as_tuple(list_keys, "list_keys", str)
+    list_keys = ("training", "validation") if default_lists else as_tuple(list_keys, "list_keys", str)
     if isinstance(datalist, Mapping):
         content, source = datalist, "<datalist>"
         root = os.fspath(base_dir) if base_dir is not None else os.getcwd()
@@ -185,7 +184,7 @@ def check_datalist(
         modality = content.get("modality")
         if isinstance(modality, Mapping) and len(modality) > 1:
             channels = len(modality)
-    opt = _options(
+    opt = CheckOptions.validated(
         keys,
         roi_size,
         deep,
@@ -199,7 +198,7 @@ def check_datalist(
         True,
         label_source,
     )
-    checker = _Checker(opt, report, source)
+    checker = EntryChecker(opt, report, source)
     for list_key in list_keys:
         if default_lists and list_key == "validation" and list_key not in content and "training" in content:
             report.add(source, list_key, "datalist has no 'validation' list: the bundles validate on a fixed part "
@@ -262,8 +261,8 @@ def check_before_caching(
             unique.append(entry)
     if keys is None:
         first = next((e for e in unique if isinstance(e, Mapping)), {})
-        keys = tuple(k for k, v in first.items() if _looks_like_paths(v)) or ("image",)
-    rank = get_rank()
+        keys = tuple(k for k, v in first.items() if is_image_path(v)) or ("image",)
+    rank = idist.get_rank()
     report = check_items(
         unique,
         keys=keys,
@@ -280,18 +279,17 @@ def check_before_caching(
     )
     # one line for all the volumes that will be padded (every volume of a thin-slab dataset, e.g. synthetic CT),
     # one line per other warning
-    padded = [issue for issue in report.warnings if _PADDED in issue.message]
+    padded = [issue for issue in report.warnings if will_be_padded(issue)]
     for issue in report.warnings:
-        if _PADDED not in issue.message:
+        if not will_be_padded(issue):
             logger.warning("rank %d: %s", rank, issue.format())
     if padded:
         logger.warning("rank %d: %d of %d volumes are smaller than roi_size and will be padded, e.g. %s", rank,
                        len(padded), len(unique), padded[0].format())  # fmt: skip
-    where = f"{context} (rank {rank})" if is_distributed() else context
+    where = f"{context} (rank {rank})" if idist.get_world_size() > 1 else context
     failed_ranks = 1 if report.errors else 0
-    if sync and is_distributed() and get_world_size() > 1:
-        flag = torch.tensor(float(bool(report.errors)), device=collective_device())
-        failed_ranks = int(round(float(all_reduce_mean(flag)) * get_world_size()))
+    if sync and idist.get_world_size() > 1:
+        failed_ranks = int(idist.all_reduce(failed_ranks))  # the ranks with errors, this one included
     report.raise_if_errors(where)
     if failed_ranks:
         raise DataCheckError(
@@ -302,11 +300,3 @@ def check_before_caching(
     logger.info("%s: %s", where, report.summary())
     return report
 
-
-def _looks_like_paths(value: Any) -> bool:
-    """True for a path string (or a list of them) with a medical image suffix."""
-    values = value if isinstance(value, (list, tuple)) else [value]
-    suffixes = (*_NIBABEL_SUFFIXES, ".nrrd", ".nhdr", ".mha", ".mhd", ".dcm")
-    return bool(values) and all(
-        isinstance(v, (str, os.PathLike)) and _has_suffix(os.fspath(v), suffixes) for v in values
-    )

@@ -1,7 +1,8 @@
-"""The checks of datalist entries: the settings of one check, validated once (:func:`_options`), and the
-:class:`_Checker` that takes every entry through its keys, duplicates, file headers
+"""The checks of datalist entries: the settings of one check, validated once (:meth:`CheckOptions.validated`), and
+the :class:`EntryChecker` that takes every entry through its keys, duplicates, file headers
 (:mod:`components.data.check_files`), dimensions and channels, the agreement of label and image (shape, affine),
-the ROI and, with a deep check, the voxels."""
+the ROI and, with a deep check, the voxels, writing each problem into one report.
+:mod:`components.data.check` walks the datalists through it."""
 
 from __future__ import annotations
 
@@ -13,13 +14,28 @@ from typing import Any
 
 import numpy as np
 
-from .check_files import _channels, _deep_image, _deep_label, _FileInfo, _fmt, _ras, _read_header
-from .check_report import WARNING, DataReport
+from .check_files import (
+    FileHeader,
+    channels_of,
+    check_image_voxels,
+    check_label_voxels,
+    format_numbers,
+    ras_geometry,
+    read_header,
+)
+from .check_report import WARNING, DataIssue, DataReport
+
+__all__ = ["CheckOptions", "EntryChecker", "as_tuple", "declared_classes", "will_be_padded"]
 
 _PADDED = "it will be padded"
 
 
-def _as_tuple(value: Any, name: str, kind: type) -> tuple | None:
+def will_be_padded(issue: DataIssue) -> bool:
+    """Whether ``issue`` is the warning that a volume is smaller than the ROI (one line for all of them is enough)."""
+    return _PADDED in issue.message
+
+
+def as_tuple(value: Any, name: str, kind: type) -> tuple | None:
     """``value`` as a tuple of ``kind`` (a scalar becomes a 1-tuple); None stays None."""
     if value is None:
         return None
@@ -32,9 +48,29 @@ def _as_tuple(value: Any, name: str, kind: type) -> tuple | None:
         raise TypeError(f"{name} must hold {kind.__name__} values, got {value!r}.") from None
 
 
+def declared_classes(
+    num_classes: int | None, label_values: Sequence[int] | None, label_source: str = "label_values"
+) -> tuple[tuple[int, ...] | None, str]:
+    """A label's declared classes, ``range(num_classes)`` or the sorted distinct ``label_values`` (None: not declared),
+    and what declared them (for messages).
+
+    Raises:
+        ValueError: both given, or ``num_classes`` not a positive integer.
+    """
+    if num_classes is not None and label_values is not None:
+        raise ValueError("give num_classes or label_values, not both.")
+    if num_classes is not None:
+        if isinstance(num_classes, bool) or int(num_classes) != num_classes or num_classes < 1:
+            raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}.")
+        return tuple(range(int(num_classes))), f"num_classes={int(num_classes)}"
+    if label_values is not None:
+        return tuple(sorted({int(v) for v in as_tuple(label_values, "label_values", float)})), label_source
+    return None, label_source
+
+
 @dataclass
-class _Options:
-    """Validated settings shared by every entry of one check."""
+class CheckOptions:
+    """Validated settings shared by every entry of one check (made by :meth:`validated`)."""
 
     keys: tuple[str, ...]
     label_key: str
@@ -48,71 +84,74 @@ class _Options:
     atol: float
     duplicates: bool
 
+    @classmethod
+    def validated(
+        cls,
+        keys: Sequence[str] | str,
+        roi_size: Sequence[int] | int | None,
+        deep: bool,
+        channels: int | None,
+        num_classes: int | None,
+        label_values: Sequence[int] | None,
+        label_key: str,
+        pixdim: Sequence[float] | float | None,
+        spatial_dims: int,
+        atol: float,
+        duplicates: bool,
+        label_source: str = "label_values",
+    ) -> CheckOptions:
+        """The options of :func:`~components.data.check.check_items`' arguments, validated once.
 
-def _options(
-    keys: Sequence[str] | str,
-    roi_size: Sequence[int] | int | None,
-    deep: bool,
-    channels: int | None,
-    num_classes: int | None,
-    label_values: Sequence[int] | None,
-    label_key: str,
-    pixdim: Sequence[float] | float | None,
-    spatial_dims: int,
-    atol: float,
-    duplicates: bool,
-    label_source: str = "label_values",
-) -> _Options:
-    """Validates the arguments once, with messages that say what was expected."""
-    keys_t = _as_tuple(keys, "keys", str)
-    if not keys_t or any(not k for k in keys_t):
-        raise ValueError(f"keys must name at least one datalist key, e.g. ('image', 'label'); got {keys!r}.")
-    if spatial_dims not in (2, 3):
-        raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims!r}.")
-    roi = _as_tuple(roi_size, "roi_size", int)
-    if roi is not None:
-        roi = roi * spatial_dims if len(roi) == 1 else roi
-        if len(roi) != spatial_dims:
-            raise ValueError(f"roi_size must have 1 or {spatial_dims} values, got {roi_size!r}.")
-    target = _as_tuple(pixdim, "pixdim", float)
-    if target is not None:
-        target = target * spatial_dims if len(target) == 1 else target
-        if len(target) != spatial_dims or not all(math.isfinite(v) and v > 0 for v in target):
-            raise ValueError(f"pixdim must be 1 or {spatial_dims} positive numbers, got {pixdim!r}.")
-    if channels is not None and (isinstance(channels, bool) or int(channels) != channels or channels < 1):
-        raise ValueError(f"channels must be a positive integer or None, got {channels!r}.")
-    if num_classes is not None and label_values is not None:
-        raise ValueError("give num_classes or label_values, not both.")
-    values = None
-    if num_classes is not None:
-        if isinstance(num_classes, bool) or int(num_classes) != num_classes or num_classes < 1:
-            raise ValueError(f"num_classes must be a positive integer, got {num_classes!r}.")
-        values, label_source = tuple(range(int(num_classes))), f"num_classes={int(num_classes)}"
-    elif label_values is not None:
-        values = tuple(sorted({int(v) for v in _as_tuple(label_values, "label_values", float)}))
-    return _Options(
-        keys=keys_t,
-        label_key=label_key,
-        roi_size=roi,
-        pixdim=target,
-        channels=None if channels is None else int(channels),
-        spatial_dims=spatial_dims,
-        label_values=values,
-        label_source=label_source,
-        deep=bool(deep),
-        atol=float(atol),
-        duplicates=duplicates,
-    )
+        Raises:
+            ValueError, TypeError: an argument out of range, with a message that says what was expected.
+        """
+        keys_t = as_tuple(keys, "keys", str)
+        if not keys_t or any(not k for k in keys_t):
+            raise ValueError(f"keys must name at least one datalist key, e.g. ('image', 'label'); got {keys!r}.")
+        if spatial_dims not in (2, 3):
+            raise ValueError(f"spatial_dims must be 2 or 3, got {spatial_dims!r}.")
+        roi = as_tuple(roi_size, "roi_size", int)
+        if roi is not None:
+            roi = roi * spatial_dims if len(roi) == 1 else roi
+            if len(roi) != spatial_dims:
+                raise ValueError(f"roi_size must have 1 or {spatial_dims} values, got {roi_size!r}.")
+        target = as_tuple(pixdim, "pixdim", float)
+        if target is not None:
+            target = target * spatial_dims if len(target) == 1 else target
+            if len(target) != spatial_dims or not all(math.isfinite(v) and v > 0 for v in target):
+                raise ValueError(f"pixdim must be 1 or {spatial_dims} positive numbers, got {pixdim!r}.")
+        if channels is not None and (isinstance(channels, bool) or int(channels) != channels or channels < 1):
+            raise ValueError(f"channels must be a positive integer or None, got {channels!r}.")
+        values, label_source = declared_classes(num_classes, label_values, label_source)
+        return cls(
+            keys=keys_t,
+            label_key=label_key,
+            roi_size=roi,
+            pixdim=target,
+            channels=None if channels is None else int(channels),
+            spatial_dims=spatial_dims,
+            label_values=values,
+            label_source=label_source,
+            deep=bool(deep),
+            atol=float(atol),
+            duplicates=duplicates,
+        )
 
 
-class _Checker:
-    """Checks entries one by one into one report; remembers file headers and image paths across lists."""
+class EntryChecker:
+    """Checks entries one by one into one report; remembers file headers and image paths across lists.
 
-    def __init__(self, options: _Options, report: DataReport, source: str) -> None:
+    Args:
+        options: the check's settings.
+        report: where every problem goes.
+        source: the datalist's path (or ``"<items>"``), named by the problems of a list rather than a file.
+    """
+
+    def __init__(self, options: CheckOptions, report: DataReport, source: str) -> None:
         self.opt = options
         self.report = report
         self.source = source  # datalist path (or "<items>") for list-level issues
-        self.infos: dict[str, _FileInfo | None] = {}
+        self.infos: dict[str, FileHeader | None] = {}
         self.seen: dict[tuple[str, ...], str] = {}
         self.deep_done: set[str] = set()
 
@@ -177,13 +216,13 @@ class _Checker:
             else:
                 self.seen[ident] = name
 
-        volumes: dict[str, tuple[str, _FileInfo]] = {}  # key -> (first file, its header) for cross-key checks
+        volumes: dict[str, tuple[str, FileHeader]] = {}  # key -> (first file, its header) for cross-key checks
         for key, files in paths.items():
             where = f"{name} {key}"
             infos = []
             for path in files:
                 if path not in self.infos:
-                    self.infos[path] = _read_header(path, where, report)
+                    self.infos[path] = read_header(path, where, report)
                 infos.append(self.infos[path])
             if any(info is None for info in infos):
                 continue
@@ -204,11 +243,11 @@ class _Checker:
                         continue
                     self.deep_done.add(path)
                     if key == opt.label_key:
-                        _deep_label(path, f"{name} {key}", info, opt.label_values, opt.label_source, report)
+                        check_label_voxels(path, f"{name} {key}", info, opt.label_values, opt.label_source, report)
                     else:
-                        _deep_image(path, f"{name} {key}", info, opt.spatial_dims, report)
+                        check_image_voxels(path, f"{name} {key}", info, opt.spatial_dims, report)
 
-    def _check_layout(self, key: str, files: list[str], infos: list[_FileInfo], where: str) -> bool:
+    def _check_layout(self, key: str, files: list[str], infos: list[FileHeader], where: str) -> bool:
         """Dimensionality and channels of one key's file(s); True when its spatial geometry is usable."""
         opt, report = self.opt, self.report
         dims = opt.spatial_dims
@@ -223,7 +262,7 @@ class _Checker:
                 report.add(path, where, f"has an empty axis (shape {shape})")
                 usable = False
                 continue
-            channels = _channels(shape, dims)
+            channels = channels_of(shape, dims)
             if channels is None:
                 report.add(path, where, f"has shape {shape}: more than one non-spatial dimension")
                 usable = False
@@ -273,7 +312,7 @@ class _Checker:
         return usable and all(info.geometry_ok for info in infos)
 
     def _compare(
-        self, reference: tuple[str, _FileInfo], path: str, info: _FileInfo, key: str, ref_key: str, where: str
+        self, reference: tuple[str, FileHeader], path: str, info: FileHeader, key: str, ref_key: str, where: str
     ) -> None:
         """The same spatial shape and (within ``atol``) the same affine as the reference (image) volume."""
         dims = self.opt.spatial_dims
@@ -295,16 +334,16 @@ class _Checker:
                 "they would not be aligned",
             )
 
-    def _check_roi(self, path: str, info: _FileInfo, where: str) -> None:
+    def _check_roi(self, path: str, info: FileHeader, where: str) -> None:
         """Warns when the volume is smaller than ``roi_size`` along a RAS axis (it will be padded)."""
         opt = self.opt
         if opt.roi_size is None:
             return
-        shape, spacing, codes = _ras(info, opt.spatial_dims)
+        shape, spacing, codes = ras_geometry(info, opt.spatial_dims)
         after = "reorientation to RAS"
         if opt.pixdim is not None:
             shape = tuple(int(round(n * s / p)) for n, s, p in zip(shape, spacing, opt.pixdim))
-            after += f" and resampling to pixdim {_fmt(opt.pixdim)}"
+            after += f" and resampling to pixdim {format_numbers(opt.pixdim)}"
         short = [
             f"{codes[i]} ({shape[i]} < {opt.roi_size[i]})"
             for i in range(opt.spatial_dims)

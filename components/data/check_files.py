@@ -1,6 +1,8 @@
-"""The checks of one file, each problem a line of a :class:`~components.data.check_report.DataReport`: its header
-(missing, unreadable, truncated, voxel type, spacing, affine), its channels and RAS shape, and with a deep check
-its voxels (NaN / Inf, constant images, label values, empty labels).
+"""The checks of one file, each problem a line of a :class:`~components.data.check_report.DataReport`:
+:func:`read_header` (missing, unreadable, truncated, voxel type, spacing, affine) gives the :class:`FileHeader` that
+:func:`channels_of` and :func:`ras_geometry` read (its channels and RAS shape), and with a deep check
+:func:`check_image_voxels` / :func:`check_label_voxels` read its voxels (NaN / Inf, constant images, label values,
+empty labels).
 
 Truncation without reading voxels: a truncated ``.nii.gz`` still opens (its header sits in the first
 compressed block) and fails only when the voxels are read. For uncompressed files the file size is compared
@@ -28,6 +30,19 @@ from nibabel.orientations import io_orientation
 
 from .check_report import WARNING, DataReport
 
+__all__ = [
+    "FileHeader",
+    "channels_of",
+    "check_image_voxels",
+    "check_label_voxels",
+    "format_numbers",
+    "is_image_path",
+    "label_messages",
+    "non_finite_message",
+    "ras_geometry",
+    "read_header",
+]
+
 # Files nibabel reads (NIfTI-1/2 single files and pairs, Analyze, MGH). Problems with these are errors;
 # other formats (.nrrd, .mha, DICOM folders, ...) are read by MONAI through ITK and are only noted.
 _NIBABEL_SUFFIXES = (".nii", ".nii.gz", ".img", ".hdr", ".img.gz", ".hdr.gz", ".mgh", ".mgz")
@@ -39,7 +54,7 @@ _NIFTI_HEADER_BYTES = 348
 
 
 @dataclass
-class _FileInfo:
+class FileHeader:
     """What the header says about one file (``img`` is nibabel's lazy image, for a deep read)."""
 
     shape: tuple[int, ...]
@@ -51,6 +66,15 @@ class _FileInfo:
 def _has_suffix(path: str, suffixes: Iterable[str]) -> bool:
     lower = path.lower()
     return any(lower.endswith(s) for s in suffixes)
+
+
+def is_image_path(value: Any) -> bool:
+    """True for a path string (or a list of them) with a medical image suffix: a datalist value naming files."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    suffixes = (*_NIBABEL_SUFFIXES, ".nrrd", ".nhdr", ".mha", ".mhd", ".dcm")
+    return bool(values) and all(
+        isinstance(v, (str, os.PathLike)) and _has_suffix(os.fspath(v), suffixes) for v in values
+    )
 
 
 def _gzip_stream_size(path: str, chunk: int = 1 << 20) -> tuple[int, str | None]:
@@ -87,7 +111,7 @@ def _gzip_stream_size(path: str, chunk: int = 1 << 20) -> tuple[int, str | None]
     return total, None
 
 
-def _truncation(path: str, info: _FileInfo) -> str | None:
+def _truncation(path: str, info: FileHeader) -> str | None:
     """Says how ``path`` is truncated, or None: file size (uncompressed) or gzip ISIZE trailer vs the size the
     header needs (``vox_offset + prod(shape) * itemsize``); a gzip mismatch is confirmed by streaming."""
     proxy = info.img.dataobj
@@ -138,7 +162,7 @@ def _diagnose_unreadable(path: str, err: Exception) -> str:
     return f"unreadable: {type(err).__name__}: {err}"
 
 
-def _read_header(path: str, entry: str, report: DataReport) -> _FileInfo | None:
+def read_header(path: str, entry: str, report: DataReport) -> FileHeader | None:
     """Loads the header of ``path`` lazily and records file-intrinsic problems (missing, unreadable,
     truncated, spacing); returns None when the file cannot be used further."""
     if not os.path.exists(path):
@@ -165,7 +189,7 @@ def _read_header(path: str, entry: str, report: DataReport) -> _FileInfo | None:
     if affine.shape != (4, 4):
         report.add(path, entry, f"has no usable 4x4 affine (got shape {affine.shape})")
         return None
-    info = _FileInfo(shape=shape, affine=affine, img=img, geometry_ok=True)
+    info = FileHeader(shape=shape, affine=affine, img=img, geometry_ok=True)
     try:
         problem = _truncation(path, info)
     except OSError as err:
@@ -179,19 +203,22 @@ def _read_header(path: str, entry: str, report: DataReport) -> _FileInfo | None:
 
     zooms = np.asarray(img.header.get_zooms()[:3], dtype=np.float64)
     if zooms.size and not (np.all(np.isfinite(zooms)) and np.all(zooms > 0)):
-        report.add(path, entry, f"bad voxel spacing in the header: pixdim {_fmt(zooms)} must be finite and > 0")
+        report.add(
+            path, entry, f"bad voxel spacing in the header: pixdim {format_numbers(zooms)} must be finite and > 0"
+        )
     linear = affine[:3, :3]
     norms = np.sqrt((linear**2).sum(axis=0))
     if not np.all(np.isfinite(affine)):
-        report.add(path, entry, f"non-finite affine: {_fmt(affine[:3])} (spacing from its columns: {_fmt(norms)})")
+        spacing = format_numbers(norms)
+        report.add(path, entry, f"non-finite affine: {format_numbers(affine[:3])} (spacing from its columns: {spacing})")
         info.geometry_ok = False
     elif not np.all(norms > 0) or abs(np.linalg.det(linear)) < 1e-12 * max(float(norms.prod()), 1e-300):
-        report.add(path, entry, f"singular affine: spacing from its columns {_fmt(norms)} must be > 0")
+        report.add(path, entry, f"singular affine: spacing from its columns {format_numbers(norms)} must be > 0")
         info.geometry_ok = False
     return info
 
 
-def _fmt(values: Any) -> str:
+def format_numbers(values: Any) -> str:
     """Compact rendering of numbers / arrays for messages."""
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim == 2:
@@ -199,7 +226,7 @@ def _fmt(values: Any) -> str:
     return "(" + ", ".join(f"{v:g}" for v in arr.reshape(-1)) + ")"
 
 
-def _channels(shape: tuple[int, ...], spatial_dims: int) -> int | None:
+def channels_of(shape: tuple[int, ...], spatial_dims: int) -> int | None:
     """Number of channels of a volume of ``shape`` (trailing non-spatial dims; size-1 dims ignored), or None
     when it has more than one non-trivial non-spatial dim."""
     extra = [n for n in shape[spatial_dims:] if n != 1]
@@ -208,7 +235,7 @@ def _channels(shape: tuple[int, ...], spatial_dims: int) -> int | None:
     return extra[0] if extra else 1
 
 
-def _ras(info: _FileInfo, spatial_dims: int) -> tuple[tuple[int, ...], np.ndarray, str]:
+def ras_geometry(info: FileHeader, spatial_dims: int) -> tuple[tuple[int, ...], np.ndarray, str]:
     """Shape and spacing after reorientation to RAS (as ``Orientationd(axcodes="RAS")``), plus axis codes."""
     ornt = io_orientation(info.affine)  # row i: (RAS axis that voxel axis i maps to, flip)
     shape = [0] * spatial_dims
@@ -224,7 +251,7 @@ def _ras(info: _FileInfo, spatial_dims: int) -> tuple[tuple[int, ...], np.ndarra
 # ------------------------------------------------------------------------------------------------------ voxels
 
 
-def _deep_image(path: str, entry: str, info: _FileInfo, spatial_dims: int, report: DataReport) -> None:
+def check_image_voxels(path: str, entry: str, info: FileHeader, spatial_dims: int, report: DataReport) -> None:
     """Voxel checks of an image: readable, finite, not constant (per channel)."""
     data = _read_voxels(path, entry, info, report)
     if data is None:
@@ -242,10 +269,10 @@ def _deep_image(path: str, entry: str, info: _FileInfo, spatial_dims: int, repor
             report.add(path, entry, f"{which} (every voxel = {float(low):g}): an empty or failed conversion?")
 
 
-def _deep_label(
+def check_label_voxels(
     path: str,
     entry: str,
-    info: _FileInfo,
+    info: FileHeader,
     label_values: Sequence[int] | None,
     source: str,
     report: DataReport,
@@ -282,7 +309,7 @@ def label_messages(data: np.ndarray, label_values: Sequence[int] | None, source:
     fractional = values[values != np.round(values)] if values.dtype.kind == "f" else values[:0]
     if fractional.size:
         problems.append(
-            f"label has non-integer values (e.g. {_fmt(fractional[:3])}): class indices expected "
+            f"label has non-integer values (e.g. {format_numbers(fractional[:3])}): class indices expected "
             "(resampled with linear interpolation?)"
         )
     if label_values is not None:
@@ -296,7 +323,7 @@ def label_messages(data: np.ndarray, label_values: Sequence[int] | None, source:
     return problems, values
 
 
-def _read_voxels(path: str, entry: str, info: _FileInfo, report: DataReport) -> np.ndarray | None:
+def _read_voxels(path: str, entry: str, info: FileHeader, report: DataReport) -> np.ndarray | None:
     """All voxels of ``info`` (scaled as MONAI's NibabelReader does), or None after recording why not."""
     try:
         return np.asanyarray(info.img.dataobj)

@@ -26,7 +26,7 @@ from monai.config import KeysCollection
 from monai.transforms import MapTransform
 from monai.utils import convert_to_tensor
 
-from .check_entries import _options
+from .check_entries import declared_classes
 from .check_files import label_messages, non_finite_message
 from .sources import DataItemError, item_sources
 
@@ -85,12 +85,8 @@ class CheckVoxelsd(MapTransform):
                 "CheckVoxelsd: give label_key together with num_classes or label_values (got label_key "
                 f"{label_key!r}, num_classes {num_classes!r}, label_values {label_values!r})."
             )
-        options = _options(self.keys, roi_size=None, deep=True, channels=None, num_classes=num_classes,
-                           label_values=label_values, label_key=label_key or "label", pixdim=None, spatial_dims=3,
-                           atol=0.0, duplicates=False)  # fmt: skip
         self.label_key = label_key
-        self.label_values = options.label_values
-        self.label_source = options.label_source
+        self.label_values, self.label_source = declared_classes(num_classes, label_values)
         values = self.label_values or ()
         span = range(values[0], values[-1] + 1) if values else range(0)
         self._gaps = tuple(v for v in span if v not in values)  # the values the classes skip: 3 in 0, 1, 2, 4

@@ -10,9 +10,14 @@ transform at item 700 of caching, or in a loader worker mid-training, is named i
 from __future__ import annotations
 
 import logging
+import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+import ignite.distributed as idist
+import numpy as np
 import torch
 from ignite.engine import Engine
 from monai.data import CacheDataset, Dataset, SmartCacheDataset
@@ -21,13 +26,19 @@ from monai.transforms import Compose, LoadImaged, ToDeviced
 from torch.utils.data import DistributedSampler
 
 from ..config.values import as_bool, optional_path
-from ..distributed import barrier, get_rank, get_world_size
+from ..distributed import barrier
 from .check import check_before_caching
 from .datalists import MissingDatalist
 from .partition import check_shard_sizes, partition_for_rank
 from .sources import SourceNamingCompose
 
-__all__ = ["EpochShuffleSampler", "ResumableSmartCacheHandler", "build_dataset", "data_pipeline", "rotate_smart_cache"]
+__all__ = [
+    "EpochShuffleSampler",
+    "ResumableSmartCacheDataset",
+    "ResumableSmartCacheHandler",
+    "build_dataset",
+    "data_pipeline",
+]
 
 logger = logging.getLogger("components.data")  # one logger name for the whole package, as the logs show it
 
@@ -57,8 +68,8 @@ def build_dataset(
     source_check: str = "stat",
 ) -> Dataset:
     """Builds this rank's dataset from ``data``: ``cache`` = "full" (``CacheDataset`` of ``cache_rate`` of the
-    shard), "smart" (``SmartCacheDataset`` keeping ``cache_num`` volumes, ``replace_rate`` of them replaced
-    each epoch: attach ``monai.handlers.SmartCacheHandler``), "none" (plain ``Dataset``) or "disk" (the on-disk
+    shard), "smart" (:class:`ResumableSmartCacheDataset` keeping ``cache_num`` volumes, ``replace_rate`` of them
+    replaced each epoch: attach :class:`ResumableSmartCacheHandler`), "none" (plain ``Dataset``) or "disk" (the on-disk
     ``store`` that ``python -m components preprocess`` wrote from ``data``: :func:`~components.data.store.training_store`,
     this rank's volumes, nothing cached and nothing read before the first step; ``transform`` is then the random
     transforms only, see :func:`data_pipeline`; ``on_read_error`` "stop" or "skip" a volume that cannot be read;
@@ -77,7 +88,7 @@ def build_dataset(
     """
     if isinstance(data, MissingDatalist):  # parsing the bundle without data: nothing to read (see load_split)
         return Dataset(data, transform)
-    world_size = get_world_size() if partition else 1
+    world_size = idist.get_world_size() if partition else 1
     check_shard_sizes(len(data), world_size, batch_size, cache, cache_num, list_name=list_name, source=source)
     if not isinstance(transform, SourceNamingCompose):
         transform = SourceNamingCompose(transform if isinstance(transform, Compose) else Compose(transform))
@@ -91,17 +102,17 @@ def build_dataset(
         dataset = training_store(store, data, transform, shard=partition, seed=seed, on_read_error=on_read_error,
                                  batch_size=batch_size, source=str(source), source_root=source_root,
                                  source_check=source_check)  # fmt: skip
-        logger.info("rank %d: %d/%d volumes read from the store %s (cache=disk)", get_rank(), len(dataset), len(data), store)
+        logger.info("rank %d: %d/%d volumes read from the store %s (cache=disk)", idist.get_rank(), len(dataset), len(data), store)
         return dataset
     shard = partition_for_rank(data, seed=seed) if partition else list(data)
     check_before_caching(shard, keys=check_keys, roi_size=roi_size, enabled=check, channels=channels, pixdim=pixdim,
                          context=list_name, source=str(source))
-    show = progress and get_rank() == 0
+    show = progress and idist.get_rank() == 0
     workers = max(int(num_workers), 1)
     if cache == "full":
         dataset = CacheDataset(shard, transform, cache_rate=cache_rate, num_workers=workers, progress=show)
     elif cache == "smart":
-        dataset = SmartCacheDataset(
+        dataset = ResumableSmartCacheDataset(
             shard,
             transform,
             replace_rate=replace_rate,
@@ -109,11 +120,11 @@ def build_dataset(
             num_init_workers=workers,
             num_replace_workers=workers,
             progress=show,
-            seed=seed + get_rank(),
+            seed=seed + idist.get_rank(),
         )
     else:
         dataset = Dataset(shard, transform)
-    logger.info("rank %d: dataset of %d/%d volumes (cache=%s)", get_rank(), len(shard), len(data), cache)
+    logger.info("rank %d: dataset of %d/%d volumes (cache=%s)", idist.get_rank(), len(shard), len(data), cache)
     barrier()
     return dataset
 
@@ -206,39 +217,89 @@ class EpochShuffleSampler(DistributedSampler):
         self.start = position
 
 
-def rotate_smart_cache(dataset: SmartCacheDataset, rotations: int) -> None:
-    """Puts a ``SmartCacheDataset`` that has not started where ``rotations`` calls of ``update_cache()`` leave it.
+class ResumableSmartCacheDataset(SmartCacheDataset):
+    """MONAI's ``SmartCacheDataset`` that can start at the cache window of a later epoch (:meth:`rotate`), so a run
+    restarted at epoch ``r + 1`` caches and replaces the same volumes as an uninterrupted one.
 
-    After ``r`` rotations MONAI's cache holds the (shuffled) items ``r * replace_num ... + cache_num`` (modulo the
-    dataset size) in that order. This loads only the items of that window that are not cached yet, instead of
-    replaying ``r`` rounds of replacements, so a run restarted at epoch ``r + 1`` sees the same cache as an
-    uninterrupted one. It sets the dataset's window fields of MONAI 1.6's ``SmartCacheDataset``.
+    After ``r`` calls of ``update_cache()`` MONAI's running window holds the (shuffled) items
+    ``r * replace_num ... + cache_num`` (modulo the dataset size), and the replacements continue from there. MONAI
+    has no public way to start there but calling ``update_cache()`` ``r`` times, which loads ``r * replace_num``
+    items (up to the whole shard); this class shuffles the items itself (as MONAI does: numpy's ``RandomState(seed)``)
+    and hands them to MONAI unshuffled, so :meth:`rotate` can give the public ``set_data()`` the same order started
+    at the window instead: it loads the window's ``cache_num`` items (dropping the first window, loaded when the
+    dataset was built), and every later ``update_cache()`` follows the uninterrupted run.
+
+    Args:
+        data, transform, replace_rate, cache_num: as for ``SmartCacheDataset``.
+        shuffle: shuffle the items once with ``seed``, as ``SmartCacheDataset`` does.
+        seed: the shuffle's seed.
+        kwargs: other ``SmartCacheDataset`` arguments (``shuffle`` is handled here).
     """
-    if rotations < 0:
-        raise ValueError(f"rotations must be >= 0, got {rotations}.")
-    if dataset.is_started():
-        raise RuntimeError("rotate_smart_cache: the SmartCacheDataset has started; rotate it before start().")
-    total, num = dataset._total_num, dataset.cache_num
-    start = (rotations * dataset._replace_num) % total
-    if start == dataset._start_pos:
-        return
-    cached = {(dataset._start_pos + i) % total: item for i, item in enumerate(dataset._cache)}
-    window = [(start + i) % total for i in range(num)]
-    dataset._cache = [cached[pos] if pos in cached else dataset._load_cache_item(pos) for pos in window]
-    dataset._start_pos = start
-    dataset._compute_data_idx()
-    logger.info("smart cache: moved to its window after %d rotation(s) (items %d.. of %d)", rotations, start, total)
+
+    def __init__(
+        self,
+        data: Sequence,
+        transform: Callable | None = None,
+        replace_rate: float = 0.1,
+        cache_num: int = sys.maxsize,
+        shuffle: bool = True,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        order = list(data)
+        if shuffle:
+            np.random.RandomState(seed).shuffle(order)
+        super().__init__(order, transform, replace_rate=replace_rate, cache_num=cache_num, shuffle=False, **kwargs)
+        self.order = order
+        # the window's step, as MONAI computes it (R = ceil(N * r), at most the items outside the cache)
+        self.replace_num = min(math.ceil(self.cache_num * replace_rate), len(order) - self.cache_num)
+        self.window_start = 0
+
+    def rotate(self, rotations: int) -> None:
+        """Caches the window that ``rotations`` calls of ``update_cache()`` on a new dataset reach.
+
+        Call it before the first ``update_cache()`` (or ``start()``). The old cache is dropped before the new one is
+        filled (``set_data([])``), so memory never holds two caches.
+
+        Raises:
+            ValueError: ``rotations`` is negative.
+            RuntimeError: the replacement thread has started.
+        """
+        if rotations < 0:
+            raise ValueError(f"rotations must be >= 0, got {rotations}.")
+        if self.is_started():
+            raise RuntimeError("ResumableSmartCacheDataset.rotate: the replacement thread has started; rotate first.")
+        total = len(self.order)
+        start = rotations * self.replace_num % total if total else 0
+        if start == self.window_start:
+            return
+        self.set_data([])
+        self.set_data(self.order[start:] + self.order[:start])
+        self.window_start = start
+        logger.info("smart cache: moved to its window after %d rotation(s) (items %d.. of %d)", rotations, start, total)
 
 
 class ResumableSmartCacheHandler(SmartCacheHandler):
     """MONAI's ``SmartCacheHandler`` that, on a resumed run, first rotates the cache to where the epochs already
-    trained left it (:func:`rotate_smart_cache`), so a restart sees the same volumes as an uninterrupted run.
+    trained left it (:meth:`ResumableSmartCacheDataset.rotate`), so a restart sees the same volumes as an
+    uninterrupted run.
 
     Attach it after :class:`~components.ResumeHandler`, which sets ``engine.state.epoch`` to the completed epochs at
     ``STARTED`` (handlers of one event run in the order they were attached).
+
+    Raises:
+        TypeError: ``smartcacher`` is not a :class:`ResumableSmartCacheDataset` (``build_dataset(cache="smart")``).
     """
+
+    def __init__(self, smartcacher: ResumableSmartCacheDataset) -> None:
+        if not isinstance(smartcacher, ResumableSmartCacheDataset):
+            raise TypeError(
+                f"ResumableSmartCacheHandler needs a ResumableSmartCacheDataset (build_dataset(cache='smart')), got "
+                f"{type(smartcacher).__name__}."
+            )
+        super().__init__(smartcacher)
 
     def started(self, engine: Engine) -> None:
         if engine.state.epoch > 0 and not self.smartcacher.is_started():
-            rotate_smart_cache(self.smartcacher, int(engine.state.epoch))
+            self.smartcacher.rotate(int(engine.state.epoch))
         super().started(engine)

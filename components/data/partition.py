@@ -13,15 +13,15 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+import ignite.distributed as idist
 import numpy as np
 from monai.data import partition_dataset
 
-from ..distributed import get_rank, get_world_size
 from ..errors import ConfigError
 from .synthetic import split_sizes
 from .datalists import MissingDatalist
 
-__all__ = ["check_shard_sizes", "partition_for_rank", "shard_indices", "split_for_rank"]
+__all__ = ["check_shard_sizes", "partition_for_rank", "split_for_rank"]
 
 CACHE_MODES = ("full", "smart", "none", "disk")
 
@@ -83,8 +83,8 @@ def partition_for_rank(
 ) -> list[dict]:
     """This rank's shard: a seeded shuffle split into equal parts (short shards repeat an item), so every rank
     runs the same number of iterations. The whole list on one process."""
-    world_size = get_world_size() if world_size is None else world_size
-    rank = get_rank() if rank is None else rank
+    world_size = idist.get_world_size() if world_size is None else world_size
+    rank = idist.get_rank() if rank is None else rank
     if world_size == 1:
         return list(data)
     return partition_dataset(data, num_partitions=world_size, shuffle=True, seed=seed, even_divisible=True)[rank]
@@ -99,8 +99,8 @@ def shard_indices(count: int, seed: int = 0, rank: int | None = None, world_size
         >>> [data[i] for i in shard_indices(len(data), seed=3)] == partition_for_rank(data, seed=3)
         True
     """
-    world_size = get_world_size() if world_size is None else world_size
-    rank = get_rank() if rank is None else rank
+    world_size = idist.get_world_size() if world_size is None else world_size
+    rank = idist.get_rank() if rank is None else rank
     indices = np.arange(count)
     if world_size == 1:
         return indices
@@ -128,8 +128,8 @@ def split_for_rank(
             some rank would get no item (MONAI's sampler fails there with "dataset length is less than the number of
             participating ranks").
     """
-    world_size = get_world_size() if world_size is None else world_size
-    rank = get_rank() if rank is None else rank
+    world_size = idist.get_world_size() if world_size is None else world_size
+    rank = idist.get_rank() if rank is None else rank
     if isinstance(data, MissingDatalist):
         return data
     if len(data) < world_size:

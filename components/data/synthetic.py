@@ -24,7 +24,7 @@ import nibabel as nib
 import numpy as np
 from nibabel.orientations import apply_orientation, axcodes2ornt, inv_ornt_aff, ornt_transform
 
-__all__ = ["write_dataset", "CT_LABELS", "MRI_LABELS", "MRI_MODALITIES", "split_sizes", "DEMO_ORGANS"]
+__all__ = ["write_dataset"]
 
 CT_LABELS: dict[int, str] = {
     0: "background",

@@ -14,10 +14,5 @@ from __future__ import annotations
 
 from ..lazy import lazy_names
 
-# module -> the public names it provides here
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "recipes": ("CT_BUNDLE", "DemoBudget", "RECIPES", "SSL_BUNDLE", "finetune_overrides", "ssl_overrides"),
-    "run": ("BUDGETS", "run_demo"),
-    "runner": ("BUNDLES_DIR", "bundle_command", "bundle_dir", "fresh_run_dir", "read_scalars", "run_bundle"),
-}
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+# the modules whose public names (each one's __all__) are offered here
+__getattr__, __dir__ = lazy_names(__name__, modules=("recipes", "run", "runner"))

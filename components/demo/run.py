@@ -37,14 +37,16 @@ from .runner import bundle_command, fresh_run_dir, read_scalars, run_bundle
 __all__ = ["BUDGETS", "body_area_mm2", "run_demo", "split_by_body_size"]
 
 BUDGETS: dict[str, DemoBudget] = {
-    "cpu": DemoBudget(num_labeled=24, finetune_epochs=36),
+    "cpu": DemoBudget(num_labeled=24, ssl_epochs=59, finetune_epochs=36),
     "cuda": DemoBudget(num_unlabeled=48, ssl_epochs=60, ssl_batch=4, finetune_epochs=150, finetune_crops=2, val_interval=10),
     "quick": DemoBudget(num_labeled=4, num_unlabeled=6, ssl_epochs=1, finetune_epochs=1, val_interval=1),
 }
 """Budgets by name: ``cpu`` (the default on a CPU), ``cuda`` (the default where CUDA is present), ``quick`` (the
-test suite's smoke run, which learns nothing). The CPU budget synthesises 24 labeled volumes (16 train, 4 validate,
-4 are held out: :func:`~components.data.synthetic.split_sizes`) and finetunes for 576 iterations; the budgets tried
-before it are in benchmarks/README.md ("What a CPU budget can learn") and README.md gives seeds 0-4 at this one."""
+test suite's smoke run, which learns nothing). The CPU budget pretrains for 1,003 iterations (59 epochs of 17), the
+smallest of the pretraining curve's budgets at which the recipes left their trivial answers (docs/measuring.md, "Does
+each recipe learn?"); it synthesises 24 labeled volumes (16 train, 4 validate, 4 are held out:
+:func:`~components.data.synthetic.split_sizes`) and finetunes for 576 iterations; the budgets tried before it are in
+benchmarks/README.md ("What a CPU budget can learn")."""
 
 
 # The synthetic bodies fill fields of view of 34-120 mm in-plane (components.data.synthetic.write_dataset), a wider

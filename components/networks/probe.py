@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from numbers import Integral
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from monai.networks.layers import Conv, Norm
 from torch import nn
 
-from .swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, NUM_FEATURE_MAPS, swin_vit
+from .swin import NUM_FEATURE_MAPS, SwinViTSettings
 
 __all__ = ["LinearProbe"]
 
@@ -25,7 +25,7 @@ class LinearProbe(nn.Module):
     still train, so even a random frozen encoder segments nearly as well as one trained from scratch. Here nothing
     but a linear map of the encoder's features trains, so the Dice it reaches measures the representation alone.
 
-    The encoder (:func:`swin_vit`, SwinUNETR's configuration, attribute ``swinViT`` so that every loader of this
+    The encoder (:class:`~components.networks.swin.SwinViTSettings`, SwinUNETR's configuration, attribute ``swinViT`` so that every loader of this
     collection fills it) is frozen for good: its parameters never require gradients, it runs without autograd, and it
     stays in eval mode whatever ``train()`` says. Its five normalised feature maps (``swinViT(x, normalize=True)``:
     ``f`` channels at ``s / 2``, ``2f`` at ``s / 4``, ``4f`` at ``s / 8``, ``8f`` at ``s / 16``, ``16f`` at
@@ -39,13 +39,11 @@ class LinearProbe(nn.Module):
     Args:
         in_channels: image channels.
         out_channels: classes (logits per voxel).
-        feature_size: the encoder's embedding size (the pretrained weights' own, e.g. 48).
-        window_size, use_v2, depths, num_heads: the encoder's configuration, as for :func:`swin_vit`.
-        spatial_dims: 2 or 3.
-        use_checkpoint: activation checkpointing of the Swin blocks, accepted so that a ``SwinUNETR`` configuration
-            builds the probe; the encoder runs without autograd, so it saves no memory here.
         standardise: the batch norms before the convolutions (default); ``False`` reads the raw features (the probe
             of 0.4.0, whose checkpoints hold no ``norms``).
+        encoder: the encoder's other arguments (:class:`~components.networks.swin.SwinViTSettings`), ``feature_size``
+            the pretrained weights' own (e.g. 48); ``use_checkpoint`` is accepted so that a ``SwinUNETR``
+            configuration builds the probe, but saves no memory here: the encoder runs without autograd.
 
     Shapes:
         input ``(B, in_channels, *spatial)``, spatial sizes best multiples of 32 (as for SwinUNETR); output
@@ -65,34 +63,16 @@ class LinearProbe(nn.Module):
         20902
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        feature_size: int = 48,
-        window_size: int = DEFAULT_WINDOW,
-        use_v2: bool | str = False,
-        depths: Sequence[int] = DEFAULT_DEPTHS,
-        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
-        spatial_dims: int = 3,
-        use_checkpoint: bool = False,
-        standardise: bool = True,
-    ) -> None:
+    def __init__(self, in_channels: int, out_channels: int, standardise: bool = True, **encoder: Any) -> None:
         super().__init__()
-        sizes = {"in_channels": in_channels, "out_channels": out_channels, "feature_size": feature_size}
-        for name, value in sizes.items():
-            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-                raise ValueError(f"LinearProbe: {name} must be a positive integer, got {value!r}.")
-        if spatial_dims not in _INTERPOLATION:
-            raise ValueError(
-                f"LinearProbe: spatial_dims must be one of {sorted(_INTERPOLATION)}, got {spatial_dims!r}."
-            )
-        self.in_channels, self.spatial_dims = int(in_channels), int(spatial_dims)
-        self.swinViT = swin_vit(self.in_channels, int(feature_size), self.spatial_dims, use_checkpoint=use_checkpoint,
-                                window_size=window_size, use_v2=use_v2, depths=depths, num_heads=num_heads)  # fmt: skip
+        if isinstance(out_channels, bool) or not isinstance(out_channels, Integral) or out_channels < 1:
+            raise ValueError(f"LinearProbe: out_channels must be a positive integer, got {out_channels!r}.")
+        settings = SwinViTSettings(in_channels=in_channels, **encoder)
+        self.in_channels, self.spatial_dims = settings.in_channels, settings.spatial_dims
+        self.swinViT = settings.build()
         self.swinViT.requires_grad_(False)
         conv, norm = Conv[Conv.CONV, self.spatial_dims], Norm[Norm.BATCH, self.spatial_dims]
-        widths = [int(feature_size) * 2**scale for scale in range(NUM_FEATURE_MAPS)]
+        widths = [settings.feature_size * 2**scale for scale in range(NUM_FEATURE_MAPS)]
         self.norms = nn.ModuleList(norm(width, affine=False) if standardise else nn.Identity() for width in widths)
         self.heads = nn.ModuleList(conv(width, int(out_channels), kernel_size=1) for width in widths)
         self.train()

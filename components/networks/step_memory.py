@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import ignite.distributed as idist
 import torch
 import torch.nn.functional as F
 from monai.networks.nets.swin_unetr import WindowAttention
@@ -40,17 +41,9 @@ from torch.overrides import TorchFunctionMode
 
 from .attention import FusedWindowAttention
 from ..config.values import as_bool
-from ..distributed import get_local_world_size, get_world_size
+from ..distributed import get_local_world_size
 
-__all__ = [
-    "StepMemory",
-    "checkpointing_decision",
-    "estimate_step_memory",
-    "free_memory_bytes",
-    "local_ranks_sharing",
-    "saved_activation_bytes",
-    "set_checkpointing",
-]
+__all__ = ["checkpointing_decision", "free_memory_bytes", "saved_activation_bytes", "set_checkpointing"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +129,7 @@ def _memory_efficient_attention(
             bias = F.pad(bias, (0, _BIAS_ALIGNMENT - columns % _BIAS_ALIGNMENT))[..., :columns]
         bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
     log_sumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    # on meta tensors the public scaled_dot_product_attention picks its math kernel; this op saves what CUDA's does
     return torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, bias, log_sumexp, dropout_p, is_causal, scale=scale)[0]  # fmt: skip
 
@@ -177,7 +171,7 @@ def saved_activation_bytes(
     keep: list[torch.Tensor] = []  # alive until counted, so that ids are not reused
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        base = tensor if tensor._base is None else tensor._base  # views saved twice share one storage
+        base = tensor if tensor._base is None else tensor._base  # views share their base (no public accessor of it)
         keep.append(base)
         sizes[id(base)] = base.numel() * base.element_size()
         return tensor
@@ -275,7 +269,7 @@ def estimate_step_memory(
     """
     device, half_precision = torch.device(device), as_bool(amp, "amp")
     with_teacher = as_bool(teacher, "teacher")
-    ranks = get_world_size() if world_size is None else world_size
+    ranks = idist.get_world_size() if world_size is None else world_size
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}.")
     parameters = sum(p.numel() * p.element_size() for p in network.parameters())

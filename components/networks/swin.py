@@ -1,14 +1,17 @@
-"""What every recipe and bundle shares about the network: the Swin ViT encoder in ``SwinUNETR``'s configuration,
-the ROI check, and :func:`prepare_network` (attention kernel, activation checkpointing, device) that every bundle's
-``network`` goes through. The recipes' heads live in :mod:`components.recipes`, the linear probe in
-:mod:`components.networks.probe`.
+"""What every recipe and bundle shares about the network: the Swin ViT encoder in ``SwinUNETR``'s configuration
+(its arguments written once in :class:`SwinViTSettings`, which every network builds its encoder from), the ROI check,
+and :func:`prepare_network` (attention kernel, activation checkpointing, device) that every bundle's ``network`` goes
+through. The recipes' heads live in :mod:`components.recipes`, the linear probe in :mod:`components.networks.probe`.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Sequence
-from numbers import Integral
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
 
 import torch
 from monai.networks.nets.swin_unetr import SwinTransformer
@@ -19,16 +22,7 @@ from ..config.values import as_bool
 from ..distributed import wrap_ddp
 from .step_memory import checkpointing_decision, set_checkpointing
 
-__all__ = [
-    "prepare_network",
-    "swin_vit",
-    "check_stages",
-    "DEFAULT_WINDOW",
-    "DEFAULT_DEPTHS",
-    "DEFAULT_NUM_HEADS",
-    "SPATIAL_REDUCTION",
-    "check_roi_size",
-]
+__all__ = ["SwinViTSettings", "check_roi_size", "network_parameters", "prepare_network"]
 
 #: total downsampling of the encoder: patch embedding (2) times four patch-merging stages (2**4).
 SPATIAL_REDUCTION: int = 32
@@ -161,63 +155,139 @@ def check_stages(
     return stage_depths, stage_heads
 
 
-def swin_vit(
-    in_channels: int,
-    feature_size: int,
-    spatial_dims: int = 3,
-    dropout_path_rate: float = 0.0,
-    use_checkpoint: bool = False,
-    window_size: int = DEFAULT_WINDOW,
-    use_v2: bool | str = False,
-    depths: Sequence[int] = DEFAULT_DEPTHS,
-    num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
-) -> SwinTransformer:
-    """MONAI's Swin ViT encoder in the configuration of ``SwinUNETR`` (window 7 by default, patch 2, depths
-    (2, 2, 2, 2), heads (3, 6, 12, 24) by default): held as attribute ``swinViT``, its state dict loads into
+@dataclass
+class SwinViTSettings:
+    """The arguments of the Swin ViT encoder, written once: every network of this collection takes them as keywords
+    (``**encoder``), checks them here and builds its encoder with :meth:`build`, held as attribute ``swinViT``.
+
+    The encoder is MONAI's ``SwinTransformer`` in the configuration of ``SwinUNETR`` (patch 2, MLP ratio 4, no
+    dropout but the stochastic depth), so its state dict loads into
     ``SwinUNETR(feature_size=f, window_size=w, use_v2=v, depths=d, num_heads=h).swinViT``.
 
-    ``depths`` / ``num_heads``: Swin blocks and attention heads per stage, four each, checked by
-    :func:`check_stages` before anything is built (BrainSegFounder: depths (2, 2, 6, 2) or (2, 2, 18, 2), heads
-    (4, 8, 16, 32) or (6, 12, 24, 48)).
-
-    ``use_v2``: SwinUNETR v2 (the encoder of VoCo B / L / H): MONAI's residual convolution block
-    (``UnetrBasicBlock``: two bias-free 3x3x3 convolutions, instance norm without parameters) before each stage,
-    keys ``layers1c`` .. ``layers4c``; a stage taking ``c`` channels (``f``, ``2f``, ``4f``, ``8f``) adds
-    ``2 * 27 * c ** 2`` weights, ``4590 * f ** 2`` in all (3D). The other keys are those of v1. Accepts a config
-    flag ("true" / "false").
-
-    Its last stage output (``swinViT(x, normalize=True)[4]``) has shape ``(B, 16 * feature_size, *[s // 32])``.
+    Args:
+        in_channels: image channels.
+        feature_size: the encoder's ``embed_dim``; stage ``i`` (from 1) has ``feature_size * 2 ** (i - 1)`` channels
+            and the last stage output ``16 * feature_size``.
+        spatial_dims: 2 or 3.
+        dropout_path_rate: stochastic-depth rate, in [0, 1].
+        use_checkpoint: activation checkpointing in every Swin block (``use_reentrant=False`` in MONAI >= 1.3).
+        window_size: edge of the cubic attention window (7, as published); weights load only into an encoder of the
+            same window size (the relative position bias table has ``(2 * window_size - 1) ** spatial_dims`` rows).
+        use_v2: SwinUNETR v2 (the encoder of VoCo B / L / H): MONAI's residual convolution block (``UnetrBasicBlock``)
+            before each stage, keys ``layers1c`` .. ``layers4c``; the other keys are those of v1. Accepts a config
+            flag ("true" / "false").
+        depths, num_heads: Swin blocks and attention heads per stage, four each, checked by :func:`check_stages` when
+            the encoder is built ((2, 2, 2, 2) and (3, 6, 12, 24) as published; BrainSegFounder: depths (2, 2, 6, 2)
+            or (2, 2, 18, 2), heads (4, 8, 16, 32) or (6, 12, 24, 48)).
 
     Raises:
-        ValueError: ``use_v2`` is not a clear yes / no, or ``depths`` / ``num_heads`` that :func:`check_stages`
-            refuses.
+        ValueError: one line naming the argument out of range (a count that is not a positive integer, a window under
+            2, ``spatial_dims`` other than 2 or 3, a rate outside [0, 1]).
 
     Example::
 
-        >>> swin_vit(1, 48, use_v2=True).layers1c[0].__class__.__name__
-        'UnetrBasicBlock'
-        >>> len(swin_vit(2, 48, depths=(2, 2, 6, 2), num_heads=(4, 8, 16, 32)).layers3[0].blocks)
+        >>> encoder = SwinViTSettings(in_channels=2, feature_size=12, depths=(2, 2, 6, 2), num_heads=(4, 8, 16, 32))
+        >>> len(encoder.build().layers3[0].blocks)
         6
+        >>> SwinViTSettings(feature_size=48, use_v2=True).build().layers1c[0].__class__.__name__
+        'UnetrBasicBlock'
     """
-    stage_depths, stage_heads = check_stages(feature_size, depths, num_heads)
-    return SwinTransformer(
-        in_chans=in_channels,
-        embed_dim=feature_size,
-        window_size=(window_size,) * spatial_dims,
-        patch_size=(_PATCH,) * spatial_dims,
-        depths=stage_depths,
-        num_heads=stage_heads,
-        mlp_ratio=4.0,
-        qkv_bias=True,
-        drop_rate=0.0,
-        attn_drop_rate=0.0,
-        drop_path_rate=float(dropout_path_rate),
-        norm_layer=nn.LayerNorm,
-        use_checkpoint=bool(use_checkpoint),
-        spatial_dims=spatial_dims,
-        downsample="merging",
-        use_v2=as_bool(use_v2, "use_v2"),
-    )
+
+    in_channels: int = 1
+    feature_size: int = 48
+    spatial_dims: int = 3
+    dropout_path_rate: float = 0.0
+    use_checkpoint: bool = False
+    window_size: int = DEFAULT_WINDOW
+    use_v2: bool | str = False
+    depths: Sequence[int] = DEFAULT_DEPTHS
+    num_heads: Sequence[int] = DEFAULT_NUM_HEADS
+
+    def __post_init__(self) -> None:
+        self.in_channels = _integer("in_channels", self.in_channels, 1)
+        self.feature_size = _integer("feature_size", self.feature_size, 1)
+        self.window_size = _integer("window_size", self.window_size, 2)
+        if isinstance(self.spatial_dims, bool) or self.spatial_dims not in (2, 3):
+            raise ValueError(f"spatial_dims must be 2 or 3, got {self.spatial_dims!r}.")
+        self.spatial_dims = int(self.spatial_dims)
+        rate = self.dropout_path_rate
+        if isinstance(rate, bool) or not isinstance(rate, Real):
+            raise ValueError(f"dropout_path_rate must be a number in [0, 1], got {rate!r}.")
+        if not 0.0 <= float(rate) <= 1.0:
+            raise ValueError(f"dropout_path_rate must be in [0, 1], got {rate}.")
+
+    def check_reusable(self) -> SwinViTSettings:
+        """These settings, once ``feature_size`` is a multiple of 12: ``SwinUNETR``, which reuses a pretrained
+        encoder's weights, needs one. Every pretraining network checks it; the linear probe, which only reads an
+        encoder, does not.
+
+        Raises:
+            ValueError: ``feature_size`` is not a multiple of 12.
+        """
+        if self.feature_size % 12:
+            raise ValueError(
+                f"feature_size must be a multiple of 12, got {self.feature_size} (SwinUNETR, which reuses these "
+                "weights, needs a multiple of 12; e.g. 12, 24, 48)."
+            )
+        return self
+
+    def build(self) -> SwinTransformer:
+        """The encoder: its last stage output (``swinViT(x, normalize=True)[4]``) has shape
+        ``(B, 16 * feature_size, *[s // 32])``.
+
+        Raises:
+            ValueError: ``use_v2`` is not a clear yes / no, or ``depths`` / ``num_heads`` that :func:`check_stages`
+                refuses.
+        """
+        stage_depths, stage_heads = check_stages(self.feature_size, self.depths, self.num_heads)
+        return SwinTransformer(
+            in_chans=self.in_channels,
+            embed_dim=self.feature_size,
+            window_size=(self.window_size,) * self.spatial_dims,
+            patch_size=(_PATCH,) * self.spatial_dims,
+            depths=stage_depths,
+            num_heads=stage_heads,
+            mlp_ratio=4.0,
+            qkv_bias=True,
+            drop_rate=0.0,
+            attn_drop_rate=0.0,
+            drop_path_rate=float(self.dropout_path_rate),
+            norm_layer=nn.LayerNorm,
+            use_checkpoint=bool(self.use_checkpoint),
+            spatial_dims=self.spatial_dims,
+            downsample="merging",
+            use_v2=as_bool(self.use_v2, "use_v2"),
+        )
+
+
+def _integer(name: str, value: Any, minimum: int) -> int:
+    """``value`` as an int, refused (ValueError naming ``name``) when it is not an integer at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, Integral):
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+    return int(value)
+
+
+def network_parameters(network: Callable[..., nn.Module]) -> dict[str, inspect.Parameter]:
+    """The arguments ``network`` takes by name: its signature's, with the fields of :class:`SwinViTSettings` in place of
+    a ``**encoder`` catch-all (the encoder's arguments, as this collection's networks take them), keyword-only with
+    their defaults. What :func:`~components.build_for_weights` reads to know which architecture values a class takes.
+
+    Example::
+
+        >>> from components import SSLHead
+        >>> network_parameters(SSLHead)["window_size"].default
+        7
+    """
+    parameters = {}
+    for name, parameter in inspect.signature(network).parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD and name == "encoder":
+            for field in inspect.signature(SwinViTSettings).parameters.values():
+                parameters.setdefault(field.name, field.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+        else:
+            parameters[name] = parameter
+    return parameters
 
 
 def prepare_network(

@@ -1,67 +1,11 @@
-"""Pretraining recipes for :class:`~components.training.trainer.PretrainingTrainer`, one module or sub-package each."""
+"""Pretraining recipes for :class:`~components.training.trainer.PretrainingTrainer`, one module or sub-package each.
 
-from .inpainting_contrast import (
-    SSL_SETTINGS,
-    InpaintingContrastRecipe,
-    SSLEvaluator,
-    SSLHead,
-    SSLLoss,
-    SSLTrainer,
-    SSLViewsImageHandler,
-    aug_rand,
-    input_corruption,
-    rot_rand,
-    ssl_views,
-)
-from .masked_image import (
-    MASKED_IMAGE_SETTINGS,
-    MaskedImageModel,
-    MaskedImageRecipe,
-    MaskedReconstructionLoss,
-    MaskedTokenDistillation,
-    MaskedViewsImageHandler,
-    block_grid,
-)
-from .self_distillation import (
-    SELF_DISTILLATION_SETTINGS,
-    MultiCrop,
-    SelfDistillationLoss,
-    SelfDistillationNetwork,
-    SelfDistillationRecipe,
-    StopOnCollapse,
-    SwinViTEmbedding,
-    TeacherCollapseError,
-    check_koleo_batch,
-    weight_decay_groups,
-)
+The recipes' public names are re-exported here and in ``components``, imported on first use.
+"""
 
-__all__ = [
-    "MASKED_IMAGE_SETTINGS",
-    "SELF_DISTILLATION_SETTINGS",
-    "SSL_SETTINGS",
-    "InpaintingContrastRecipe",
-    "MaskedImageModel",
-    "MaskedImageRecipe",
-    "MaskedReconstructionLoss",
-    "MaskedTokenDistillation",
-    "MaskedViewsImageHandler",
-    "MultiCrop",
-    "SSLEvaluator",
-    "SSLHead",
-    "SSLLoss",
-    "SSLTrainer",
-    "SSLViewsImageHandler",
-    "SelfDistillationLoss",
-    "SelfDistillationNetwork",
-    "SelfDistillationRecipe",
-    "StopOnCollapse",
-    "SwinViTEmbedding",
-    "TeacherCollapseError",
-    "aug_rand",
-    "input_corruption",
-    "block_grid",
-    "check_koleo_batch",
-    "rot_rand",
-    "ssl_views",
-    "weight_decay_groups",
-]
+from __future__ import annotations
+
+from ..lazy import lazy_names
+
+# the recipes whose public names (each module's __all__) are offered here
+__getattr__, __dir__ = lazy_names(__name__, packages=("inpainting_contrast", "masked_image", "self_distillation"))

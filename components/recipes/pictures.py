@@ -10,11 +10,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from torch.utils.tensorboard import SummaryWriter
 
-from ..distributed import get_rank
 
 __all__ = ["ValidationPictures"]
 
@@ -46,7 +46,7 @@ class ValidationPictures(ABC):
         self._picture = self.picture(engine.state.output)
 
     def _write(self, engine: Engine) -> None:
-        if self._picture is None or get_rank() != 0:
+        if self._picture is None or idist.get_rank() != 0:
             return
         if self._writer is None:
             self._writer = SummaryWriter(log_dir=self.log_dir)

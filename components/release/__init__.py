@@ -14,13 +14,5 @@ from __future__ import annotations
 
 from ..lazy import lazy_names
 
-# module -> the public names it provides here
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "conversion": ("convert_checkpoint",),
-    "download": ("HashMismatchError", "UnsafeArchiveError", "extract_zip_safely", "fetch", "fetch_bundle"),
-    "export": ("ExportedModule", "export_network", "load_exported"),
-    "origin": ("report_origin",),
-    "package": ("metadata_schema", "package_bundle", "schema_path"),
-    "start": ("start",),
-}
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+# the modules whose public names (each one's __all__) are offered here
+__getattr__, __dir__ = lazy_names(__name__, modules=("conversion", "download", "export", "origin", "package", "start"))

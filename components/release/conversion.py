@@ -30,7 +30,7 @@ from ..config.values import as_bool
 from ..networks.swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW
 from ..recipes.inpainting_contrast import SSLHead
 
-__all__ = ["convert_checkpoint", "COMMAND_FLAGS"]
+__all__ = ["convert_checkpoint"]
 
 logger = logging.getLogger("components.checkpoint")
 

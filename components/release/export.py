@@ -43,7 +43,7 @@ from ..files import atomic_write
 from ..checkpoint import CheckpointLoadError, extract_state_dict, read_checkpoint
 from ..networks.swin import SPATIAL_REDUCTION
 
-__all__ = ["EXPORTED_FILENAME", "ExportedModule", "export_network", "exported_program_record", "load_exported"]
+__all__ = ["ExportedModule", "export_network", "load_exported"]
 
 logger = logging.getLogger(__name__)
 

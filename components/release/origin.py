@@ -40,15 +40,7 @@ from pathlib import Path
 from ..config.running import running_bundle
 from ..errors import UserError
 
-__all__ = [
-    "PACKAGE_DATA",
-    "PACKAGE_DIR",
-    "BundleCodeMismatch",
-    "declared_version",
-    "package_source",
-    "report_origin",
-    "source_digest",
-]
+__all__ = ["report_origin"]
 
 logger = logging.getLogger(__name__)
 

@@ -39,21 +39,7 @@ from typing import Any
 from ..files import atomic_write, sha256_file
 from .origin import PACKAGE_DIR, package_source
 
-__all__ = [
-    "SEMVER_RE",
-    "bundle_files",
-    "exported_program_metadata",
-    "large_files",
-    "metadata_schema",
-    "package_bundle",
-    "packaged_configs",
-    "read_metadata",
-    "release_asset_name",
-    "release_eval_metrics",
-    "schema_path",
-    "sha256_file",
-    "weight_sizes",
-]
+__all__ = ["metadata_schema", "package_bundle", "schema_path"]
 
 logger = logging.getLogger(__name__)
 

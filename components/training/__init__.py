@@ -3,7 +3,7 @@
 - ``trainer``, ``evaluator``: ``PretrainingTrainer`` / ``PretrainingEvaluator`` (one MONAI engine each for every
   recipe); ``recipe``: the ``Recipe`` protocol they run and the steps they share.
 - ``non_finite``: ``StopOnNonFiniteLoss`` (any trainer); ``seeding``: ``ReseedEachEpoch`` (any trainer), ``epoch_seed``;
-  ``log_interval``: ``log_filter``; ``wrappers``: ``unwrap`` (the network under DDP and compile).
+  ``log_interval``: ``log_filter``.
 - ``loader``: ``PersistentWorkerLoader`` (workers kept for the run, reseeded per epoch), ``bundle_loader`` (a
   bundle's loader from its ``loader`` settings), ``default_num_workers``.
 - ``encoder_lr``: ``encoder_param_groups`` (layer-wise rates of the encoder), ``FreezeEncoder``,
@@ -28,34 +28,12 @@ from __future__ import annotations
 
 from ..lazy import lazy_names
 
-# module -> the public names it provides here
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "allocator": ("tune_allocator",),
-    "compilation": ("CompileMonitor", "compiled_graphs"),
-    "encoder_lr": ("FreezeEncoder", "encoder_param_groups", "lr_for_world_size"),
-    "evaluator": ("PretrainingEvaluator",),
-    "health": ("HealthReport", "Signal", "embedding_signals"),
-    "health_handler": ("HealthHandler", "health_crops", "recipe_health"),
-    "loader": ("PersistentWorkerLoader", "bundle_loader", "default_num_workers"),
-    "log_interval": ("log_filter",),
-    "non_finite": ("NonFiniteLossError", "StopOnNonFiniteLoss"),
-    "progress": ("RankLossStats", "StatsWithEta", "VolumeProgress", "loss_and_lr"),
-    "quiet": ("install_filters", "log_from_rank_zero"),
-    "rankme": ("EmbeddingRankHandler", "effective_rank", "swin_embeddings"),
-    "read_errors": ("SkippedReads",),
-    "recipe": ("Recipe",),
-    "seeding": ("ReseedEachEpoch",),
-    "segmentation": (
-        "PerClassMetrics",
-        "balanced_class_weights",
-        "brats_labels_from_regions",
-        "loss_class_weights",
-        "per_class_means",
+# the modules whose public names (each one's __all__) are offered here
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    modules=(
+        "allocator", "compilation", "encoder_lr", "evaluator", "health", "health_handler", "loader", "log_interval",
+        "non_finite", "progress", "quiet", "rankme", "read_errors", "recipe", "seeding", "segmentation", "settings",
+        "setting_types", "supervised", "trainer", "validation",
     ),
-    "settings": ("check_accumulation_steps", "check_settings", "rotation_axes"),
-    "supervised": ("BundleEvaluator", "BundleTrainer", "cuda_amp"),
-    "setting_types": ("BUNDLE_SETTINGS", "Device", "check_setting_types"),
-    "trainer": ("PretrainingTrainer",),
-    "validation": ("FinalValidationHandler",),
-}
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+)  # fmt: skip

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.engines import SupervisedEvaluator
 
-from ..distributed import get_rank
 from .recipe import Recipe, RecipeEngineMixin
 from .seeding import epoch_seed, reseed_data
 
@@ -39,7 +39,7 @@ class PretrainingEvaluator(RecipeEngineMixin, SupervisedEvaluator):
         self.add_event_handler(Events.STARTED, self._seed_evaluation)
 
     def _seed_evaluation(self, engine: Engine) -> None:
-        seed = epoch_seed(self.seed, 0, get_rank())
+        seed = epoch_seed(self.seed, 0, idist.get_rank())
         self._seed_views(seed)
         reseed_data(self.data_loader, seed)
 

@@ -41,24 +41,7 @@ import torch
 
 from .rankme import effective_rank
 
-__all__ = [
-    "AT_BASELINE",
-    "COLLAPSED",
-    "COLLAPSED_STD",
-    "LEARNING",
-    "MIN_RESIDUAL_SHARE",
-    "NOT_COLLAPSED",
-    "RELATIVE_MARGIN",
-    "HealthReport",
-    "Signal",
-    "accuracy_margin",
-    "accuracy_signal",
-    "collapse_signal",
-    "embedding_signals",
-    "loss_signal",
-    "mean_of",
-    "visible_fill_errors",
-]
+__all__ = ["HealthReport", "Signal", "embedding_signals"]
 
 LEARNING = "learning"
 AT_BASELINE = "at baseline"

@@ -33,7 +33,7 @@ from ignite.engine import Engine, Events
 from ..errors import ConfigError
 from ..files import atomic_write
 from .seeding import epoch_seed
-from .wrappers import unwrap
+from ..networks.wrappers import unwrap
 from .health import AT_BASELINE, COLLAPSED, HealthReport, embedding_signals, mean_of
 from .rankme import RANKME_TAG, EmbeddingRankHandler, swin_embeddings
 

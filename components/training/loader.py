@@ -29,7 +29,7 @@ import torch
 from monai.data import DataLoader, SmartCacheDataset
 from monai.data.utils import set_rnd
 from torch.utils.data import get_worker_info
-from torch.utils.data._utils.worker import _generate_state
+from torch.utils.data._utils.worker import _generate_state  # a fresh worker's numpy seed: torch has no public route
 
 from ..config.values import as_bool
 from ..distributed import get_local_world_size
@@ -112,11 +112,13 @@ class PersistentWorkerLoader(DataLoader):
 
             kwargs["worker_init_fn"] = _EpochReseeding(self._base_seed, kwargs.get("worker_init_fn", worker_init_fn))
         super().__init__(dataset, num_workers=num_workers, persistent_workers=persistent, **kwargs)
+        self.workers_started = False  # the persistent workers start at the first pass and serve the later ones
 
     def __iter__(self):
-        if self.persistent_workers and self._iterator is not None:
+        if self.persistent_workers and self.workers_started:
             # a fresh iterator would draw this base seed from the loader's generator: draw it the same way
             self._base_seed.value = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
+        self.workers_started = True
         return super().__iter__()
 
 

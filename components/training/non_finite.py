@@ -11,13 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.handlers import from_engine
 
 from ..checkpoint.training_state import CheckpointEvents, register_checkpoint_events
 from ..data.sources import NOT_TRACKED, batch_filenames
-from ..distributed import all_reduce_mean, get_rank, get_world_size, is_distributed
+from ..distributed import all_reduce_mean
 from ..errors import UserError
 from .log_interval import log_filter
 
@@ -126,8 +127,8 @@ class StopOnNonFiniteLoss:
         """Reads the record (all ranks' under DDP); raises when any rank saw a non-finite loss."""
         if self._first_bad is None:
             return
-        world, rank = get_world_size(), get_rank()
-        if world > 1 and is_distributed():
+        world, rank = idist.get_world_size(), idist.get_rank()
+        if world > 1:
             own = torch.zeros(world, dtype=torch.float64, device=self._first_bad.device)
             own[rank] = self._first_bad
             per_rank = [int(round(v)) for v in (all_reduce_mean(own) * world).tolist()]
@@ -145,7 +146,7 @@ class StopOnNonFiniteLoss:
     def _message(self, engine: Engine, iteration: int, bad_ranks: list[int]) -> str:
         seen = self._seen[iteration]
         loss = _as_float(seen.loss)
-        world, rank = get_world_size(), get_rank()
+        world, rank = idist.get_world_size(), idist.get_rank()
         checked = min(self.check_interval, engine.state.iteration - iteration + 1)
         lines = [  # the first line is the same on every bad rank of equal loss: said once (components.errors)
             f"non-finite training loss {loss if rank in bad_ranks else 'on another rank'} at epoch {seen.epoch}, "

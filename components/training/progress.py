@@ -85,11 +85,12 @@ class StatsWithEta(StatsHandler):
         eta = "unknown" if left is None else timedelta(seconds=round(left))
         return f"elapsed {timedelta(seconds=round(elapsed))}, ETA {eta}"
 
-    def _default_iteration_print(self, engine: Engine) -> None:
+    def iteration_completed(self, engine: Engine) -> None:
+        """MONAI's iteration line, logged through a logger that appends :meth:`eta_text`."""
         plain = self.logger
         self.logger = _Suffixed(plain, self.eta_text(engine))
         try:
-            super()._default_iteration_print(engine)
+            super().iteration_completed(engine)
         finally:
             self.logger = plain
 

@@ -51,11 +51,11 @@ _INSTALLED: list[bool] = []
 
 
 def get_rank() -> int:
-    """This process's rank, from :mod:`components.distributed` on first use: ``import components`` installs these
-    filters and must not import torch."""
-    from ..distributed import get_rank as rank
+    """This process's rank (``ignite.distributed.get_rank``), imported on first use: ``import components`` installs
+    these filters and must not import torch."""
+    import ignite.distributed as idist
 
-    return rank()
+    return idist.get_rank()
 
 
 def install_filters() -> None:

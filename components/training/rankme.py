@@ -26,9 +26,9 @@ from monai.data.utils import set_rnd
 from monai.utils import CommonKeys as Keys
 
 from ..errors import ConfigError
-from .wrappers import unwrap
+from ..networks.wrappers import unwrap
 
-__all__ = ["EmbeddingRankHandler", "draw_crops", "effective_rank", "swin_embeddings"]
+__all__ = ["EmbeddingRankHandler", "effective_rank", "swin_embeddings"]
 
 logger = logging.getLogger(__name__)
 

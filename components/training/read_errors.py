@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import ignite.distributed as idist
+import torch
 from ignite.engine import Engine, Events
 
 from ..data.store import StoreError
-from ..distributed import all_reduce_sum, get_rank, get_world_size
 from ..errors import ConfigError
 
 __all__ = ["SkippedReads"]
@@ -76,22 +77,23 @@ class SkippedReads:
         self._seen = reads
         volumes = self.dataset.unreadable_volumes()
         if len(volumes) > self.max_read_errors:
-            raise self._exceeded(len(volumes), f"on rank {get_rank()}", volumes)
+            raise self._exceeded(len(volumes), f"on rank {idist.get_rank()}", volumes)
 
     def epoch_completed(self, engine: Engine) -> None:
         """Sums the counts over the ranks, logs the epoch's line on rank 0, sets the metrics, checks the cap."""
         volumes = self.dataset.unreadable_volumes()
-        run_reads, run_volumes = all_reduce_sum([self.dataset.skipped_reads, len(volumes)])
+        counts = idist.all_reduce(torch.tensor([self.dataset.skipped_reads, len(volumes)]))  # summed over the ranks
+        run_reads, run_volumes = (int(n) for n in counts.tolist())
         epoch_reads, self._run_reads = run_reads - self._run_reads, run_reads
         engine.state.metrics[READS_METRIC] = run_reads
         engine.state.metrics[VOLUMES_METRIC] = run_volumes
         cap = "no limit" if self.max_read_errors is None else self.max_read_errors
-        if run_reads and get_rank() == 0:
+        if run_reads and idist.get_rank() == 0:
             logger.warning("loader#on_read_error skip: %d read(s) of unreadable stored volumes skipped in epoch %d, %d "
                            "in the run, of %d volume(s) over %d rank(s) (loader#max_read_errors: %s)", epoch_reads,
-                           engine.state.epoch, run_reads, run_volumes, get_world_size(), cap)  # fmt: skip
+                           engine.state.epoch, run_reads, run_volumes, idist.get_world_size(), cap)  # fmt: skip
         if self.max_read_errors is not None and run_volumes > self.max_read_errors:
-            raise self._exceeded(run_volumes, f"over {get_world_size()} rank(s)", volumes)
+            raise self._exceeded(run_volumes, f"over {idist.get_world_size()} rank(s)", volumes)
 
     def _exceeded(self, count: int, where: str, examples: list[str]) -> StoreError:
         named = ", ".join(examples[:_EXAMPLES]) + (", ..." if len(examples) > _EXAMPLES else "")

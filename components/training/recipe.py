@@ -15,7 +15,7 @@ from monai.utils import CommonKeys as Keys
 
 from ..config.values import as_bool, is_null
 
-__all__ = ["AMP_DTYPES", "Recipe", "RecipeEngineMixin", "check_recipe", "resolve_amp_dtype"]
+__all__ = ["Recipe"]
 
 #: the autocast dtypes ``amp_dtype`` names (None or "null": bf16 where the device supports it, fp16 otherwise)
 AMP_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

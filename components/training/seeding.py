@@ -8,13 +8,13 @@ from __future__ import annotations
 import operator
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.data.utils import set_rnd
 
-from ..distributed import get_rank
 
-__all__ = ["ReseedEachEpoch", "epoch_seed", "reseed_data"]
+__all__ = ["ReseedEachEpoch"]
 
 
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
@@ -77,7 +77,7 @@ class ReseedEachEpoch:
     def __call__(self, engine: Engine) -> int:
         """Reseeds the loader ``engine`` iterates for its current epoch; returns the seed (for a trainer's own
         generators)."""
-        seed = epoch_seed(self.seed, engine.state.epoch, get_rank())
+        seed = epoch_seed(self.seed, engine.state.epoch, idist.get_rank())
         reseed_data(engine.state.dataloader, seed)
         if torch.cuda.is_initialized():  # the network's own draws on a GPU (drop-path, dropout) come from its generator
             torch.cuda.manual_seed(seed)

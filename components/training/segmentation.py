@@ -24,14 +24,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.data import MetaTensor
 
 from ..config.values import is_null
-from ..files import atomic_write
-from ..distributed import get_rank
-from ..files import sha256_file
+from ..files import atomic_write, sha256_file
 
 __all__ = ["PerClassMetrics", "balanced_class_weights", "brats_labels_from_regions", "loss_class_weights", "per_class_means"]
 
@@ -215,7 +214,7 @@ class PerClassMetrics:
         parts = ", ".join(f"{n} {'nan' if v is None else f'{v:.4f}'}" for n, v in summary["per_class"].items())
         mean = "n/a" if summary["mean"] is None else f"{summary['mean']:.4f}"
         logger.info("%s %s per class (%d images): %s", self.metric_name, mean, summary["num_images"], parts)
-        if self.json_path is not None and get_rank() == 0:
+        if self.json_path is not None and idist.get_rank() == 0:
             self._write(summary)
 
     def _write(self, summary: dict[str, Any]) -> None:

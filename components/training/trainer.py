@@ -29,7 +29,7 @@ from .recipe import Recipe, RecipeEngineMixin
 from .seeding import ReseedEachEpoch
 from .settings import check_accumulation_steps
 
-__all__ = ["PretrainingTrainer", "LOG_KEY", "LOSS_PARTS_KEY"]
+__all__ = ["PretrainingTrainer"]
 
 LOG_KEY = "log"
 LOSS_PARTS_KEY = "loss_parts"

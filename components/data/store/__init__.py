@@ -17,6 +17,8 @@ Modules, each one concern:
 - ``foreground``: a label map's sampled foreground locations per class (``ClassLocations``);
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);
 - ``workers``: the worker processes of ``preprocess``, which die with it and fail only the volume of one that dies;
+- ``mapped``: a stored file memory-mapped for random reads (a read moves from disk the chunks it covers), its
+  header and tail checked, each chunk's bytes found for its CRC-32;
 - ``handle``: ``StoredArray``, the lazy handle, and ``StoreReadError``;
 - ``dataset``: ``open_store``, ``Store``, ``StoreDataset``, ``training_store`` (the datalist's volumes, a rank's
   shard, their sources checked) and ``ReadStoredd`` (whole arrays as MetaTensors);
@@ -32,14 +34,5 @@ from __future__ import annotations
 
 from ...lazy import lazy_names
 
-# submodule -> the public names it provides here
-_EXPORTS: dict[str, tuple[str, ...]] = {
-    "dataset": ("ON_READ_ERROR", "SOURCE_CHECKS", "ReadStoredd", "Store", "StoreDataset", "open_store", "run_fingerprint",
-                "training_store"),
-    "handle": ("StoreReadError", "StoredArray"),
-    "index": ("StoreError", "transforms_fingerprint"),
-    "preprocessing": ("PreprocessSummary", "VolumeFailedError", "preprocess"),
-    "transforms": ("build_transforms", "bundle_crop_size", "bundle_transforms"),
-    "crops": ("StoreRandCropByPosNegLabeld", "StoreRandSpatialCropSamplesd", "store_crops"),
-}
-__all__, __getattr__, __dir__ = lazy_names(__name__, _EXPORTS)
+# the modules whose public names (each one's __all__) are offered here; the others are the store's machinery
+__getattr__, __dir__ = lazy_names(__name__, modules=("crops", "dataset", "handle", "index", "preprocessing", "transforms"))

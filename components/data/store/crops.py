@@ -64,26 +64,40 @@ def _padded(shape: Sequence[int], pad_size: Sequence[int] | int | None) -> tuple
     return padded, tuple((p - n) // 2 for p, n in zip(padded, shape))
 
 
+def _zero_outside(out: np.ndarray, target: tuple[slice, ...]) -> None:
+    """Zeros ``out`` (channel-first) outside the box ``target`` (all channels, one slice per spatial axis): the
+    padding of a crop."""
+    for axis, part in enumerate(target[1:], start=1):
+        for pad in (slice(0, part.start), slice(part.stop, None)):
+            out[(slice(None),) * axis + (pad,)] = 0
+
+
 def _cut(array: StoredArray | torch.Tensor, padded: Sequence[int], before: Sequence[int], start: Sequence[int],
          size: Sequence[int]) -> torch.Tensor:  # fmt: skip
     """``padded_array[:, start : start + size]`` (clipped to ``padded``, as slicing is) of ``array`` zero-padded to
-    ``padded`` with ``before`` voxels in front, reading only the stored part the crop covers; a MetaTensor with the
-    affine moved to the crop when the array had metadata."""
+    ``padded`` with ``before`` voxels in front, reading only the stored part the crop covers (written into the crop in
+    one pass); a MetaTensor with the affine moved to the crop when the array had metadata."""
     shape = array.shape[1:]
     end = [min(s + z, p) for s, z, p in zip(start, size, padded)]
     lo = [min(max(s - b, 0), n) for s, b, n in zip(start, before, shape)]
     hi = [max(min(e - b, n), l) for e, b, n, l in zip(end, before, shape, lo)]
     region = (slice(None), *(slice(l, h) for l, h in zip(lo, hi)))
-    values = array.read(region) if isinstance(array, StoredArray) else torch.as_tensor(array)[region]
-    values = values.as_subclass(torch.Tensor) if isinstance(values, MetaTensor) else values
     crop_shape = [e - s for s, e in zip(start, end)]
-    if list(values.shape[1:]) != crop_shape:
-        crop = torch.zeros((values.shape[0], *crop_shape), dtype=values.dtype)
-        target = (slice(None), *(slice(l + b - s, h + b - s) for l, h, b, s in zip(lo, hi, before, start)))
-        crop[target] = values
-        values = crop
-    elif not isinstance(array, StoredArray):
-        values = values.clone()  # never a view of the caller's tensor
+    target = (slice(None), *(slice(l + b - s, h + b - s) for l, h, b, s in zip(lo, hi, before, start)))
+    if isinstance(array, StoredArray):
+        out = np.empty((array.shape[0], *crop_shape), array.dtype)
+        _zero_outside(out, target)
+        array.read_into(region, out[target])
+        values = torch.from_numpy(out)
+    else:
+        values = torch.as_tensor(array)[region]
+        values = values.as_subclass(torch.Tensor) if isinstance(values, MetaTensor) else values
+        if list(values.shape[1:]) != crop_shape:
+            crop = torch.zeros((values.shape[0], *crop_shape), dtype=values.dtype)
+            crop[target] = values
+            values = crop
+        else:
+            values = values.clone()  # never a view of the caller's tensor
     meta = array.meta if isinstance(array, StoredArray) else getattr(array, "meta", None)
     if meta is None:
         return values

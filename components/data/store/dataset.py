@@ -23,14 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ignite.distributed as idist
 import numpy as np
-import torch
 from monai.config import KeysCollection
 from monai.data import Dataset, MetaTensor
 from monai.transforms import MapTransform, apply_transform
 
 from ...config.running import running_bundle
-from ...distributed import all_reduce_mean, collective_device, get_world_size
 from ...errors import ConfigError
 from ..partition import check_shard_sizes, shard_indices
 from .format import FORMAT_VERSION, chunk_checksums, frame_problem
@@ -404,8 +403,8 @@ def _changed(entries: Sequence[Mapping], root: str, check: str, seen: set[str]) 
 def _refuse_changed(store: Store, changed: list[str], volumes: int, check: str) -> None:
     """Stops every rank when any rank found changed sources (one collective), naming them where they were found."""
     anywhere = bool(changed)
-    if get_world_size() > 1:
-        anywhere = float(all_reduce_mean(torch.tensor(float(anywhere), device=collective_device()))) > 0
+    if idist.get_world_size() > 1:
+        anywhere = int(idist.all_reduce(int(anywhere))) > 0
     if not anywhere:
         return
     fix = (f"rewrite them with `{store.rebuild_command()}` (it writes the changed volumes only), or train on the "
@@ -475,7 +474,7 @@ def training_store(
                        "; ".join(f"{v['source']} ({v['reason']})" for v in named))  # fmt: skip
     positions = np.flatnonzero(rows >= 0)
     if shard:
-        check_shard_sizes(len(positions), get_world_size(), batch_size, "disk", list_name="stored", source=opened.root)
+        check_shard_sizes(len(positions), idist.get_world_size(), batch_size, "disk", list_name="stored", source=opened.root)
         positions = positions[shard_indices(len(positions), seed)]
     volumes, changed, seen = [], [], set()
     for start in range(0, len(positions), _BLOCK):  # a block of entries at a time: the rank keeps (id, source)

@@ -34,8 +34,8 @@ object or an array of another block shape, whose values then come out scrambled 
 byte of the file is checked before blosc2 parses it: a blosc2 frame is a header, the compressed chunks one after the
 other, and a tail (the chunk offsets and the trailer); the CRC-32 of the header and of the tail are recorded with
 their lengths, and that of each compressed chunk (:func:`chunk_checksums`). A reader checks the file's size and the
-header and tail when it opens the file (:func:`frame_problem`), and the chunks a slice covers before decompressing
-them.
+header and tail when it opens the file (:func:`head_tail_problem`, on the mapped bytes:
+:class:`~components.data.store.mapped.MappedArray`), and the chunks a slice covers before decompressing them.
 
 Integer-valued floating arrays (a label map that ``LoadImaged`` loaded as float32) are stored in the narrowest
 integer dtype that holds their values exactly and read back in their own dtype (:func:`storage_dtype`). Other
@@ -65,7 +65,7 @@ __all__ = [
     "dequantize",
     "layout",
     "frame_problem",
-    "open_array",
+    "head_tail_problem",
     "quantize",
     "storage_dtype",
     "write_array",
@@ -130,20 +130,29 @@ def quantize(array: np.ndarray) -> tuple[np.ndarray, list[float]]:
     return codes, scales
 
 
-def dequantize(codes: np.ndarray, scales: Sequence[float], dtype: np.dtype, channels: slice = slice(None)) -> np.ndarray:
+def dequantize(codes: np.ndarray, scales: Sequence[float], dtype: np.dtype, channels: slice = slice(None),
+               out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """The values of ``codes`` (a region of an array :func:`quantize` made, channel-first) in ``dtype``;
-    ``channels``: which of the array's channels the region holds."""
+    ``channels``: which of the array's channels the region holds; ``out``: where to write them (of ``codes``' shape
+    and of ``dtype``), else a new array."""
     scale = np.asarray(scales, dtype)[channels].reshape((-1,) + (1,) * (codes.ndim - 1))
-    return codes.astype(dtype) * scale
+    if out is None:
+        return codes.astype(dtype) * scale
+    return np.multiply(codes, scale, out=out)
 
 
-def decode(values: np.ndarray, record: dict, channels: slice = slice(None)) -> np.ndarray:
+def decode(values: np.ndarray, record: dict, channels: slice = slice(None),
+           out: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """Stored ``values`` (a region of the array of ``record``, :func:`write_array`'s) in the array's own dtype;
-    ``channels``: which channels the region holds."""
+    ``channels``: which channels the region holds; ``out``: where to write them (of ``values``' shape and of the
+    array's dtype), else a new array unless ``values`` already is one of that dtype."""
     dtype = np.dtype(record["dtype"])
     if "scales" in record:
-        return dequantize(np.asarray(values), record["scales"], dtype, channels)
-    return np.asarray(values).astype(dtype, copy=False)
+        return dequantize(np.asarray(values), record["scales"], dtype, channels, out)
+    if out is None:
+        return np.asarray(values).astype(dtype, copy=False)
+    np.copyto(out, values, casting="unsafe")
+    return out
 
 
 def layout(shape: Sequence[int], patch_size: Sequence[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -216,6 +225,12 @@ def frame_problem(path: str | os.PathLike, record: Mapping) -> str | None:
             tail = f.read()
     except OSError as err:
         return f"{type(err).__name__}: {err.strerror or err}"
+    return head_tail_problem(head, tail, record)
+
+
+def head_tail_problem(head: bytes | memoryview, tail: bytes | memoryview, record: Mapping) -> str | None:
+    """What is wrong with a frame's ``head`` and ``tail`` bytes (``record["head_bytes"]`` and
+    ``record["tail_bytes"]`` of them) against their CRC-32 in ``record``, or None."""
     if zlib.crc32(head) != record["head_crc32"]:
         return f"its header (bytes 0-{len(head) - 1}) fails its CRC-32 check (the file is corrupt)"
     if zlib.crc32(tail) != record["tail_crc32"]:
@@ -285,13 +300,6 @@ def write_array(array: np.ndarray, path: str | os.PathLike, patch_size: Sequence
         "tail_crc32": zlib.crc32(content[len(content) - tail :]),
         **extra,
     }
-
-
-def open_array(path: str | os.PathLike):
-    """The blosc2 NDArray at ``path``, memory-mapped read-only: slicing it decompresses only the chunks it covers."""
-    import blosc2
-
-    return blosc2.open(os.fspath(path), mode="r", mmap_mode="r", dparams=blosc2.DParams(nthreads=1))
 
 
 def chunk_numbers(shape: Sequence[int], chunks: Sequence[int], region: Sequence[slice]) -> list[int]:

@@ -1,12 +1,13 @@
 """A lazy handle on one stored array: its shape and dtype at once, its values only for the region asked for.
 
 :class:`StoredArray` is what a :class:`~components.data.store.StoreDataset` item holds in place of an array. It
-opens its file on the first read, in the process that reads (a DataLoader worker), memory-mapped; pickling it
-(to a worker) carries the path and the index's record, never an open file. Opening checks the file's size and the
-CRC-32 of its header and tail before blosc2 parses them; ``handle[region]`` checks the CRC-32 of every compressed
-chunk the region covers (once per chunk and process), decompresses those chunks only and returns a numpy array in
-the array's own dtype. Any failure to open, verify or decompress raises :class:`StoreReadError` naming the store
-file and the source volume: no corrupt byte reaches blosc2.
+opens its file on the first read, in the process that reads (a DataLoader worker), memory-mapped for random reads
+(:class:`~components.data.store.mapped.MappedArray`: from a cold disk a read moves the compressed chunks it covers,
+not the file); pickling it (to a worker) carries the path and the index's record, never an open file. Opening checks
+the file's size and the CRC-32 of its header and tail before blosc2 parses them; ``handle[region]`` checks the CRC-32
+of every compressed chunk the region covers (once per chunk and process), decompresses the blocks of those chunks
+that the region covers and returns a numpy array in the array's own dtype. Any failure to open, verify or decompress
+raises :class:`StoreReadError` naming the store file and the source volume: no corrupt byte reaches blosc2.
 
 A process keeps the last :data:`OPEN_ARRAYS` arrays it opened, with the chunks it verified, across handles: a
 dataset makes a new handle for every item it reads, and reopening the file and re-checking its chunks made a crop
@@ -17,7 +18,6 @@ a rewritten store (``preprocess --overwrite``) is opened and checked anew.
 from __future__ import annotations
 
 import os
-import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,14 +28,15 @@ import torch
 
 from ...errors import UserError
 
-from .format import chunk_numbers, decode, frame_problem, open_array
+from .format import chunk_numbers, decode
+from .mapped import FrameError, MappedArray
 
-__all__ = ["OPEN_ARRAYS", "StoreReadError", "StoredArray"]
+__all__ = ["StoreReadError", "StoredArray"]
 
 #: opened arrays a process keeps (memory-mapped files: a few kB each)
 OPEN_ARRAYS = 256
 # path -> (process id, the file's (inode, size, mtime), opened array, the chunk numbers verified in it)
-_OPENED: OrderedDict[Path, tuple[int, tuple[int, int, int], Any, set[int]]] = OrderedDict()
+_OPENED: OrderedDict[Path, tuple[int, tuple[int, int, int], MappedArray, set[int]]] = OrderedDict()
 
 
 class StoreReadError(UserError, RuntimeError):
@@ -77,7 +78,7 @@ class StoredArray:
         self.locations = locations
         self.shape = tuple(int(n) for n in record["shape"])
         self.dtype = np.dtype(record["dtype"])
-        self._array = None
+        self._mapped: MappedArray | None = None
         self._pid: int | None = None
         self._verified: set[int] = set()
 
@@ -93,15 +94,15 @@ class StoredArray:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_array=None, _pid=None, _verified=set())  # reopened in the process that reads
+        state.update(_mapped=None, _pid=None, _verified=set())  # reopened in the process that reads
         return state
 
     def _error(self, reason: str) -> StoreReadError:
         return StoreReadError(self.path, self.source, reason)
 
-    def _open(self):
-        if self._array is not None and self._pid == os.getpid():
-            return self._array
+    def _open(self) -> MappedArray:
+        if self._mapped is not None and self._pid == os.getpid():
+            return self._mapped
         try:
             stat = self.path.stat()
         except OSError as err:
@@ -110,16 +111,21 @@ class StoredArray:
         opened = _OPENED.get(self.path)
         if opened is not None and opened[:2] == (os.getpid(), identity):
             _OPENED.move_to_end(self.path)
-            self._pid, _, self._array, self._verified = opened
-            return self._array
+            self._pid, _, self._mapped, self._verified = opened
+            return self._mapped
         if stat.st_size != int(self.record["nbytes"]):
             raise self._error(f"the file has {stat.st_size} bytes, the index {self.record['nbytes']} (truncated or replaced)")
-        problem = frame_problem(self.path, self.record)  # before blosc2 parses any of it
-        if problem:
-            raise self._error(problem)
-        try:
-            array = open_array(self.path)
+        try:  # the header and tail are checked before blosc2 parses any of it
+            mapped = MappedArray(self.path, self.record)
+            array = mapped.array
             held = (tuple(array.shape), array.dtype, list(array.chunks), list(array.blocks), array.schunk.nchunks)
+        except OSError as err:
+            raise self._error(f"{type(err).__name__}: {err.strerror or err}") from err
+        except FrameError as err:
+            raise self._error(str(err)) from err
+        except KeyError as err:
+            raise self._error(f"its record in the volume's item.json has no {err} (written by another version of the "
+                              "store: rebuild it)") from err  # fmt: skip
         except Exception as err:  # blosc2 raises RuntimeError / ValueError for files it cannot parse
             raise self._error(f"not a blosc2 array ({type(err).__name__}: {err})") from err
         recorded = (self.shape, np.dtype(self.record["stored_dtype"]), self.record["chunks"], self.record["blocks"],
@@ -127,11 +133,11 @@ class StoredArray:
         if held != recorded:
             raise self._error(f"holds {held[1]}{held[0]} in chunks {held[2]} of blocks {held[3]} ({held[4]} chunks), "
                               f"the index {recorded[1]}{recorded[0]} in {recorded[2]} of {recorded[3]} ({recorded[4]})")  # fmt: skip
-        self._array, self._pid, self._verified = array, os.getpid(), set()
-        _OPENED[self.path] = (self._pid, identity, array, self._verified)
+        self._mapped, self._pid, self._verified = mapped, os.getpid(), set()
+        _OPENED[self.path] = (self._pid, identity, mapped, self._verified)
         while len(_OPENED) > OPEN_ARRAYS:
             _OPENED.popitem(last=False)
-        return array
+        return mapped
 
     def _region(self, index: Any) -> tuple[slice, ...]:
         """``index`` as one step-1 slice per axis with bounds clipped to the shape (what numpy would select)."""
@@ -150,31 +156,57 @@ class StoredArray:
             region.append(slice(start, max(start, stop)))
         return tuple(region)
 
-    def _verify(self, array, region: tuple[slice, ...]) -> None:
-        chunks, checksums = self.record["chunks"], self.record["crc32"]
-        for number in chunk_numbers(self.shape, chunks, region):
-            if number in self._verified:
-                continue
+    def _verify(self, mapped: MappedArray, region: tuple[slice, ...]) -> None:
+        """Checks the CRC-32 of the chunks ``region`` covers that this process has not checked yet, read from disk
+        at once first."""
+        todo = [n for n in chunk_numbers(self.shape, self.record["chunks"], region) if n not in self._verified]
+        if not todo:
+            return
+        mapped.prefetch(todo)
+        checksums = self.record["crc32"]
+        for number in todo:
             try:
-                compressed = array.schunk.get_chunk(number)
+                checksum = mapped.checksum(number)
             except Exception as err:  # noqa: BLE001 -- any failure to fetch a chunk is a corrupt file
                 raise self._error(f"chunk {number} unreadable ({type(err).__name__}: {err})") from err
-            if zlib.crc32(compressed) != checksums[number]:
+            if checksum != checksums[number]:
                 raise self._error(f"chunk {number} fails its CRC-32 check (the file is corrupt)")
             self._verified.add(number)
+
+    def _stored(self, region: tuple[slice, ...]) -> np.ndarray | None:
+        """The stored values (before :func:`~.format.decode`) of ``region`` (:meth:`_region`'s), its chunks checked
+        first; None for an empty region (the file is opened and checked all the same)."""
+        mapped = self._open()
+        if any(r.stop == r.start for r in region):
+            return None
+        self._verify(mapped, region)
+        try:
+            return mapped.array[region]
+        except Exception as err:  # noqa: BLE001 -- blosc2's decompression errors have no common type
+            raise self._error(f"decompression failed ({type(err).__name__}: {err})") from err
 
     def __getitem__(self, index: Any) -> np.ndarray:
         """The values of ``index`` (slices, step 1) as a new numpy array of :attr:`dtype`."""
         region = self._region(index)
-        array = self._open()
-        if any(r.stop == r.start for r in region):
+        values = self._stored(region)
+        if values is None:
             return np.empty(tuple(r.stop - r.start for r in region), self.dtype)
-        self._verify(array, region)
-        try:
-            values = array[region]
-        except Exception as err:  # noqa: BLE001 -- blosc2's decompression errors have no common type
-            raise self._error(f"decompression failed ({type(err).__name__}: {err})") from err
         return decode(values, self.record, region[0])
+
+    def read_into(self, index: Any, out: np.ndarray) -> None:
+        """Writes the values of ``index`` into ``out`` (an array, or a view of one, of the region's shape and of
+        :attr:`dtype`): one pass over the crop where ``out[...] = self[index]`` makes two, and no array between.
+
+        Raises:
+            ValueError: ``out`` of another shape or dtype.
+        """
+        region = self._region(index)
+        shape = tuple(r.stop - r.start for r in region)
+        if out.shape != shape or out.dtype != self.dtype:
+            raise ValueError(f"{self!r}: out must be {self.dtype}{list(shape)}, got {out.dtype}{list(out.shape)}.")
+        values = self._stored(region)
+        if values is not None:
+            decode(values, self.record, region[0], out)
 
     def read(self, index: Any = ...) -> torch.Tensor:
         """``self[index]`` as a torch tensor (the whole array by default)."""

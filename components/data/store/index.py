@@ -51,27 +51,7 @@ from ...files import atomic_write, fsync_dir, sha256_file
 from .format import FORMAT_VERSION
 from .packages import package_versions
 
-__all__ = [
-    "INDEX_LAYOUT",
-    "StoreError",
-    "commit_volume",
-    "default_source_root",
-    "find_rows",
-    "key_hashes",
-    "merge_parts",
-    "part_path",
-    "read_entries",
-    "read_json",
-    "relative_source",
-    "resolve_source",
-    "source_change",
-    "source_key",
-    "source_records",
-    "transforms_fingerprint",
-    "volume_id",
-    "write_json",
-    "write_part",
-]
+__all__ = ["StoreError", "transforms_fingerprint"]
 
 HEADER, INDEX, VOLUMES, PARTS, ITEM = "store.json", "index.json", "volumes", "parts", "item.json"
 COLUMNS, ENTRIES, OFFSETS, KEYS, ROWS = "index", "entries.jsonl", "offsets.npy", "keys.npy", "rows.npy"

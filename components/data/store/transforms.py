@@ -14,7 +14,7 @@ from typing import Any
 
 from monai.transforms import Compose
 
-__all__ = ["build_transforms", "bundle_crop_size", "bundle_transforms", "loaded_keys"]
+__all__ = ["build_transforms", "bundle_crop_size", "bundle_transforms"]
 
 TRANSFORMS_ID = "train#transforms#deterministic"
 RANDOM_ID = "train#transforms#random"

@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import ignite.distributed as idist
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...distributed import RankBatches, all_gather_with_grad, get_rank, get_world_size
+from ...distributed import RankBatches, all_gather_with_grad
 
 __all__ = ["SSLLoss", "nt_xent_loss"]
 
@@ -225,7 +226,7 @@ class SSLLoss(nn.Module):
     def _shares(anchors: int, rows: int, elements: int, device: torch.device) -> tuple[int, list[float]]:
         """(this rank's first row in the gathered embeddings, the factors W * n_local / n_global of the parts),
         from every rank's counts (one small gather, read back to the host)."""
-        world, rank = get_world_size(), get_rank()
+        world, rank = idist.get_world_size(), idist.get_rank()
         local_counts = torch.tensor([[anchors, rows, elements]], dtype=torch.int64, device=device)
         counts = all_gather_with_grad(local_counts).tolist()  # (W, 3)
         offset = sum(row[0] for row in counts[:rank])
@@ -250,7 +251,7 @@ class SSLLoss(nn.Module):
         if not self._ranks.active:
             contrast = nt_xent_loss(emb_1, emb_2, self.temperature)
         else:
-            rank = get_rank()
+            rank = idist.get_rank()
             if self.equal_rank_batches:
                 self._ranks.check_once(emb_1, rot_logits, recon)
                 offset, scale = rank * emb_1.shape[0], [1.0, 1.0, 1.0]

@@ -1,7 +1,7 @@
 """The network of the inpainting / contrastive recipe ("SSL head"): MONAI's Swin ViT encoder with three heads.
 
 The model follows Tang et al., "Self-Supervised Pre-Training of Swin Transformers for 3D Medical Image
-Analysis" (CVPR 2022): the encoder of :func:`components.networks.swin.swin_vit` (attribute ``swinViT``), a rotation
+Analysis" (CVPR 2022): the encoder of :class:`components.networks.swin.SwinViTSettings` (attribute ``swinViT``), a rotation
 head (``rotation_head``), a contrastive head (``contrastive_head``) and a reconstruction decoder (``conv``). The
 attribute names and the decoder layouts are those of the published checkpoints, so weights move between this
 module, those checkpoints and ``SwinUNETR.swinViT`` unchanged.
@@ -9,21 +9,13 @@ module, those checkpoints and ``SwinUNETR.swinViT`` unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from numbers import Integral, Real
+from typing import Any
 
 import torch
 from monai.networks.layers import Conv, Norm
 from torch import nn
 
-from ...networks.swin import (
-    DEFAULT_DEPTHS,
-    DEFAULT_NUM_HEADS,
-    DEFAULT_WINDOW,
-    SPATIAL_REDUCTION,
-    check_roi_size,
-    swin_vit,
-)
+from ...networks.swin import SPATIAL_REDUCTION, SwinViTSettings, check_roi_size
 
 __all__ = ["SSLHead", "UPSAMPLE_MODES", "OUTPUT_MODES"]
 
@@ -35,14 +27,6 @@ OUTPUT_MODES: tuple[str, ...] = ("all", "reconstruction")
 
 _CONTRASTIVE_DIM = 512
 _NUM_ROTATIONS = 4
-
-
-def _as_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"SSLHead: {name} must be an integer, got {value!r} ({type(value).__name__}).")
-    if value < minimum:
-        raise ValueError(f"SSLHead: {name} must be >= {minimum}, got {value}.")
-    return int(value)
 
 
 class SSLHead(nn.Module):
@@ -60,27 +44,6 @@ class SSLHead(nn.Module):
     ``contrastive_head``, and the whole map the reconstruction decoder ``conv``.
 
     Args:
-        in_channels: number of input image channels.
-        feature_size: embedding size of the Swin ViT (``embed_dim``); the last stage has ``16 * feature_size``
-            channels. Must be a multiple of 12, as ``SwinUNETR`` requires for the weights to be reused there,
-            and each stage's channels a multiple of its heads (``num_heads``).
-        spatial_dims: number of spatial dimensions, 2 or 3.
-        dropout_path_rate: stochastic-depth rate of the encoder, in [0, 1].
-        window_size: edge of the cubic attention window (7, as published). The first stage holds
-            ``roi / 2`` tokens per axis, padded up to a multiple of the window: at a 64x64x32 ROI, 7 pads
-            32x32x16 tokens to 35x35x21 and attends over 343 tokens per window, 4 needs no padding and attends
-            over 64, about twice as fast on a CPU. Only weights of the same window size load into each other
-            (the relative position bias table has ``(2 * window_size - 1) ** spatial_dims`` rows).
-        use_checkpoint: activation checkpointing in every Swin block (``torch.utils.checkpoint`` with
-            ``use_reentrant=False`` in MONAI >= 1.3): less memory, about one more encoder forward of compute.
-        use_v2: a SwinUNETR v2 encoder (:func:`~components.networks.swin.swin_vit`: a residual convolution block
-            before each stage, as VoCo's); its weights load into ``SwinUNETR(use_v2=True).swinViT``. The heads
-            and the decoder are the same.
-        depths: Swin blocks per stage, four values ((2, 2, 2, 2) as published; BrainSegFounder: (2, 2, 6, 2) or
-            (2, 2, 18, 2)).
-        num_heads: attention heads per stage, four values ((3, 6, 12, 24) as published; BrainSegFounder:
-            (4, 8, 16, 32) or (6, 12, 24, 48)); ``feature_size`` must be divisible by the first, and each stage's
-            channels by its own (:func:`~components.networks.swin.check_stages`).
         upsample: the reconstruction decoder, one of
 
             - ``"vae"`` (default): five blocks ``[Conv k3 p1, InstanceNorm, LeakyReLU, Upsample x2]`` taking
@@ -93,6 +56,11 @@ class SSLHead(nn.Module):
         output: what ``forward`` returns: ``"all"`` (default, for training) the tuple below, or
             ``"reconstruction"`` only the reconstruction tensor (for inference and ``verify_net_in_out``, which
             need a single tensor); the parameters and state-dict keys are the same.
+        encoder: the encoder's arguments (:class:`~components.networks.swin.SwinViTSettings`: ``in_channels``,
+            ``feature_size``, ``spatial_dims``, ``dropout_path_rate``, ``use_checkpoint``, ``window_size``, ``use_v2``,
+            ``depths``, ``num_heads``); ``feature_size`` a multiple of 12, as ``SwinUNETR`` needs to reuse the
+            weights. A smaller ``window_size`` is cheaper: at a 64x64x32 ROI, 7 pads the first stage's 32x32x16 tokens
+            to 35x35x21 and attends over 343 tokens per window, 4 needs no padding and attends over 64.
 
     Shapes:
         - input ``x``: ``(B, in_channels, *spatial)``, every spatial size a multiple of 32 and the last stage
@@ -118,60 +86,24 @@ class SSLHead(nn.Module):
         [torch.Size([1, 4]), torch.Size([1, 512]), torch.Size([1, 3, 64, 64])]
     """
 
-    def __init__(
-        self,
-        in_channels: int = 1,
-        feature_size: int = 48,
-        spatial_dims: int = 3,
-        dropout_path_rate: float = 0.0,
-        use_checkpoint: bool = False,
-        upsample: str = "vae",
-        output: str = "all",
-        window_size: int = DEFAULT_WINDOW,
-        use_v2: bool | str = False,
-        depths: Sequence[int] = DEFAULT_DEPTHS,
-        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
-    ) -> None:
+    def __init__(self, upsample: str = "vae", output: str = "all", **encoder: Any) -> None:
         super().__init__()
-        in_channels = _as_int("in_channels", in_channels, 1)
-        feature_size = _as_int("feature_size", feature_size, 12)
-        window_size = _as_int("window_size", window_size, 2)
-        if feature_size % 12 != 0:
-            raise ValueError(
-                f"SSLHead: feature_size must be a multiple of 12, got {feature_size} (SwinUNETR, which reuses "
-                f"these weights, needs a multiple of 12; e.g. 12, 24, 48)."
-            )
-        if isinstance(spatial_dims, bool) or spatial_dims not in (2, 3):
-            raise ValueError(f"SSLHead: spatial_dims must be 2 or 3, got {spatial_dims!r}.")
-        if isinstance(dropout_path_rate, bool) or not isinstance(dropout_path_rate, Real):
-            raise ValueError(f"SSLHead: dropout_path_rate must be a number in [0, 1], got {dropout_path_rate!r}.")
-        if not 0.0 <= float(dropout_path_rate) <= 1.0:
-            raise ValueError(f"SSLHead: dropout_path_rate must be in [0, 1], got {dropout_path_rate}.")
+        settings = SwinViTSettings(**encoder).check_reusable()
         if not isinstance(upsample, str) or upsample not in UPSAMPLE_MODES:
             raise ValueError(f"SSLHead: upsample must be one of {UPSAMPLE_MODES}, got {upsample!r}.")
         if output not in OUTPUT_MODES:
             raise ValueError(f"SSLHead: output must be one of {OUTPUT_MODES}, got {output!r}.")
         self.output = output
 
-        self.in_channels = in_channels
-        self.feature_size = feature_size
-        self.spatial_dims = int(spatial_dims)
+        self.in_channels = in_channels = settings.in_channels
+        self.feature_size = feature_size = settings.feature_size
+        self.spatial_dims = settings.spatial_dims
         self.upsample = upsample
-        self.window_size = window_size
+        self.window_size = settings.window_size
         dim = 16 * feature_size  # channels of the last stage output (after the final patch merging)
         self.hidden_dim = dim
 
-        self.swinViT = swin_vit(
-            in_channels,
-            feature_size,
-            self.spatial_dims,
-            dropout_path_rate,
-            use_checkpoint,
-            window_size,
-            use_v2,
-            depths,
-            num_heads,
-        )
+        self.swinViT = settings.build()
         self.rotation_head = nn.Linear(dim, _NUM_ROTATIONS)
         self.contrastive_head = nn.Linear(dim, _CONTRASTIVE_DIM)
         self.conv = self._build_decoder(upsample, dim, feature_size, in_channels, self.spatial_dims)

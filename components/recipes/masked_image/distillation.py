@@ -25,7 +25,7 @@ from ignite.engine import Engine, Events
 from torch import nn
 
 from ...distributed import all_reduce_mean
-from ...training.wrappers import unwrap
+from ...networks.wrappers import unwrap
 from ..self_distillation.recipe import cosine_schedule
 
 __all__ = ["TOKEN_STRIDE", "MaskedTokenDistillation", "stage_tokens"]

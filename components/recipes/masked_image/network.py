@@ -3,19 +3,19 @@
 SimMIM (Xie et al., CVPR 2022): masked patch embeddings are replaced by one learned token before the first Swin stage,
 and a one-layer linear decoder predicts the voxels of the whole crop from the last stage's features (a 1x1x1
 convolution to ``32^3 x C`` channels, rearranged into ``32^3`` voxels per final token). The encoder is
-:func:`components.networks.swin.swin_vit` held as ``swinViT``, so the encoder's weights load into ``SwinUNETR.swinViT`` and
+:class:`components.networks.swin.SwinViTSettings` held as ``swinViT``, so the encoder's weights load into ``SwinUNETR.swinViT`` and
 every loader of this collection as the other recipes' do.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from monai.networks.layers import Conv
 from torch import nn
 
-from collections.abc import Sequence
-
-from ...networks.swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
+from ...networks.swin import SPATIAL_REDUCTION, SwinViTSettings
 from ..self_distillation.network import ProjectionHead
 
 __all__ = ["DECODERS", "MaskedImageModel", "voxel_shuffle"]
@@ -41,21 +41,16 @@ class MaskedImageModel(nn.Module):
     """Swin ViT encoder with SimMIM's mask token and a light reconstruction decoder.
 
     Args:
-        in_channels: image channels.
-        feature_size: the encoder's ``embed_dim``, a multiple of 12 (as ``SwinUNETR`` needs to reuse the weights).
-        spatial_dims: 2 or 3.
-        dropout_path_rate: stochastic depth of the encoder.
-        use_checkpoint: activation checkpointing in the Swin blocks.
-        window_size: edge of the cubic attention window (7, as published).
-        use_v2: a SwinUNETR v2 encoder (a residual convolution block before each stage, as VoCo's).
-        depths, num_heads: Swin blocks and attention heads per stage (SwinUNETR's (2, 2, 2, 2) and (3, 6, 12, 24)).
+        decoder: ``"linear"`` (SimMIM: a 1x1x1 convolution ``16f -> 32^dims * in_channels`` and :func:`voxel_shuffle`,
+            keys ``decoder.weight`` / ``decoder.bias``) or ``"deconv"`` (five transposed convolutions, kernel 2 stride 2,
+            ``16f -> 8f -> 4f -> 2f -> f -> in_channels``, as the SSL recipe's ``deconv`` decoder).
         distill_prototypes: with K > 0, a DINO projection head ``token_head`` (``8f -> head_hidden_dim ->
             head_bottleneck_dim -> K``) on the third-stage tokens, for the masked-token self-distillation
             (:mod:`.distillation`); ``forward`` then also returns its logits ``(B, N, K)``.
         head_hidden_dim, head_bottleneck_dim: the token head's MLP widths.
-        decoder: ``"linear"`` (SimMIM: a 1x1x1 convolution ``16f -> 32^dims * in_channels`` and :func:`voxel_shuffle`,
-            keys ``decoder.weight`` / ``decoder.bias``) or ``"deconv"`` (five transposed convolutions, kernel 2 stride 2,
-            ``16f -> 8f -> 4f -> 2f -> f -> in_channels``, as the SSL recipe's ``deconv`` decoder).
+        encoder: the encoder's arguments (:class:`~components.networks.swin.SwinViTSettings`: ``in_channels``,
+            ``feature_size``, ``spatial_dims``, ``dropout_path_rate``, ``use_checkpoint``, ``window_size``, ``use_v2``,
+            ``depths``, ``num_heads``); ``feature_size`` a multiple of 12, as ``SwinUNETR`` needs to reuse the weights.
 
     ``forward(x, token_mask)``: ``x`` ``(B, in_channels, *spatial)`` (every spatial size a multiple of 32) and
     ``token_mask`` ``(B, *[s // 2])`` bool (True: that patch's embedding becomes ``mask_token``; None: no masking)
@@ -72,32 +67,20 @@ class MaskedImageModel(nn.Module):
 
     def __init__(
         self,
-        in_channels: int = 1,
-        feature_size: int = 48,
-        spatial_dims: int = 3,
-        dropout_path_rate: float = 0.0,
-        use_checkpoint: bool = False,
-        window_size: int = DEFAULT_WINDOW,
-        use_v2: bool | str = False,
         decoder: str = "linear",
-        depths: Sequence[int] = DEFAULT_DEPTHS,
-        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
         distill_prototypes: int = 0,
         head_hidden_dim: int = 2048,
         head_bottleneck_dim: int = 256,
+        **encoder: Any,
     ) -> None:
         super().__init__()
-        if int(feature_size) < 12 or int(feature_size) % 12:
-            raise ValueError(f"feature_size must be a positive multiple of 12 (e.g. 12, 24, 48), got {feature_size}.")
+        settings = SwinViTSettings(**encoder).check_reusable()
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}.")
-        self.in_channels = int(in_channels)
-        self.spatial_dims = int(spatial_dims)
-        feature_size = int(feature_size)
-        self.swinViT = swin_vit(
-            self.in_channels, feature_size, self.spatial_dims, dropout_path_rate, use_checkpoint, int(window_size),
-            use_v2, depths, num_heads,
-        )  # fmt: skip
+        self.in_channels = settings.in_channels
+        self.spatial_dims = settings.spatial_dims
+        feature_size = settings.feature_size
+        self.swinViT = settings.build()
         self.mask_token = nn.Parameter(torch.zeros(1, feature_size, *([1] * self.spatial_dims)))
         nn.init.trunc_normal_(self.mask_token, std=0.02)
         self.decoder_kind = decoder

@@ -1,27 +1,8 @@
 """Self-distillation (DINO, Caron et al. 2021; DINOv2, Oquab et al. 2023) for the Swin ViT encoder."""
 
-from .collapse import StopOnCollapse, TeacherCollapseError
-from .loss import SelfDistillationLoss, check_koleo_batch, koleo_loss
-from .network import ProjectionHead, SelfDistillationNetwork, SwinViTEmbedding, weight_decay_groups
-from .recipe import SelfDistillationRecipe, cosine_schedule, teacher_copy
-from .settings import SELF_DISTILLATION_SETTINGS
-from .views import MultiCrop, MultiCropViews, gaussian_blur
+from __future__ import annotations
 
-__all__ = [
-    "SELF_DISTILLATION_SETTINGS",
-    "MultiCrop",
-    "MultiCropViews",
-    "ProjectionHead",
-    "SelfDistillationLoss",
-    "SelfDistillationNetwork",
-    "SelfDistillationRecipe",
-    "StopOnCollapse",
-    "SwinViTEmbedding",
-    "TeacherCollapseError",
-    "check_koleo_batch",
-    "cosine_schedule",
-    "gaussian_blur",
-    "koleo_loss",
-    "teacher_copy",
-    "weight_decay_groups",
-]
+from ...lazy import lazy_names
+
+# the modules whose public names (each one's __all__) are offered here
+__getattr__, __dir__ = lazy_names(__name__, modules=("collapse", "loss", "network", "recipe", "settings", "views"))

@@ -1,13 +1,15 @@
 """Student / teacher networks of self-distillation: a Swin ViT encoder with a DINO projection head.
 
-The encoder is :func:`components.networks.swin.swin_vit` held as attribute ``swinViT`` (the layout every loader of this
-collection reads); a volume's embedding is the mean of its last-stage tokens. The head follows DINO (Caron et al.,
-2021): an MLP to a bottleneck, L2 normalisation, and a weight-normalised linear layer onto the prototypes.
+The encoder is built from :class:`components.networks.swin.SwinViTSettings`, held as attribute ``swinViT`` (the layout
+every loader of this collection reads); a volume's embedding is the mean of its last-stage tokens. The head follows
+DINO (Caron et al., 2021): an MLP to a bottleneck, L2 normalisation, and a weight-normalised linear layer onto the
+prototypes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,8 +17,8 @@ from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from ...training.encoder_lr import encoder_param_groups
-from ...training.wrappers import unwrap
-from ...networks.swin import DEFAULT_DEPTHS, DEFAULT_NUM_HEADS, DEFAULT_WINDOW, SPATIAL_REDUCTION, swin_vit
+from ...networks.wrappers import unwrap
+from ...networks.swin import SPATIAL_REDUCTION, SwinViTSettings
 
 __all__ = ["SwinViTEmbedding", "ProjectionHead", "SelfDistillationNetwork", "weight_decay_groups"]
 
@@ -27,19 +29,10 @@ class SwinViTEmbedding(nn.Module):
     """One embedding per volume from the Swin ViT encoder: the mean of the normalised last-stage tokens.
 
     Args:
-        in_channels: image channels.
-        feature_size: the encoder's ``embed_dim``, a multiple of 12 (as ``SwinUNETR`` needs to reuse the weights);
-            the embedding has ``16 * feature_size`` values.
-        spatial_dims: 2 or 3.
-        dropout_path_rate: stochastic depth of the encoder.
-        use_checkpoint: activation checkpointing in the Swin blocks.
-        window_size: edge of the cubic attention window (7, as published); weights load only into an encoder of the
-            same window size.
-        use_v2: a SwinUNETR v2 encoder (a residual convolution block before each stage, as VoCo's); its weights load
-            into ``SwinUNETR(use_v2=True).swinViT``.
-        depths, num_heads: Swin blocks and attention heads per stage, four each ((2, 2, 2, 2) and (3, 6, 12, 24) as
-            published; BrainSegFounder's deeper encoders: e.g. (2, 2, 6, 2) and (4, 8, 16, 32)), checked by
-            :func:`~components.networks.swin.check_stages` before the encoder is built.
+        encoder: the encoder's arguments (:class:`~components.networks.swin.SwinViTSettings`: ``in_channels``,
+            ``feature_size``, ``spatial_dims``, ``dropout_path_rate``, ``use_checkpoint``, ``window_size``, ``use_v2``,
+            ``depths``, ``num_heads``); ``feature_size`` a multiple of 12, as ``SwinUNETR`` needs to reuse the weights.
+            The embedding has ``16 * feature_size`` values.
 
     Shapes:
         input ``(B, in_channels, *spatial)``, every spatial size a multiple of 32; output ``(B, 16 * feature_size)``.
@@ -50,35 +43,13 @@ class SwinViTEmbedding(nn.Module):
         torch.Size([2, 192])
     """
 
-    def __init__(
-        self,
-        in_channels: int = 1,
-        feature_size: int = 48,
-        spatial_dims: int = 3,
-        dropout_path_rate: float = 0.0,
-        use_checkpoint: bool = False,
-        window_size: int = DEFAULT_WINDOW,
-        use_v2: bool | str = False,
-        depths: Sequence[int] = DEFAULT_DEPTHS,
-        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
-    ) -> None:
+    def __init__(self, **encoder: Any) -> None:
         super().__init__()
-        if int(feature_size) < 12 or int(feature_size) % 12:
-            raise ValueError(f"feature_size must be a positive multiple of 12 (e.g. 12, 24, 48), got {feature_size}.")
-        self.in_channels = int(in_channels)
-        self.spatial_dims = int(spatial_dims)
-        self.embed_dim = 16 * int(feature_size)
-        self.swinViT = swin_vit(
-            self.in_channels,
-            int(feature_size),
-            self.spatial_dims,
-            dropout_path_rate,
-            use_checkpoint,
-            int(window_size),
-            use_v2,
-            depths,
-            num_heads,
-        )
+        settings = SwinViTSettings(**encoder).check_reusable()
+        self.in_channels = settings.in_channels
+        self.spatial_dims = settings.spatial_dims
+        self.embed_dim = 16 * settings.feature_size
+        self.swinViT = settings.build()
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, C, *spatial)`` -> ``(B, 16 * feature_size)``; raises ValueError on a shape the encoder cannot take."""
@@ -154,9 +125,8 @@ class SelfDistillationNetwork(SwinViTEmbedding):
 
     Args:
         out_dim, hidden_dim, bottleneck_dim, num_layers, norm_last_layer: of the :class:`ProjectionHead`.
-        dropout_path_rate: the student's stochastic depth (DINO's ViT-S: 0.1); the teacher, copied by
-            :func:`~components.recipes.self_distillation.teacher_copy`, has none.
-        other args: as :class:`SwinViTEmbedding`.
+        encoder: as :class:`SwinViTEmbedding`; ``dropout_path_rate`` is the student's stochastic depth (DINO's
+            ViT-S: 0.1); the teacher, copied by :func:`~components.recipes.self_distillation.teacher_copy`, has none.
 
     Returns:
         ``(embeddings (N, 16 * feature_size), logits (N, out_dim))`` with N the total number of crops.
@@ -164,32 +134,14 @@ class SelfDistillationNetwork(SwinViTEmbedding):
 
     def __init__(
         self,
-        in_channels: int = 1,
-        feature_size: int = 48,
         out_dim: int = 8192,
         hidden_dim: int = 2048,
         bottleneck_dim: int = 256,
         num_layers: int = 3,
         norm_last_layer: bool = True,
-        spatial_dims: int = 3,
-        dropout_path_rate: float = 0.0,
-        use_checkpoint: bool = False,
-        window_size: int = DEFAULT_WINDOW,
-        use_v2: bool | str = False,
-        depths: Sequence[int] = DEFAULT_DEPTHS,
-        num_heads: Sequence[int] = DEFAULT_NUM_HEADS,
+        **encoder: Any,
     ) -> None:
-        super().__init__(
-            in_channels,
-            feature_size,
-            spatial_dims,
-            dropout_path_rate,
-            use_checkpoint,
-            window_size,
-            use_v2,
-            depths,
-            num_heads,
-        )
+        super().__init__(**encoder)
         self.head = ProjectionHead(self.embed_dim, out_dim, hidden_dim, bottleneck_dim, num_layers, norm_last_layer)
 
     def forward(self, crops: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]

@@ -23,7 +23,7 @@ from monai.networks.layers import DropPath
 from monai.utils import CommonKeys as Keys
 from torch import nn
 
-from ...training.wrappers import unwrap
+from ...networks.wrappers import unwrap
 from ...training.health import Signal, collapse_signal, loss_signal
 from .loss import SelfDistillationLoss
 from .views import MultiCrop, MultiCropViews
