@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
-from ...config.values import as_bool
-
-__all__ = ["rot_rand", "aug_rand", "input_corruption", "ssl_views", "SSLViews"]
+__all__ = ["rot_rand", "aug_rand", "ssl_views", "SSLViews"]
 
 # Probability bound, per sample and pass, that the first chunk of box slots falls short of the target.
 _SHORTFALL_PROB = 1e-12
@@ -420,15 +417,6 @@ class SSLViews(NamedTuple):
     rot_labels: torch.Tensor
     targets: torch.Tensor
 
-
-
-def input_corruption(enabled: bool | str, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """What the SSL bundle's inference does to a ``(C, H, W, D)`` input before reconstructing it: with ``enabled``
-    (``corrupt``, command-line words accepted) :func:`aug_rand`'s boxes drawn from ``seed``, as in pretraining;
-    without it the input itself. A function for MONAI's ``Lambdad``."""
-    if not as_bool(enabled, "corrupt"):
-        return lambda x: x
-    return lambda x: aug_rand(x[None], generator=torch.Generator().manual_seed(int(seed)))[0]
 
 def ssl_views(
     x: torch.Tensor,
