@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import curve_probe
+import curve_reread
 from machine import REPO, git_commit, machine_info
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -176,6 +177,29 @@ def _probe_point(runs: list[dict], probes: dict[str, dict]) -> dict | None:
             **_judge(dice, [probes[name]["mean_dice"] for name in randoms], "higher", 0.0)}  # fmt: skip
 
 
+def _signals(reports: list[dict]) -> dict:
+    """Each signal of a point's reports (one per seed) judged over the seeds (:func:`_judge`), with their verdicts."""
+    signals = {}
+    for name in reports[0]["signals"]:
+        entries = [report["signals"][name] for report in reports]
+        signals[name] = {"kind": entries[0]["kind"], "better": entries[0]["better"],
+                         "verdicts": [e["verdict"] for e in entries],
+                         **_judge([e["value"] for e in entries], [e["baseline"] for e in entries], entries[0]["better"],
+                                  statistics.fmean(e["margin"] for e in entries))}  # fmt: skip
+    return signals
+
+
+def _reread_point(runs: list[dict], rereads: dict[str, dict]) -> dict | None:
+    """The re-read of a point's final encoders on the same crops (:mod:`curve_reread`): each seed's verdict and each
+    signal judged over the seeds; None until every run of the point is re-read."""
+    names = [f"{run['recipe']}_{run['iterations']}_seed{run['seed']}" for run in runs]
+    if not all(name in rereads for name in names):
+        return None
+    reports = [rereads[name] for name in names]
+    return {"verdicts": [report["verdict"] for report in reports], "crops": reports[0]["settings"]["crops"],
+            "commits": sorted({report["commit"] for report in reports}), "signals": _signals(reports)}  # fmt: skip
+
+
 def summarise() -> dict:
     """Writes the summary JSON and the plot from every record; returns the summary.
 
@@ -190,25 +214,19 @@ def summarise() -> dict:
     for r in records:
         points.setdefault(r["recipe"], {}).setdefault(r["iterations"], []).append(r)
     probes = {window: curve_probe.load_records(window) for window in curve_probe.WINDOWS}
+    rereads = curve_reread.load_records()
     table = {}
     for recipe, by_budget in sorted(points.items()):
         table[recipe] = {}
         for iterations, runs in sorted(by_budget.items()):
             finals = [run["health"][-1] for run in runs]
-            names = list(finals[0]["signals"])
-            signals = {}
-            for name in names:
-                entries = [f["signals"][name] for f in finals]
-                signals[name] = {"kind": entries[0]["kind"], "better": entries[0]["better"],
-                                 "verdicts": [e["verdict"] for e in entries],
-                                 **_judge([e["value"] for e in entries], [e["baseline"] for e in entries], entries[0]["better"],
-                                          statistics.fmean(e["margin"] for e in entries))}  # fmt: skip
             table[recipe][str(iterations)] = {
-                "seeds": sorted(run["seed"] for run in runs), "verdicts": [f["verdict"] for f in finals],
-                "signals": signals, "rankme": [f["extra"]["rankme"] for f in finals],
+                "seeds": [run["seed"] for run in runs], "verdicts": [f["verdict"] for f in finals],
+                "signals": _signals(finals), "rankme": [f["extra"]["rankme"] for f in finals],
                 "mean_share": [f["extra"]["mean_share"] for f in finals],
                 "seconds": [run["seconds"] for run in runs],
                 "probe": {window: _probe_point(runs, records) for window, records in probes.items()},
+                "reread": _reread_point(runs, rereads),
             }  # fmt: skip
     summary = {
         "what": "health of each recipe's final encoder against each signal's trivial answer, by pretraining budget",
@@ -251,15 +269,30 @@ def markdown(summary: dict) -> str:
               "| --- | --- | --- | --- | " + " | ".join("---" for _ in windows) + " |"]  # fmt: skip
     for recipe, by_budget in summary["table"].items():
         for iterations, point in sorted(by_budget.items(), key=lambda item: int(item[0])):
-            cells = []
-            for name, s in point["signals"].items():
-                sd = f" +- {s['gap_sd']:.3g}" if s["gap_sd"] is not None else ""
-                cells.append(f"{name} {s['value_mean']:.3g} vs {s['baseline_mean']:.3g}, {s['gap_mean']:+.3g}{sd}"
-                             + (" beyond" if s["beyond_spread"] else ""))  # fmt: skip
             verdicts = ", ".join(f"{v} ({seed})" for v, seed in zip(point["verdicts"], point["seeds"]))
             probes = " | ".join(_probe_cell((point.get("probe") or {}).get(window)) for window in windows)
-            lines.append(f"| {recipe} | {iterations} | {verdicts} | {'; '.join(cells)} | {probes} |")
+            lines.append(f"| {recipe} | {iterations} | {verdicts} | {_signal_cells(point['signals'])} | {probes} |")
+    reread = [(recipe, iterations, point) for recipe, by_budget in summary["table"].items()
+              for iterations, point in sorted(by_budget.items(), key=lambda item: int(item[0])) if point.get("reread")]  # fmt: skip
+    if reread:
+        lines += ["", f"The same final encoders read again on {reread[0][2]['reread']['crops']} validation crops, the same for "
+                  "every run of a recipe (`benchmarks/curve_reread.py`; commits "
+                  f"{', '.join(sorted({c for *_, point in reread for c in point['reread']['commits']}))}):", "",
+                  "| recipe | iterations | verdicts (seeds) | signal: value vs trivial, gap +- sd |", "| --- | --- | --- | --- |"]  # fmt: skip
+        for recipe, iterations, point in reread:
+            verdicts = ", ".join(f"{v} ({seed})" for v, seed in zip(point["reread"]["verdicts"], point["seeds"]))
+            lines.append(f"| {recipe} | {iterations} | {verdicts} | {_signal_cells(point['reread']['signals'])} |")
     return "\n".join(lines) + "\n"
+
+
+def _signal_cells(signals: dict) -> str:
+    """Each signal's mean value against its trivial value's, the mean gap +- its sd over seeds, ``beyond``."""
+    cells = []
+    for name, s in signals.items():
+        sd = f" +- {s['gap_sd']:.3g}" if s["gap_sd"] is not None else ""
+        cells.append(f"{name} {s['value_mean']:.3g} vs {s['baseline_mean']:.3g}, {s['gap_mean']:+.3g}{sd}"
+                     + (" beyond" if s["beyond_spread"] else ""))  # fmt: skip
+    return "; ".join(cells)
 
 
 def _probe_cell(probe: dict | None) -> str:

@@ -171,7 +171,7 @@ def test_each_recipe_runs_its_own_bundle_with_ids_it_defines(recipe, tmp_path):
     fine = finetune_overrides(budget, tmp_path / "labeled" / "dataset.json", tmp_path / "ft", "cpu", 1, None)
     for key in ("feature_size", "network_def#window_size", "device"):
         assert overrides[key] == fine[key], key
-    assert overrides["checkpointing#auto_resume"] is False and overrides["training#rankme_crops"] == 64
+    assert overrides["checkpointing#auto_resume"] is False and overrides["training#rankme_crops"] == 256
 
 
 @pytest.mark.slow

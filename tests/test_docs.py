@@ -64,6 +64,7 @@ USER_FILES = {"model_swinvit.pt"}  # files the docs expect the reader to bring
 COVERED_ELSEWHERE = {"python -m components demo": "tests/test_demo.py",
                      "python benchmarks/pretrain_curve.py": "tests/test_pretrain_curve.py",
                      "python benchmarks/curve_probe.py": "tests/test_curve_probe.py",
+                     "python benchmarks/curve_reread.py": "tests/test_curve_reread.py",
                      "python benchmarks/demo_seeds.py": "tests/test_benchmarks.py"}
 # the docs whose own tiny SSL run writes bundles/swin_unetr_ssl_pretrain/models/model.pt: every other doc is given it
 WRITES_SSL_MODEL = {"docs/pretraining.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md"}

@@ -72,9 +72,10 @@ WINDOW_SIZE = 4
 # the recipe's random flips and 90-degree rotations swap left and right, which tell the kidneys apart
 NO_MIRRORING = {"training#flip_prob": 0.0, "training#rotate90_prob": 0.0}
 LABEL_NAMES = ["background", *synthetic.DEMO_ORGANS]
-# the pretrainings log RankMe of the encoder on this many validation crops (the bundles' 256 would cost a pretraining
-# of this size about a tenth of its time; RankMe is bounded by the crops and by the embedding size, 192 at feature 12)
-_RANKME_CROPS = 64
+# the validation crops of the pretrainings' one health report, at their end (RankMe and the pretext signals): on 64
+# crops the SSL rotation verdict of one encoder changed with the draw of the crops; the bundles' most, 256, did not
+# (benchmarks/results/pretrain_curve_crop_draws.json), for a few seconds more once per run
+_RANKME_CROPS = 256
 # every run starts fresh: a demo run again into the same folder must not resume the last one
 _FRESH_RUN = {"checkpointing#auto_resume": False}
 
