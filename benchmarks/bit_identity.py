@@ -9,7 +9,9 @@ bundle below trains for a few iterations on the same synthetic CT, once with the
 Overrides are written in this checkout's config ids. For a revision from before the config ids were grouped
 (``--loader#num_workers`` was ``--num_workers``), an override ``group#member`` is sent as ``member`` when the
 ``--before`` config has ``member`` as a top-level id, and the checkpointing group's members by their old names
-(``ckpt_time_interval_s``, ...).
+(``ckpt_time_interval_s``, ...); an id a later release moved (``components.config.overrides.MOVED_IDS``, e.g.
+``network_def#upsample``, 0.4.0's ``speed#upsample``) is sent by the name the ``--before`` config has. Each side runs
+its own bundle's command line: a bundle with the shared ``configs/common.json`` reads it first.
 
 Example::
 
@@ -34,6 +36,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from monai.bundle import ConfigParser  # noqa: E402
+
+from components.config.overrides import MOVED_IDS  # noqa: E402
+from components.config.running import run_config_files  # noqa: E402
 from components.demo.runner import bundle_command  # noqa: E402
 
 #: old top-level names of the checkpointing group's members
@@ -88,13 +94,26 @@ def _export(revision: str, dest: Path) -> Path:
     return dest
 
 
+def _defined(config: dict, key: str) -> bool:
+    """Whether ``config`` has the id ``key`` (``group#member`` at any depth)."""
+    node = config
+    for part in key.split("#"):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def _spelled_for(overrides: dict, config: dict) -> dict:
-    """``overrides`` in the ids of ``config`` (a train.json that may predate the grouped ids)."""
+    """``overrides`` in the ids of ``config`` (the configs of a run that may predate the grouped or moved ids)."""
+    moved_from = {new: old for old, new in MOVED_IDS.items()}
     spelled = {}
     for key, value in overrides.items():
         group, _, member = key.partition("#")
         if key in OLD_NAMES and OLD_NAMES[key] in config:
             key = OLD_NAMES[key]
+        elif key in moved_from and not _defined(config, key) and _defined(config, moved_from[key]):
+            key = moved_from[key]
         elif member in config and (group not in config or group == "network_def"):  # a knob that was top-level
             key = member
         spelled[key] = value
@@ -105,7 +124,7 @@ def _train(tree: Path, bundle: str, data: Path, work: Path, overrides: dict) -> 
     """One tiny run of ``bundle`` from ``tree``; returns its ``models/`` folder."""
     root = work / bundle
     shutil.copytree(tree / "bundles" / bundle, root, ignore=shutil.ignore_patterns("models", "eval", "data"))
-    config = json.loads((root / "configs" / "train.json").read_text())
+    config = ConfigParser.load_config_files([str(f) for f in run_config_files(root, ["train.json"])])
     spelled = _spelled_for({"bundle_root": str(root), "dataset_dir": str(data), **overrides}, config)
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     log = work / f"{bundle}.log"

@@ -1,9 +1,10 @@
 """RAM per cached volume and caching time: the recipe's pipeline against the compact cache.
 
 Both pipelines are the pretraining bundle's own ``train#preprocessing`` (``configs/train.json``) with
-``compact_cache`` false (the recipe: float32 in [0, 1] after ``CropForegroundd(k_divisible=roi)``, which pads every
-axis up to a multiple of the ROI) and true (``components.CompactCropForegroundd``: the foreground box unpadded, as
-int16 Hounsfield units). Each mode runs in its own fresh subprocess (alternating, ``--rounds`` times) that caches the
+``train#transforms`` ``%train#plain_transforms`` (the recipe: float32 in [0, 1] after
+``CropForegroundd(k_divisible=roi)``, which pads every axis up to a multiple of the ROI) and
+``%train#compact_transforms`` (``components.CompactCropForegroundd``: the foreground box unpadded, as int16 Hounsfield
+units). Each mode runs in its own fresh subprocess (alternating, ``--rounds`` times) that caches the
 same synthetic CT set (``components.write_dataset(kind="ct")``) in a ``CacheDataset`` and reports:
 
 - ``bytes_per_volume``: bytes of the tensors / arrays each cached item holds (MetaTensor metadata included);
@@ -62,12 +63,15 @@ def _rss_bytes() -> int | None:
 
 
 def bundle_preprocessing(compact: bool, roi: list[int], num_samples: int):
-    """The bundle's ``train#preprocessing`` with ``loader#compact_cache`` set."""
+    """The bundle's ``train#preprocessing`` of its compact pipeline or the recipe's (``train#transforms``)."""
     from monai.bundle import ConfigParser
 
+    from components.config.running import run_config_files
+
     parser = ConfigParser()
-    parser.read_config(str(BUNDLE / "configs" / "train.json"))
-    parser.update({"loader#compact_cache": compact, "roi_size": roi, "training#num_samples": num_samples, "device": "cpu"})
+    parser.read_config([str(f) for f in run_config_files(BUNDLE, ["train.json"])])
+    transforms = "%train#compact_transforms" if compact else "%train#plain_transforms"
+    parser.update({"train#transforms": transforms, "roi_size": roi, "training#num_samples": num_samples, "device": "cpu"})
     return parser.get_parsed_content("train#preprocessing")
 
 

@@ -82,11 +82,12 @@ def volumes(work: Path, window: str = "finetuning") -> dict[str, list[tuple[torc
 
     from components.data.datalists import load_split
     from components.demo.recipes import CT_BUNDLE, DemoBudget, finetune_overrides
+    from components.config.running import run_config_files
     from components.demo.runner import BUNDLES_DIR
 
     datalist = labeled(work)
     parser = ConfigParser()
-    parser.read_config(str(BUNDLES_DIR / CT_BUNDLE / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(BUNDLES_DIR / CT_BUNDLE, ["train.json"])])
     parser.update(finetune_overrides(DemoBudget(), datalist, work / "probe_unused", "cpu", 0, None))
     if WINDOWS[window] is not None:
         parser.update({"intensity_range": list(WINDOWS[window])})

@@ -6,7 +6,7 @@ Per feature size, with ``use_v2=True`` and window 7 (VoCo's encoders):
 - ``parameters``: of ``SwinUNETR(in_channels=1, out_channels=14)`` (BTCV's network) and of its encoder
   ``swinViT``; ``v2_blocks`` is what ``use_v2`` adds to the encoder (MONAI's residual blocks ``layers1c`` ..
   ``layers4c``: ``4590 * f ** 2``);
-- ``step_estimate``: ``components.networks.step_memory.estimate_step_memory`` of one BTCV training step (``speed#step_inputs``: batch 1 x
+- ``step_estimate``: ``components.networks.step_memory.estimate_step_memory`` of one BTCV training step (``train#network#step_inputs``: batch 1 x
   4 crops at 96^3, so ``[4, 1, 96, 96, 96]``) on CUDA with amp and the fused attention kernel, one rank, no teacher,
   and ``checkpointing_decision("auto", free_bytes=80 GiB)``: whether the bundle would switch activation
   checkpointing on on an 80 GB GPU. The networks are built with their parameters on the ``meta`` device, so no

@@ -254,7 +254,7 @@ def crops_part(settings: Settings, work: Path, ct: Path, brats: Path) -> dict:
         memory = _parser(settings, bundle, datalist, "full", store).get_parsed_content("train#dataset")
         disk = _parser(settings, bundle, datalist, "disk", store).get_parsed_content("train#dataset")
         whole = _parser(settings, bundle, datalist, "disk", store).get_parsed_content("train#dataset")
-        random = _parser(settings, bundle, datalist, "disk", store).get_parsed_content("train#random_transforms")
+        random = _parser(settings, bundle, datalist, "disk", store).get_parsed_content("train#transforms#random")
         whole.transform = Compose([ReadStoredd(["image", "label"]), *random])
         sources = {"memory": memory, "disk": disk, "disk_whole_volumes": whole}
         threads = torch.get_num_threads()

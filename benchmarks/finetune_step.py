@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from machine import bundle_parser, machine_info, write_result
+from machine import bundle_parser, bundle_start, machine_info, write_result
 from ssl_step import json_stdout
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ def build_trainer(size: dict, workdir: Path, config: dict, epochs: int, num_work
     for index, handler in enumerate(parser["train"]["handlers"]):  # no validation, not even the last epoch's
         if handler.get("_target_", "").endswith("FinalValidationHandler"):
             parser[f"train#handlers#{index}#_disabled_"] = True
-    parser.get_parsed_content("initialize")
+    bundle_start(parser)
     return parser.get_parsed_content("train#trainer")
 
 

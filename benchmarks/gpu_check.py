@@ -218,7 +218,7 @@ def finetune_step_part(settings: dict, record: Record, deadline: float) -> None:
 def self_distillation_step_part(settings: dict, record: Record, deadline: float) -> None:
     """The DINO bundle's step with its shipped settings (validation off, checkpoints only at the end)."""
     import components
-    from machine import bundle_parser
+    from machine import bundle_parser, bundle_start
 
     device, bundle = device_in_use(), BUNDLES / "swin_unetr_dino_pretrain"
     with tempfile.TemporaryDirectory(prefix="gpu_check_dino_") as tmp:
@@ -228,7 +228,7 @@ def self_distillation_step_part(settings: dict, record: Record, deadline: float)
                      "checkpointing#epoch_interval": None, "checkpointing#auto_resume": False,
                      "speed#amp": device.type == "cuda", **settings["overrides"]}  # fmt: skip
         parser = bundle_parser(bundle, overrides, settings["num_workers"])
-        parser.get_parsed_content("initialize")
+        bundle_start(parser)
         views = parser.get_parsed_content("train#views")
         crops = parser.get_parsed_content("batch_size") * parser.get_parsed_content("training#num_samples")
         record["step"] = (

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from components import atomic_write, sha256_file
+from components.config.running import run_config_files
 from components.data import synthetic
 from components.demo.recipes import CT_BUNDLE, DINO_BUNDLE, MIM_BUNDLE, SSL_BUNDLE, DemoBudget
 from components.release.origin import PACKAGE_DIR, source_digest
@@ -100,11 +101,12 @@ def digest(value: Any) -> str:
 def code_state(package_dir: Path = PACKAGE_DIR) -> dict:
     """The code the runs execute besides their settings: the ``components`` package's source digest
     (:func:`components.release.origin.source_digest`) less :data:`NOT_RUN`, and the sha256 of every bundle config a
-    run of the protocol reads (:data:`BUNDLE_CONFIGS`). Part of every result's key (:func:`run_code`), so that a
-    changed loss, recipe or config never reuses a record of the code before."""
+    run of the protocol reads (:data:`BUNDLE_CONFIGS`, with the shared config a train.json is read with). Part of
+    every result's key (:func:`run_code`), so that a changed loss, recipe or config never reuses a record of the code
+    before."""
+    files = [(bundle, f) for bundle, names in BUNDLE_CONFIGS.items() for f in run_config_files(BUNDLES_DIR / bundle, names)]
     return {"components": source_digest(package_dir, exclude=NOT_RUN),
-            "configs": {f"{bundle}/{name}": sha256_file(BUNDLES_DIR / bundle / "configs" / name)
-                        for bundle, names in BUNDLE_CONFIGS.items() for name in names}}  # fmt: skip
+            "configs": {f"{bundle}/{path.name}": sha256_file(path) for bundle, path in files}}
 
 
 def run_code(code: dict, bundle: str) -> dict:

@@ -106,12 +106,23 @@ def write_result(result: dict, out, started: float) -> dict:
 
 
 def bundle_parser(bundle, overrides: dict, num_workers: int | None = None, config: str = "train.json"):
-    """A bundle's ``configs/<config>`` (with its metadata) and ``overrides`` (plus ``loader#num_workers`` when given),
-    as a MONAI ``ConfigParser`` ready to parse: the benchmarks time the bundles' own objects."""
+    """A bundle's ``configs/<config>`` (with its metadata; train.json with the shared config) and ``overrides`` (plus
+    ``loader#num_workers`` when given), as a MONAI ``ConfigParser`` ready to parse: the benchmarks time the bundles'
+    own objects."""
     from monai.bundle import ConfigParser
 
+    from components.config.running import run_config_files
+
     parser = ConfigParser()
-    parser.read_config(str(Path(bundle) / "configs" / config))
+    parser.read_config([str(f) for f in run_config_files(bundle, [config])])
     parser.read_meta(str(Path(bundle) / "configs" / "metadata.json"))
     parser.update({**overrides, **({} if num_workers is None else {"loader#num_workers": num_workers})})
     return parser
+
+
+def bundle_start(parser) -> None:
+    """What a bundle's ``run`` does before it builds anything, short of its checks: the allocator tuning and the
+    seed (``components.tune_allocator``, ``set_determinism``), so that a timed step starts as a bundle run's does."""
+    for index, step in enumerate(parser["run"]):
+        if isinstance(step, str) and step.startswith(("$components.tune_allocator(", "$monai.utils.set_determinism(")):
+            parser.get_parsed_content(f"run#{index}")

@@ -87,8 +87,10 @@ def preprocessing(roi_size: list[int]):
     """The bundle's ``train#preprocessing`` (a Compose), built from train.json with ``roi_size`` set."""
     from monai.bundle import ConfigParser
 
+    from components.config.running import run_config_files
+
     parser = ConfigParser()
-    parser.read_config(str(TRAIN_CONFIG))
+    parser.read_config([str(f) for f in run_config_files(TRAIN_CONFIG.parents[1], ["train.json"])])
     parser["roi_size"] = list(roi_size)
     parser["training#num_samples"] = 1
     return parser.get_parsed_content("train#preprocessing")

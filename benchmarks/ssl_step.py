@@ -59,7 +59,7 @@ from pathlib import Path
 
 import torch
 
-from machine import bundle_parser, machine_info, write_result
+from machine import bundle_parser, bundle_start, machine_info, write_result
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
@@ -259,7 +259,7 @@ def build_trainer(size: dict, workdir: Path, num_workers: int | None, amp: bool,
     for index, handler in enumerate(parser["train"]["handlers"]):
         if handler.get("_target_", "").endswith("ResumableCheckpointSaver"):
             parser[f"train#handlers#{index}#_disabled_"] = True
-    parser.get_parsed_content("initialize")  # the bundle's start-up: tune_allocator, set_determinism
+    bundle_start(parser)  # the bundle's start-up: tune_allocator, set_determinism
     trainer = parser.get_parsed_content("train#trainer")
     if config.get("per_box_views"):
         use_per_box_views(trainer)

@@ -205,7 +205,7 @@ def preprocess(
     source_root: str | None = None,
 ) -> None:
     """Writes the on-disk store OUT of the volumes of DATALIST (Decathlon dataset.json, its LIST_KEY list): each
-    volume decoded once through BUNDLE's deterministic transforms (train#deterministic_transforms; a bundle folder or
+    volume decoded once through BUNDLE's deterministic transforms (train#transforms#deterministic; a bundle folder or
     the name of one this package carries; --overrides '{"roi_size": [64, 64, 64]}' changes its ids), stored as
     compressed chunked arrays and indexed, so training reads only the crops it cuts. The data check runs first: a
     broken file stops the run before any work (--on_error stop) or is skipped and listed (skip). --workers N

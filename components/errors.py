@@ -6,7 +6,8 @@ MONAI's ``RuntimeError: Failed to evaluate ConfigExpression`` (MONAI wraps whate
 raises), and an error raised while an engine runs was printed three times: ignite's ``Engine`` logs it, MONAI's
 ``StatsHandler`` logs it with its traceback, then Python prints the traceback.
 
-:func:`report_errors`, the first expression of every bundle's ``initialize``, installs for the rest of the process:
+:func:`report_errors`, the first step of every bundle run (:func:`components.start`; inference.json's ``initialize``),
+installs for the rest of the process:
 
 - ``sys.excepthook`` and ``threading.excepthook``: an uncaught exception whose chain (``__cause__``, else
   ``__context__``, as Python prints it) holds a :class:`UserError` is printed as ``<bundle>: error: <Type>:
@@ -231,7 +232,7 @@ def report_errors(bundle: str, debug: bool | int | str = False) -> None:
         debug: print Python's traceback instead (every rank): the bundles pass their ``debug`` id, which
             ``python -m monai.bundle run ... --debug`` (or ``--debug true``) sets.
 
-    Example (first expression of a bundle's ``initialize``)::
+    Example (first expression of an inference.json's ``initialize``)::
 
         "$components.report_errors('swin_unetr_btcv_finetune', @debug)"
     """

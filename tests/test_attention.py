@@ -14,6 +14,7 @@ from monai.networks.nets.swin_unetr import WindowAttention
 
 import components
 from components.networks.attention import FusedWindowAttention
+from components.config.running import run_config_files
 
 BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
 # (window, ROI): 4^3 windows tiling 32x16x16 first-stage tokens (shifted windows in every second block); 7^3
@@ -182,10 +183,10 @@ def test_a_network_without_window_attention_is_refused():
 def test_bundles_build_their_network_with_the_chosen_attention(bundle, config):
     for enabled in (True, False):
         parser = ConfigParser()
-        parser.read_config(str(BUNDLES / bundle / "configs" / config))
+        parser.read_config([str(f) for f in run_config_files(BUNDLES / bundle, [config])])
         parser.update({"feature_size": 12, "device": "cpu", "speed#fused_attention": enabled})
         parser.get_parsed_content("imports")
-        net = parser.get_parsed_content("network")
+        net = parser.get_parsed_content("network" if config == "inference.json" else "train#network")
         fused = sum(isinstance(m, FusedWindowAttention) for m in net.modules())
         explicit = sum(type(m) is WindowAttention for m in net.modules())
         assert (fused, explicit) == ((8, 0) if enabled else (0, 8))

@@ -58,6 +58,8 @@ BTCV, BRATS = "swin_unetr_btcv_finetune", "swin_unetr_brats_finetune"
 BUNDLES = [SSL, DINO, MIM, BTCV, BRATS]
 FINETUNING = [BTCV, BRATS]
 TIMEOUT_S = 900
+#: the config files of a training run, as the docs give them
+TRAIN_FILES = "['configs/common.json','configs/train.json']"
 
 # the tiny "trained" network of each bundle (what its models/model.pt holds) and its synthetic data
 NETWORKS: dict[str, Callable[[], torch.nn.Module]] = {
@@ -263,7 +265,7 @@ def bundle_run(venv, downloads, tmp_path_factory) -> Callable[[str], BundleRun]:
             if name in INFER:
                 steps.append(["cli", "monai.bundle", ["run", "--config_file", "configs/inference.json", *logs,
                                                       *_overrides({**CPU, **INFER[name]})]])  # fmt: skip
-            steps.append(["cli", "monai.bundle", ["run", "--config_file", "configs/train.json", *logs,
+            steps.append(["cli", "monai.bundle", ["run", "--config_file", TRAIN_FILES, *logs,
                                                   *_overrides({**TRAIN_COMMON, **TRAIN[name]})]])  # fmt: skip
             proc = _run([venv.python, "-c", DRIVER, json.dumps(steps)], folder, _env())
             done[name] = BundleRun(folder, downloads.releases[name], loaded, proc.stdout, proc.returncode)
@@ -300,7 +302,8 @@ def test_download_passes_the_model_zoo_metadata_check(name, downloads):
 
 def test_a_downloaded_bundle_runs_from_another_folder_when_bundle_root_names_it(venv, downloads, tmp_path):
     """Downloaded as the docs say and run as users run bundles from their own project folders and job scripts:
-    ``python -m monai.bundle run --config_file D/N/configs/train.json --bundle_root D/N ...`` from another folder.
+    ``python -m monai.bundle run --config_file "['D/N/configs/common.json','D/N/configs/train.json']" --bundle_root D/N
+    ...`` from another folder.
     MONAI puts the bundle folder on sys.path only in ``run()``, after ``initialize``, and the bundle stopped at its
     first expression ("start Python in the bundle folder"); its ``initialize`` now puts ``bundle_root`` first on
     sys.path. The run imports the bundle's own components, writes its model and checkpoint into the bundle and
@@ -313,7 +316,8 @@ def test_a_downloaded_bundle_runs_from_another_folder_when_bundle_root_names_it(
               "--bundle_dir", bundle_dir], project, _env()), "download")  # fmt: skip
     root = bundle_dir / BTCV
     assert sorted(p.name for p in project.iterdir()) == []
-    cmd = [venv.python, "-m", "monai.bundle", "run", "--config_file", root / "configs" / "train.json", "--bundle_root",
+    files = json.dumps([str(root / "configs" / f) for f in ("common.json", "train.json")])
+    cmd = [venv.python, "-m", "monai.bundle", "run", "--config_file", files, "--bundle_root",
            root, "--meta_file", root / "configs" / "metadata.json", "--logging_file", root / "configs" / "logging.conf",
            *_overrides({**TRAIN_COMMON, **TRAIN[BTCV], "dataset_dir": str(data)})]  # fmt: skip
     out = _ok(_run(cmd, project, _env()), "the bundle run from another folder")

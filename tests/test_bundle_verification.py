@@ -25,6 +25,7 @@ from monai.bundle import ConfigWorkflow, verify_metadata, verify_net_in_out
 
 import components
 from components.release.package import SCHEMA_MD5, SCHEMA_NAME, SCHEMA_URL, SEMVER_RE, bundle_files, metadata_schema, schema_path
+from components.config.running import run_config_files
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:parsing config_file:UserWarning"),
@@ -131,16 +132,25 @@ def _imported_distributions() -> dict[str, list[str]]:
 
 
 @bundle_param
-def test_every_initialize_first_reports_which_components_runs(bundle, tmp_path, caplog):
-    """Each config with an ``initialize`` first puts ``bundle_root`` first on sys.path (MONAI does it only in
-    ``run()``, after ``initialize``) and imports components again (its ``imports`` were evaluated before, maybe without
-    that folder), then reads it through MONAI's optional_import (so that a bundle whose code is not importable says
-    why), makes its errors one line naming the bundle (report_errors, given the ``debug`` id that ``--debug`` sets;
-    MONAI parses an expression holding "import" before it replaces its references, so ``@debug`` needs a line of its
-    own), then calls report_origin, which logs the imported package's version and folder."""
+def test_every_run_first_reports_which_components_runs(bundle, tmp_path, caplog):
+    """The shared config's ``initialize`` (read with train.json) puts ``bundle_root`` first on sys.path (MONAI does it
+    only in ``run()``, after ``initialize``) and imports components again (its ``imports`` were evaluated before,
+    maybe without that folder); train.json's and evaluate.json's ``run`` then start with ``components.start`` (errors
+    in one line naming the bundle, report_origin, the command line checked). inference.json, read alone, does the same
+    in its own ``initialize``: then it reads components through MONAI's optional_import (so that a bundle whose code is
+    not importable says why), makes its errors one line naming the bundle (report_errors, given the ``debug`` id that
+    ``--debug`` sets; MONAI parses an expression holding "import" before it replaces its references, so ``@debug``
+    needs a line of its own), then calls report_origin, which logs the imported package's version and folder."""
+    shared = json.loads((bundle / "configs" / "common.json").read_text())
+    assert shared["initialize"] == ["$sys.path.insert(0, os.path.abspath(@bundle_root))", "$import components"]
+    assert shared["debug"] is False
+    for name in ("train.json", "evaluate.json"):
+        if (bundle / "configs" / name).is_file():
+            run = json.loads((bundle / "configs" / name).read_text())["run"]
+            assert run[0].startswith(f"$components.start('{bundle.name}'"), name
     configs = [p for p in sorted((bundle / "configs").glob("*.json")) if "initialize" in json.loads(p.read_text())]
-    assert {p.name for p in configs} >= {"train.json", "inference.json"}
-    for config in configs:
+    assert {p.name for p in configs} == {"common.json", "inference.json"}
+    for config in configs[1:]:
         content = json.loads(config.read_text())
         path, again, importable, errors, origin = content["initialize"][:5]
         assert path == "$sys.path.insert(0, os.path.abspath(@bundle_root))", config.name
@@ -311,7 +321,7 @@ def test_workflow_properties(bundle, config, workflow_type, synthetic_data, tmp_
     if bundle.name == "swin_unetr_dino_pretrain" and config == "train.json":
         overrides["training#num_samples"] = 2  # KoLeo needs 2 crops per rank and step
     workflow = ConfigWorkflow(
-        config_file=str(bundle / "configs" / config),
+        config_file=[str(f) for f in run_config_files(bundle, [config])],
         meta_file=str(bundle / "configs" / "metadata.json"),
         logging_file=False,
         workflow_type=workflow_type,
@@ -335,7 +345,7 @@ def test_workflow_properties_without_data(bundle, tmp_path, caplog):
     naming the datalist."""
     for configs, workflow_type in _workflow_cases(bundle):
         workflow = ConfigWorkflow(
-            config_file=[str(bundle / "configs" / c) for c in configs],
+            config_file=[str(f) for f in run_config_files(bundle, configs)],
             meta_file=str(bundle / "configs" / "metadata.json"),
             logging_file=False,
             workflow_type=workflow_type,

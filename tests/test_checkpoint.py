@@ -529,7 +529,7 @@ def test_save_atomic_survives_kill_mid_write(tmp_path):
     leftovers = [p for p in tmp_path.iterdir() if p.name != "checkpoint.pt"]
     assert len(leftovers) == 1 and leftovers[0].name.startswith(".checkpoint.pt.")
     # the saver removes leftovers of its own file when a run starts
-    saver = ResumableCheckpointSaver(tmp_path, nn.Linear(1, 1), save_final=False)
+    saver = ResumableCheckpointSaver(tmp_path, {"model": nn.Linear(1, 1)}, save_final=False)
     trainer = Engine(lambda e, b: None)
     saver.attach(trainer)
     trainer.run([0], max_epochs=1)
@@ -594,7 +594,8 @@ def test_resume_equals_uninterrupted_training(tmp_path):
         eval1.state.best_metric = 0.25
         eval1.state.best_metric_epoch = engine.state.epoch
 
-    saver = ResumableCheckpointSaver(tmp_path, torch.compile(model1), opt1, sched1, scaler1, evaluator=eval1)
+    saver = ResumableCheckpointSaver(tmp_path, {"model": torch.compile(model1), "optimizer": opt1, "lr_scheduler": sched1,
+                                                "scaler": scaler1, "evaluator": eval1})
     saver.attach(trainer1)
     trainer1.run(data, max_epochs=1)
     ckpt = torch.load(saver.path, map_location="cpu", weights_only=True)  # plain objects only
@@ -607,7 +608,8 @@ def test_resume_equals_uninterrupted_training(tmp_path):
     model2, opt2, sched2, scaler2, eval2 = _objects(7)
     log2: list = []
     trainer2 = _trainer(model2, opt2, sched2, log2)
-    resume = ResumeHandler(saver.path, model2, opt2, sched2, scaler2, evaluator=eval2)
+    resume = ResumeHandler(saver.path, {"model": model2, "optimizer": opt2, "lr_scheduler": sched2, "scaler": scaler2,
+                                         "evaluator": eval2})
     resume.attach(trainer2)
     state = trainer2.run(data, max_epochs=2)
 
@@ -626,14 +628,15 @@ def test_auto_resume_says_what_it_resumes_and_how_to_start_fresh(tmp_path, caplo
     with; a found file that cannot be continued (another run's epoch length) fails saying it was auto-resumed,
     from which file, and how to start fresh. An explicit --resume does not mention auto_resume."""
     model, opt, sched, _, _ = _objects(1)
-    saver = ResumableCheckpointSaver(tmp_path, model, opt, sched)
+    saver = ResumableCheckpointSaver(tmp_path, {"model": model, "optimizer": opt, "lr_scheduler": sched})
     first = _trainer(model, opt, sched, [])
     saver.attach(first)
     first.run(_data(), max_epochs=1)
 
     model2, opt2, sched2, _, _ = _objects(2)
     with caplog.at_level(logging.INFO, logger="components.checkpoint"):
-        handler = ResumeHandler(None, model2, opt2, sched2, auto_resume="true", ckpt_dir=tmp_path)
+        handler = ResumeHandler(None, {"model": model2, "optimizer": opt2, "lr_scheduler": sched2}, auto_resume="true",
+                                ckpt_dir=tmp_path)
         second = _trainer(model2, opt2, sched2, [])
         handler.attach(second)
         second.run(_data(), max_epochs=2)
@@ -647,14 +650,15 @@ def test_auto_resume_says_what_it_resumes_and_how_to_start_fresh(tmp_path, caplo
     # the same folder, another run: 3 iterations per epoch
     model3, opt3, sched3, _, _ = _objects(3)
     trainer = _trainer(model3, opt3, sched3, [])
-    ResumeHandler(None, model3, opt3, sched3, auto_resume=True, ckpt_dir=tmp_path).attach(trainer)
+    ResumeHandler(None, {"model": model3, "optimizer": opt3, "lr_scheduler": sched3}, auto_resume=True, ckpt_dir=tmp_path).attach(trainer)
     with pytest.raises(CheckpointLoadError) as err:
         trainer.run(_data()[:3], max_epochs=2)
     message = str(err.value)
     assert message.startswith(f"auto_resume found '{saver.path}'")
     assert "epoch_length=4 but this run has epoch_length=3" in message
     assert "--checkpointing#auto_resume false or another --ckpt_dir" in message
-    given = ResumeHandler(saver.path, model3, opt3, sched3, auto_resume=True, ckpt_dir=tmp_path)
+    given = ResumeHandler(saver.path, {"model": model3, "optimizer": opt3, "lr_scheduler": sched3}, auto_resume=True,
+                          ckpt_dir=tmp_path)
     trainer = _trainer(model3, opt3, sched3, [])
     given.attach(trainer)
     with pytest.raises(CheckpointLoadError, match=f"^resume checkpoint '{saver.path}'") as err:
@@ -665,18 +669,36 @@ def test_auto_resume_says_what_it_resumes_and_how_to_start_fresh(tmp_path, caplo
     saver.path.write_bytes(b"not a checkpoint")
     model4, opt4, _, _, _ = _objects(4)
     trainer = Engine(lambda e, b: None)
-    ResumeHandler(None, model4, opt4, auto_resume=True, ckpt_dir=tmp_path).attach(trainer)
+    ResumeHandler(None, {"model": model4, "optimizer": opt4}, auto_resume=True, ckpt_dir=tmp_path).attach(trainer)
     with pytest.raises(CheckpointLoadError, match="auto_resume found .*not a readable torch checkpoint.*--checkpointing#auto_resume false"):
         trainer.run(_data(), max_epochs=1)
     with pytest.raises(ValueError, match="auto_resume needs ckpt_dir"):
-        ResumeHandler(None, model4, auto_resume=True)
-    assert ResumeHandler(None, model4, auto_resume=False, ckpt_dir=tmp_path).path is None  # off: from scratch
+        ResumeHandler(None, {"model": model4}, auto_resume=True)
+    assert ResumeHandler(None, {"model": model4}, auto_resume=False, ckpt_dir=tmp_path).path is None  # off: from scratch
+
+
+@pytest.mark.parametrize("handler", [ResumableCheckpointSaver, ResumeHandler])
+def test_the_saver_and_the_resume_handler_take_one_to_save_dict(tmp_path, handler):
+    """One dict, written once in a config for both; a key outside the file's entries, no model, or a model that is no
+    module is refused naming the handler, before any training."""
+    model = nn.Linear(1, 1)
+    built = handler(tmp_path, {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)})
+    assert built.network is model and built.optimizer is not None and built.sampler is None
+    name = handler.__name__
+    with pytest.raises(ValueError, match=rf"^{name}: to_save has \['network'\]; its keys are model, optimizer, "):
+        handler(tmp_path, {"model": model, "network": model})
+    with pytest.raises(ValueError, match=rf"^{name}: to_save needs a 'model'"):
+        handler(tmp_path, {"optimizer": torch.optim.SGD(model.parameters(), lr=0.1)})
+    with pytest.raises(TypeError, match=rf"^{name}: to_save\['model'\] must be a torch.nn.Module, got dict"):
+        handler(tmp_path, {"model": {}})
+    with pytest.raises(TypeError, match=rf"^{name}: to_save\['optimizer'\] has no state_dict"):
+        handler(tmp_path, {"model": model, "optimizer": object()})
 
 
 def test_resume_handler_errors_and_noop(tmp_path):
     data = _data()
     model, opt, sched, _, _ = _objects(1)
-    saver = ResumableCheckpointSaver(tmp_path, model, epoch_interval=None, iteration_interval=3, save_final=False)
+    saver = ResumableCheckpointSaver(tmp_path, {"model": model}, epoch_interval=None, iteration_interval=3, save_final=False)
     trainer = _trainer(model, opt, sched, [])
     saver.attach(trainer)
     trainer.run(data, max_epochs=1)
@@ -686,7 +708,7 @@ def test_resume_handler_errors_and_noop(tmp_path):
     m2, o2, s2, _, _ = _objects(2)
     before = _state_copy(m2)
     t2 = _trainer(m2, o2, s2, [])
-    ResumeHandler(None, m2, o2, s2).attach(t2)
+    ResumeHandler(None, {"model": m2, "optimizer": o2, "lr_scheduler": s2}).attach(t2)
     t2.run(data, max_epochs=1)
     assert t2.state.iteration == 4 and not torch.equal(m2.weight, before["weight"])
 
@@ -694,7 +716,7 @@ def test_resume_handler_errors_and_noop(tmp_path):
     m3, o3, s3, _, _ = _objects(3)
     before = _state_copy(m3)
     t3 = _trainer(m3, o3, s3, [])
-    ResumeHandler(saver.path, m3, o3, s3).attach(t3)
+    ResumeHandler(saver.path, {"model": m3, "optimizer": o3, "lr_scheduler": s3}).attach(t3)
     with pytest.raises(CheckpointLoadError) as err:
         t3.run(data, max_epochs=2)
     assert str(saver.path) in str(err.value) and "'optimizer'" in str(err.value) and "'lr_scheduler'" in str(err.value)
@@ -703,31 +725,31 @@ def test_resume_handler_errors_and_noop(tmp_path):
     # another architecture: error before anything is modified
     other = nn.Linear(3, 2)
     t4 = Engine(lambda e, b: None)
-    ResumeHandler(saver.path, other).attach(t4)
+    ResumeHandler(saver.path, {"model": other}).attach(t4)
     with pytest.raises(CheckpointLoadError, match="does not match the network"):
         t4.run(data, max_epochs=1)
 
     # missing file: error unless missing_ok
     t5 = Engine(lambda e, b: None)
-    ResumeHandler(tmp_path / "nope.pt", nn.Linear(3, 1)).attach(t5)
+    ResumeHandler(tmp_path / "nope.pt", {"model": nn.Linear(3, 1)}).attach(t5)
     with pytest.raises(FileNotFoundError, match="nope.pt"):
         t5.run(data, max_epochs=1)
     t6 = Engine(lambda e, b: None)
-    ResumeHandler(tmp_path / "nope.pt", nn.Linear(3, 1), missing_ok=True).attach(t6)
+    ResumeHandler(tmp_path / "nope.pt", {"model": nn.Linear(3, 1)}, missing_ok=True).attach(t6)
     assert t6.run(data, max_epochs=1).iteration == 4
 
     # mid-epoch checkpoint: the counters continue from iteration 3
     m7, o7, s7, _, _ = _objects(1)
     log7: list = []
     t7 = _trainer(m7, o7, s7, log7)
-    ResumeHandler(saver.path, m7).attach(t7)
+    ResumeHandler(saver.path, {"model": m7}).attach(t7)
     t7.run(data, max_epochs=1)
     assert [it for it, _ in log7] == [4]
 
 
 def test_saver_writes_on_rank0_only(tmp_path, monkeypatch):
     monkeypatch.setattr("ignite.distributed.get_rank", lambda: 1)
-    saver = ResumableCheckpointSaver(tmp_path, nn.Linear(1, 1))
+    saver = ResumableCheckpointSaver(tmp_path, {"model": nn.Linear(1, 1)})
     trainer = Engine(lambda e, b: None)
     saver.attach(trainer)
     trainer.run([0, 1], max_epochs=2)
@@ -737,7 +759,7 @@ def test_saver_writes_on_rank0_only(tmp_path, monkeypatch):
 def test_resumable_checkpoint_is_a_pretrained_source(tmp_path):
     torch.manual_seed(0)
     ssl = SSLHead(feature_size=FS)
-    saver = ResumableCheckpointSaver(tmp_path, ssl, torch.optim.AdamW(ssl.parameters()))
+    saver = ResumableCheckpointSaver(tmp_path, {"model": ssl, "optimizer": torch.optim.AdamW(ssl.parameters())})
     saver.save(Engine(lambda e, b: None))
     target = _make_target("swinunetr")
     report = load_pretrained(target, saver.path)
@@ -764,8 +786,9 @@ def _lr_run(tmp_path, max_epochs: int, resume: bool = False, stop_after: int | N
     model, opt, sched = _scheduled(max_epochs, **kw)
     log: list = []
     trainer = _trainer(model, opt, sched, log)
-    ResumeHandler(tmp_path / "checkpoint.pt" if resume else None, model, opt, sched).attach(trainer)
-    ResumableCheckpointSaver(tmp_path, model, opt, sched).attach(trainer)
+    to_save = {"model": model, "optimizer": opt, "lr_scheduler": sched}
+    ResumeHandler(tmp_path / "checkpoint.pt" if resume else None, to_save).attach(trainer)
+    ResumableCheckpointSaver(tmp_path, to_save).attach(trainer)
     if stop_after:
         trainer.add_event_handler(Events.EPOCH_COMPLETED(once=stop_after), lambda e: e.terminate())
     trainer.run(_data(), max_epochs=max_epochs)
@@ -839,9 +862,9 @@ def _validated_run(tmp_path, weight_after_step: float, epochs: int, saver_cls=No
 
     trainer = Engine(step)
     ckpt = tmp_path / "checkpoint.pt"
-    ResumeHandler(ckpt if ckpt.exists() else None, net, evaluator=evaluator).attach(trainer)
+    ResumeHandler(ckpt if ckpt.exists() else None, {"model": net, "evaluator": evaluator}).attach(trainer)
     ValidationHandler(1, evaluator).attach(trainer)
-    ResumableCheckpointSaver(tmp_path, net, evaluator=evaluator).attach(trainer)
+    ResumableCheckpointSaver(tmp_path, {"model": net, "evaluator": evaluator}).attach(trainer)
     trainer.run([0], max_epochs=epochs)
     return evaluator.state, torch.load(ckpt, weights_only=True)
 
@@ -951,8 +974,10 @@ class FakeClock:
         return self.now
 
 
-def _timed_saver(tmp_path, model, opt, sched, clock: FakeClock, **kwargs) -> tuple[ResumableCheckpointSaver, list]:
-    saver = ResumableCheckpointSaver(tmp_path, model, opt, sched, epoch_interval=None, save_final=False, **kwargs)
+def _timed_saver(tmp_path, model, opt, sched, clock: FakeClock, evaluator=None,
+                 **kwargs) -> tuple[ResumableCheckpointSaver, list]:
+    to_save = {"model": model, "optimizer": opt, "lr_scheduler": sched, "evaluator": evaluator}
+    saver = ResumableCheckpointSaver(tmp_path, to_save, epoch_interval=None, save_final=False, **kwargs)
     saver.clock = clock
     saved: list = []
     save = saver.save
@@ -1018,7 +1043,7 @@ def test_a_time_saved_checkpoint_resumes_mid_epoch_with_the_uninterrupted_lr(tmp
     model2, opt2, sched2, _, _ = _objects(7)
     log2: list = []
     trainer2 = _trainer(model2, opt2, sched2, log2)
-    ResumeHandler(saver.path, model2, opt2, sched2).attach(trainer2)
+    ResumeHandler(saver.path, {"model": model2, "optimizer": opt2, "lr_scheduler": sched2}).attach(trainer2)
     trainer2.run(data, max_epochs=3)
     assert [it for it, _ in log2] == list(range(7, 13))
     assert log1[:6] + log2 == full_log
@@ -1049,6 +1074,6 @@ def test_time_interval_errors(tmp_path):
     model = nn.Linear(1, 1)
     for bad in (0, -1.0, "600"):
         with pytest.raises(ValueError, match="time_interval_s must be a positive number"):
-            ResumableCheckpointSaver(tmp_path, model, time_interval_s=bad)
+            ResumableCheckpointSaver(tmp_path, {"model": model}, time_interval_s=bad)
     with pytest.raises(ValueError, match="nothing to do"):
-        ResumableCheckpointSaver(tmp_path, model, epoch_interval=None, save_final=False)
+        ResumableCheckpointSaver(tmp_path, {"model": model}, epoch_interval=None, save_final=False)

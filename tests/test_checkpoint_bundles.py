@@ -29,6 +29,7 @@ from torch import nn
 
 import components
 from components.checkpoint import CheckpointLoadError, PretrainedLoader
+from components.config.running import run_config_files
 from tests.test_checkpoint_layouts import _published, _random
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ def _parser(bundle: str, config: str, overrides: dict) -> ConfigParser:
     """``configs/<config>`` of ``bundle`` with ``overrides`` and its imports evaluated, as ``monai.bundle run``
     reads it."""
     parser = ConfigParser()
-    parser.read_config(str(REPO / "bundles" / bundle / "configs" / config))
+    parser.read_config([str(f) for f in run_config_files(REPO / "bundles" / bundle, [config])])
     parser.update(overrides)
     parser.get_parsed_content("imports")
     return parser

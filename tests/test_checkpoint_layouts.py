@@ -485,7 +485,7 @@ def test_original_ssl_code_on_one_gpu_is_ssl_original_and_our_files_stay_ssl_col
     by_epoch = {"epoch": 12, "state_dict": one_gpu.state, "optimizer": {"state": {}}}
     assert convert_state_dict(by_epoch, SSLHead(feature_size=12))[1].layout == "ssl_original"
 
-    resumable = ResumableCheckpointSaver(tmp_path / "resume", ssl, torch.optim.SGD(ssl.parameters(), lr=0.1))
+    resumable = ResumableCheckpointSaver(tmp_path / "resume", {"model": ssl, "optimizer": torch.optim.SGD(ssl.parameters(), lr=0.1)})
     resumable.save(Engine(lambda e, b: None))
     final = CheckpointSaver(str(tmp_path / "final"), {"model": ssl}, save_final=True, final_filename="model.pt")
     engine = Engine(lambda e, b: None)
@@ -527,7 +527,8 @@ def test_our_exports_through_the_bundles_savers(tmp_path):
     MONAI's CheckpointSaver (one object: a bare state dict); both load into a SwinUNETR, the DINO head dropped."""
     torch.manual_seed(0)
     student = SelfDistillationNetwork(feature_size=12, out_dim=64, hidden_dim=32, bottleneck_dim=16)
-    resumable = ResumableCheckpointSaver(tmp_path / "resume", student, torch.optim.SGD(student.parameters(), lr=0.1))
+    resumable = ResumableCheckpointSaver(tmp_path / "resume", {"model": student,
+                                                                    "optimizer": torch.optim.SGD(student.parameters(), lr=0.1)})
     resumable.save(Engine(lambda e, b: None))
     final = CheckpointSaver(str(tmp_path / "final"), {"model": nn.ModuleDict({"swinViT": student.swinViT})},
                             save_final=True, final_filename="model.pt")  # fmt: skip

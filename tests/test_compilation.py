@@ -8,19 +8,19 @@ on a GPU in tests/test_cuda.py.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 import pytest
 import torch
-from ignite.engine import Events
+from ignite.engine import Engine, Events
 from monai.bundle import ConfigParser
 from monai.handlers import ValidationHandler
 
 import components
 from components import CompileMonitor, SSLEvaluator, SSLLoss, SSLTrainer, compiled_graphs
 from components.checkpoint import ResumableCheckpointSaver, ResumeHandler
+from components.config.running import run_config_files
 from tests.ranks import run_scenario
 from tests.test_engine import TinySSLNet, _batches, _one_thread  # noqa: F401 (autouse fixture)
 
@@ -71,7 +71,7 @@ def test_no_recompile_after_the_first_epoch_with_validation_and_resume(tmp_path,
     monitor = CompileMonitor()
     trainer = _trainer(_batches(3), True, max_epochs=3, network=network, handlers=[monitor])
     ValidationHandler(validator=evaluator, interval=1, epoch_level=True).attach(trainer)
-    ResumableCheckpointSaver(tmp_path, network, trainer.optimizer).attach(trainer)
+    ResumableCheckpointSaver(tmp_path, {"model": network, "optimizer": trainer.optimizer}).attach(trainer)
     per_epoch: list[int] = []
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: per_epoch.append(compiled_graphs()))
     with caplog.at_level(logging.INFO, logger="components.training.compilation"):
@@ -81,7 +81,7 @@ def test_no_recompile_after_the_first_epoch_with_validation_and_resume(tmp_path,
     assert any("compiling about" in r.getMessage() for r in caplog.records)
 
     resumed = _trainer(_batches(3), True, max_epochs=5, network=network, handlers=[CompileMonitor()])
-    ResumeHandler(tmp_path / "checkpoint.pt", network, resumed.optimizer).attach(resumed)
+    ResumeHandler(tmp_path / "checkpoint.pt", {"model": network, "optimizer": resumed.optimizer}).attach(resumed)
     before = compiled_graphs()
     resumed.run()
     assert resumed.state.epoch == 5 and compiled_graphs() == before  # the cached graphs serve the resumed run
@@ -123,18 +123,21 @@ def test_compiled_ddp_steps_equal_eager_ddp_steps(tmp_path):
 @pytest.mark.parametrize("bundle", sorted(p.name for p in BUNDLES.iterdir() if (p / "configs" / "train.json").is_file()))
 def test_every_bundle_compiles_its_trainer_on_request(bundle):
     """``--compile true``: the trainer gets compile=True and the bundle's compile_kwargs, and the monitor is
-    attached; off by default."""
-    train = json.loads((BUNDLES / bundle / "configs" / "train.json").read_text())
+    attached; off by default. The flag reaches both as the command line gives it ("true"), read inside them."""
+    train = ConfigParser.load_config_files([str(f) for f in run_config_files(BUNDLES / bundle, ["train.json"])])
     assert train["speed"]["compile"] is False and train["speed"]["compile_kwargs"] == {}
     trainer = train["train"]["trainer"]
-    assert trainer["compile"] == "$components.as_bool(@speed#compile, 'compile')"
-    assert trainer["compile_kwargs"] == "@speed#compile_kwargs"
+    assert trainer["compile"] == "@speed#compile" and trainer["compile_kwargs"] == "@speed#compile_kwargs"
     monitors = [h for h in train["train"]["handlers"] if h["_target_"] == "components.CompileMonitor"]
-    assert len(monitors) == 1
+    assert len(monitors) == 1 and monitors[0]["enabled"] == "@speed#compile"
     parser = ConfigParser(train)
-    for compile, disabled in (("true", False), (False, True)):
+    for compile, enabled in (("true", True), (False, False)):
         parser["speed#compile"] = compile
-        assert parser.get_parsed_content(f"train#handlers#{train['train']['handlers'].index(monitors[0])}#_disabled_") is disabled
+        monitor = parser.get_parsed_content(f"train#handlers#{train['train']['handlers'].index(monitors[0])}")
+        assert monitor.enabled is enabled
+        engine = Engine(lambda e, b: None)
+        monitor.attach(engine)
+        assert engine.has_event_handler(monitor._start, Events.STARTED) is enabled
 
 
 # -------------------------------------------------------------- the real networks at the tiny size (aot_eager)

@@ -300,10 +300,10 @@ def _order_run(tmp_path, cache: str, max_epochs: int, kill_at: int | None = None
     net = torch.nn.Linear(1, 1)
     trainer = Workflow(device="cpu", max_epochs=max_epochs, data_loader=loader, iteration_update=step)
     path = tmp_path / "checkpoint.pt"
-    ResumeHandler(path if resume else None, net, sampler=sampler).attach(trainer)
+    ResumeHandler(path if resume else None, {"model": net, "sampler": sampler}).attach(trainer)
     if cache == "smart":
         ResumableSmartCacheHandler(dataset).attach(trainer)
-    ResumableCheckpointSaver(tmp_path, net, iteration_interval=1, sampler=sampler).attach(trainer)
+    ResumableCheckpointSaver(tmp_path, {"model": net, "sampler": sampler}, iteration_interval=1).attach(trainer)
     try:
         trainer.run()
     except _Killed:
@@ -388,6 +388,6 @@ def test_sampler_position_is_saved_and_another_order_is_refused(tmp_path):
     assert state["trainer"]["batch_size"] == 1
     other = EpochShuffleSampler(list(range(7)), seed=4)  # another seed: another order of the epoch
     trainer = Engine(lambda e, b: None)
-    ResumeHandler(tmp_path / "checkpoint.pt", torch.nn.Linear(1, 1), sampler=other).attach(trainer)
+    ResumeHandler(tmp_path / "checkpoint.pt", {"model": torch.nn.Linear(1, 1), "sampler": other}).attach(trainer)
     with pytest.raises(CheckpointLoadError, match=r"checkpoint.pt.*cannot be continued: seed 3 -> 4"):
         trainer.run(list(range(7)), max_epochs=1)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 from monai.bundle import ConfigParser
+from monai.data import DataLoader
 from monai.transforms import CropForegroundd, RandSpatialCropSamplesd, ToDeviced
 from torch import nn
 
-from components import CompactCropForegroundd, RandCompactSpatialCropSamplesd, SSLLoss, SSLTrainer, write_dataset
+from components import (CompactCropForegroundd, PersistentWorkerLoader, RandCompactSpatialCropSamplesd, SSLLoss, SSLTrainer,
+                        bundle_loader, write_dataset)  # fmt: skip
 from components.demo.runner import BUNDLES_DIR
+from components.config.running import run_config_files
 from tests.test_engine import TinySSLNet  # SSLHead's interface at a size inductor compiles in seconds
 
 pytestmark = pytest.mark.filterwarnings("ignore:monai.transforms.spatial.dictionary Orientationd:FutureWarning")
@@ -20,7 +23,7 @@ CONFIGS = BUNDLES_DIR / "swin_unetr_ssl_pretrain" / "configs"
 
 def _parser(**overrides) -> ConfigParser:
     parser = ConfigParser()
-    parser.read_config(str(CONFIGS / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(CONFIGS.parent, ["train.json"])])
     parser.update({"device": "cpu", **overrides})
     return parser
 
@@ -29,13 +32,15 @@ def _types(pipeline) -> list[type]:
     return [type(t) for t in pipeline.transforms]
 
 
-def test_compact_cache_is_the_default_and_can_be_switched_off():
+def test_compact_cache_is_the_default_and_the_recipes_pipeline_is_one_override_away():
     compact = _types(_parser().get_parsed_content("train#preprocessing"))
     assert CompactCropForegroundd in compact and RandCompactSpatialCropSamplesd in compact
     assert CropForegroundd not in compact and RandSpatialCropSamplesd not in compact
     assert ToDeviced not in compact  # data_on_device is off by default
-    recipe = _types(_parser(**{"loader#compact_cache": "false"}).get_parsed_content("train#preprocessing"))  # as a CLI passes it
+    plain = _parser(**{"train#transforms": "%train#plain_transforms"})  # as a CLI passes it
+    recipe = _types(plain.get_parsed_content("train#preprocessing"))
     assert CropForegroundd in recipe and RandSpatialCropSamplesd in recipe and CompactCropForegroundd not in recipe
+    assert _types(plain.get_parsed_content("validate#preprocessing")) == recipe  # validation follows the choice
 
 
 def test_validation_gets_its_own_pipeline_instance():
@@ -54,11 +59,15 @@ def test_validation_gets_its_own_pipeline_instance():
     ],  # worker processes, no pinning
 )
 def test_loader_options(overrides, workers, pin, prefetch):
+    """The loader settings as a command line gives them, read by the loader the bundle builds for training and for
+    validation (components.bundle_loader, given the whole loader group)."""
     parser = _parser(**overrides)
     for part in ("train", "validate"):
-        assert parser.get_parsed_content(f"{part}#dataloader#num_workers") == workers
-        assert parser.get_parsed_content(f"{part}#dataloader#pin_memory") is pin
-        assert parser.get_parsed_content(f"{part}#dataloader#prefetch_factor") == prefetch
+        assert parser[f"{part}#dataloader#_target_"] == "components.bundle_loader"
+        assert parser[f"{part}#dataloader#settings"] == "@loader"
+        loader = bundle_loader(list(range(4)), 1, parser.get_parsed_content("loader"), training=part == "train")
+        assert (loader.num_workers, loader.pin_memory, loader.prefetch_factor) == (workers, pin, prefetch)
+        assert type(loader) is (PersistentWorkerLoader if part == "train" else DataLoader)
 
 
 def test_data_on_device_caches_after_moving_to_the_device(tmp_path):
@@ -75,17 +84,22 @@ def test_data_on_device_caches_after_moving_to_the_device(tmp_path):
     assert cached["image"].device == torch.device("cpu") and cached["image"].dtype == torch.int16
     batch = next(iter(loader))
     assert batch["image"].shape == (1, 1, 64, 32, 32) and batch["image"].dtype == torch.float32
-    # MONAI's fast-training loader, as the docs suggest it: --train#dataloader#_target_ ThreadDataLoader
-    parser["train#dataloader#_target_"] = "ThreadDataLoader"
+    # MONAI's fast-training loader, as the docs suggest it: --train#dataloader#loader_class ThreadDataLoader
+    parser["train#dataloader#loader_class"] = "ThreadDataLoader"
     thread_loader = parser.get_parsed_content("train#dataloader", lazy=False)
     assert type(thread_loader).__name__ == "ThreadDataLoader"
     assert next(iter(thread_loader))["image"].shape == (1, 1, 64, 32, 32)
 
 
 def test_compile_is_an_opt_in_config_id():
+    """Off by default; the trainer takes speed#compile as the command line gives it and reads the word itself."""
     assert _parser().get_parsed_content("train#trainer#compile") is False
-    assert _parser(**{"speed#compile": "true"}).get_parsed_content("train#trainer#compile") is True
+    assert _parser(**{"speed#compile": "true"}).get_parsed_content("train#trainer#compile") == "true"
     assert _parser().get_parsed_content("train#trainer#compile_kwargs") == {}
+    net = TinySSLNet()
+    trainer = SSLTrainer(device="cpu", max_epochs=1, train_data_loader=[], network=net, loss_function=SSLLoss(),
+                         optimizer=torch.optim.SGD(net.parameters(), lr=0.1), compile="false")  # fmt: skip
+    assert trainer.compile is False
 
 
 def _train(compile: bool) -> tuple[SSLTrainer, nn.Module]:

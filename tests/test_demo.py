@@ -163,9 +163,11 @@ def test_each_recipe_runs_its_own_bundle_with_ids_it_defines(recipe, tmp_path):
 
     budget = BUDGETS["cpu"]
     overrides = pretraining_overrides(recipe, budget, tmp_path / "unlabeled", tmp_path / "run", "cpu", 0)
-    config_file = bundle_dir(RECIPES[recipe].bundle) / "configs" / "train.json"
-    config = ConfigParser.load_config_files([str(config_file)])
-    assert {k: _unknown_override(k, config, str(config_file)) for k in overrides} == dict.fromkeys(overrides)
+    from components.config.running import run_config_files
+
+    config_files = [str(f) for f in run_config_files(bundle_dir(RECIPES[recipe].bundle), ["train.json"])]
+    config = ConfigParser.load_config_files(config_files)
+    assert {k: _unknown_override(k, config, config_files[-1]) for k in overrides} == dict.fromkeys(overrides)
     fine = finetune_overrides(budget, tmp_path / "labeled" / "dataset.json", tmp_path / "ft", "cpu", 1, None)
     for key in ("feature_size", "network_def#window_size", "device"):
         assert overrides[key] == fine[key], key

@@ -20,6 +20,7 @@ from monai.networks.nets.swin_unetr import WindowAttention
 from components import FusedWindowAttention, write_dataset
 from components.networks.wrappers import unwrap
 from components.demo.runner import BUNDLES_DIR, bundle_command
+from components.config.running import run_config_files
 from tests.test_multi_gpu_bundle import _launch_all, _torchrun
 
 BUNDLE = BUNDLES_DIR / "swin_unetr_dino_pretrain"
@@ -84,7 +85,7 @@ def two_ranks(tmp_path_factory, data):
     # batch 1 x 2 crops per volume: KoLeo's 2 neighbours on each rank's own batch
     overrides = _overrides(root, data, batch_size=1, dist_timeout_s=150, **{"training#num_samples": 2})
     cmd = bundle_command(BUNDLE, overrides=overrides)
-    files = [str(BUNDLE / "configs" / "train.json"), str(BUNDLE / "configs" / "multi_gpu_train.json"), str(_save_teacher_run(root))]
+    files = [*map(str, run_config_files(BUNDLE, ["train.json", "multi_gpu_train.json"])), str(_save_teacher_run(root))]
     cmd[cmd.index("--config_file") + 1] = json.dumps(files)
     torchrun = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", *cmd[1:])
     (launch,) = _launch_all([torchrun], ENV, root)
@@ -95,21 +96,21 @@ def two_ranks(tmp_path_factory, data):
 def _parser(**overrides) -> ConfigParser:
     """train.json with the tiny settings; the recipe's schedule lengths given, so no dataset is built."""
     parser = ConfigParser()
-    parser.read_config(str(BUNDLE / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(BUNDLE, ["train.json"])])
     parser.update({**TINY, "train#recipe#total_iterations": 2, "train#recipe#teacher_temperature_warmup_iterations": 1,
                    **overrides})  # fmt: skip
     parser.get_parsed_content("imports")
     return parser
 
 
-@pytest.mark.parametrize("first", ["train#recipe", "network"])
+@pytest.mark.parametrize("first", ["train#recipe", "train#network"])
 def test_teacher_is_a_copy_of_the_prepared_network_whichever_id_resolves_first(first):
     """Resolving the recipe before the network used to copy the bare student_def as the teacher (explicit
-    attention) while the student became fused: now the recipe takes @network, the prepared one, in either order."""
+    attention) while the student became fused: now the recipe takes @train#network, the prepared one, in either order."""
     parser = _parser()
-    order = [first, "network" if first == "train#recipe" else "train#recipe"]
+    order = [first, "train#network" if first == "train#recipe" else "train#recipe"]
     parsed = {name: parser.get_parsed_content(name) for name in order}
-    student, teacher = unwrap(parsed["network"]), parsed["train#recipe"].teacher
+    student, teacher = unwrap(parsed["train#network"]), parsed["train#recipe"].teacher
     attention = [type(m) for m in student.modules() if isinstance(m, WindowAttention)]
     assert attention == [FusedWindowAttention] * 8
     assert [type(m) for m in teacher.modules() if isinstance(m, WindowAttention)] == attention
@@ -125,7 +126,7 @@ def test_teacher_temperature_warms_up_from_0_04_to_0_07_over_30_of_100_epochs_by
     first 30 (of 100) epochs. With the bundle's own schedule lengths: 4 training volumes in batches of 2 make 2
     iterations per epoch, so 60 warm-up iterations of 200."""
     parser = ConfigParser()
-    parser.read_config(str(BUNDLE / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(BUNDLE, ["train.json"])])
     names = ("max_epochs", "training#warmup_teacher_temperature", "training#teacher_temperature",
              "training#teacher_temperature_warmup_epochs")  # fmt: skip
     assert [parser[name] for name in names] == [100, 0.04, 0.07, 30]
@@ -146,7 +147,7 @@ def test_optimizer_offers_dinov2_layer_wise_learning_rates(encoder_lr_decay, pat
     rate and the patch embedding a further 0.2."""
     parser = _parser(**{"training#encoder_lr_decay": encoder_lr_decay, "training#patch_embed_lr_mult": patch_embed_lr_mult})
     optimizer = parser.get_parsed_content("train#optimizer")
-    student = unwrap(parser.get_parsed_content("network"))
+    student = unwrap(parser.get_parsed_content("train#network"))
     rate_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
     rates = {name.split(".")[1] if name.startswith("swinViT.") else "head": rate_of[id(p)]
              for name, p in student.named_parameters() if p.requires_grad}  # fmt: skip
@@ -164,12 +165,13 @@ def test_views_augment_the_global_crops_as_the_augmentation_group_says():
 
 
 def _koleo_check(parser: ConfigParser) -> None:
-    """Evaluates the KoLeo batch check of ``initialize`` (and nothing else of it)."""
-    (index,) = [i for i, e in enumerate(parser["initialize"]) if "check_koleo_batch" in e]
-    parser.get_parsed_content(f"initialize#{index}")
+    """Evaluates the KoLeo batch check at the start of ``run`` (and nothing else of it)."""
+    (index,) = [i for i, e in enumerate(parser["run"]) if "check_koleo_batch" in str(e)]
+    assert index < 5  # among the start's steps, before anything is built
+    parser.get_parsed_content(f"run#{index}")
 
 
-def test_one_volume_per_step_with_koleo_fails_in_initialize_naming_both_settings():
+def test_one_volume_per_step_with_koleo_fails_at_the_start_naming_both_settings():
     """Before any data is cached or any network built: batch_size x num_samples < 2 with KoLeo on."""
     with pytest.raises(RuntimeError) as err:  # MONAI wraps what an expression raises
         _koleo_check(_parser(batch_size=1))
@@ -196,7 +198,7 @@ def _real_step_inputs(parser: ConfigParser) -> list[list[int]]:
         received.extend(list(t.shape) for t in args[0])
         raise _Recorded
 
-    network = parser.get_parsed_content("network")
+    network = parser.get_parsed_content("train#network")
     handle = unwrap(network).register_forward_pre_hook(record)
     with pytest.raises(_Recorded):
         recipe.forward(network, views)
@@ -206,8 +208,8 @@ def _real_step_inputs(parser: ConfigParser) -> list[list[int]]:
 
 @pytest.mark.parametrize("num_samples, num_local", [(1, 3), (2, 3), (2, 0)])
 def test_step_inputs_are_the_crops_a_real_step_feeds_the_student(data, num_samples, num_local, caplog):
-    """speed#step_inputs, what use_checkpoint "auto" estimates, ignored training#num_samples: with 2 regions per
-    volume it estimated half the crops a step feeds (3.1 GiB for a 5.2 GiB step at the defaults). Without local
+    """train#network#step_inputs (0.4.0's speed#step_inputs), what use_checkpoint "auto" estimates, ignored
+    training#num_samples: with 2 regions per volume it estimated half the crops a step feeds (3.1 GiB for a 5.2 GiB step at the defaults). Without local
     crops the student gets an empty batch, which the estimate skips."""
     overrides = {"dataset_dir": str(data), "batch_size": 2, "training#num_samples": num_samples,
                  "training#num_local_crops": num_local, "loader#cache": "none", "loader#check_data": False,
@@ -217,7 +219,7 @@ def test_step_inputs_are_the_crops_a_real_step_feeds_the_student(data, num_sampl
     expected = [[2 * regions, 1, 32, 32, 32], [num_local * regions, 1, 32, 32, 32]]  # 2 global crops per region
     with caplog.at_level("INFO", logger="components.networks.step_memory"):
         assert _real_step_inputs(parser) == expected
-    assert parser.get_parsed_content("speed#step_inputs") == expected
+    assert parser.get_parsed_content("train#network#step_inputs") == expected
     assert f"use_checkpoint auto: a step of {expected} needs about" in caplog.text
 
 
@@ -229,8 +231,8 @@ def test_checkpointing_estimate_follows_num_samples():
     estimates = []
     for num_samples in (1, 2):
         parser = _parser(**{"training#num_samples": num_samples})
-        student = unwrap(parser.get_parsed_content("network"))
-        estimates.append(saved_activation_bytes(student, parser.get_parsed_content("speed#step_inputs")))
+        student = unwrap(parser.get_parsed_content("train#network"))
+        estimates.append(saved_activation_bytes(student, parser.get_parsed_content("train#network#step_inputs")))
     assert 1.95 < estimates[1] / estimates[0] <= 2.0, estimates
 
 
@@ -266,7 +268,7 @@ def test_exported_teacher_encoder_loads_fully_into_the_btcv_bundle(trained, capl
     assert teacher.keys() == state.keys() and all(torch.equal(teacher[k], state[k]) for k in state)
 
     parser = ConfigParser()
-    parser.read_config(str(BUNDLES_DIR / "swin_unetr_btcv_finetune" / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(BUNDLES_DIR / "swin_unetr_btcv_finetune", ["train.json"])])
     parser.update({"bundle_root": str(root), "feature_size": FS, "pretrained_path": str(root / "models" / "model.pt")})
     loader = parser.get_parsed_content("train#handlers#0", instantiate=True)
     assert type(loader).__name__ == "PretrainedLoader"

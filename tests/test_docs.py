@@ -396,9 +396,14 @@ def test_each_bundle_readme_is_short_and_in_the_model_zoos_order(readme):
 
 @pytest.mark.parametrize("readme", BUNDLE_READMES, ids=BUNDLES)
 def test_the_settings_table_names_ids_of_the_bundles_train_json(readme):
-    """Every id in the first column of a README's settings table is an id of the bundle's ``configs/train.json``, every
-    ``#`` step of it a key there: a renamed or regrouped id fails here until the table follows."""
-    config = json.loads((readme.parents[1] / "configs" / "train.json").read_text(encoding="utf-8"))
+    """Every id in the first column of a README's settings table is an id of the bundle's ``configs/train.json`` run
+    (with the shared ``configs/common.json``), every ``#`` step of it a key there: a renamed or regrouped id fails here
+    until the table follows."""
+    from monai.bundle import ConfigParser
+
+    from components.config.running import run_config_files
+
+    config = ConfigParser.load_config_files([str(f) for f in run_config_files(readme.parents[1], ["train.json"])])
     section = readme.read_text(encoding="utf-8").split("\n## Settings", 1)[1].split("\n## ", 1)[0]
     ids = [i for row in re.findall(r"^\| (.+?) \|", section, re.M) for i in re.findall(r"`([^`]+)`", row)]
     assert len(ids) >= 8, ids

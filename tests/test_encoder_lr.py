@@ -13,6 +13,7 @@ from monai.networks.nets import SwinUNETR
 from monai.optimizers import WarmupCosineSchedule
 
 import components
+from components.config.running import run_config_files
 
 BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
 LR = 1e-3
@@ -131,12 +132,12 @@ def test_freeze_encoder_rejects_a_negative_count_or_a_network_without_encoder():
 def test_finetuning_bundles_expose_both_levers(bundle, tmp_path):
     for decay, groups in ((1.0, 1), (0.7, 6)):
         parser = ConfigParser()
-        parser.read_config(str(BUNDLES / bundle / "configs" / "train.json"))
+        parser.read_config([str(f) for f in run_config_files(BUNDLES / bundle, ["train.json"])])
         parser.update({"feature_size": 12, "device": "cpu", "training#encoder_lr_decay": decay, "training#freeze_encoder_iterations": 5,
                        "output_dir": str(tmp_path / "eval"), "ckpt_dir": str(tmp_path / "models")})  # the handlers write there
         parser.parse()
         optimizer = parser.get_parsed_content("train#optimizer")
         assert len(optimizer.param_groups) == groups
         assert optimizer.param_groups[-1]["lr"] == pytest.approx(parser["learning_rate"] * (decay**5 if groups > 1 else 1))
-        freeze = parser.get_parsed_content("train#handlers")[-1]
-        assert isinstance(freeze, components.FreezeEncoder) and freeze.iterations == 5 and len(freeze.params) > 100
+        (freeze,) = [h for h in parser.get_parsed_content("train#handlers") if isinstance(h, components.FreezeEncoder)]
+        assert freeze.iterations == 5 and len(freeze.params) > 100

@@ -182,7 +182,7 @@ def test_bundle_stops_on_nan_loss_with_its_context(fault_data, tmp_path):
     overrides = _overrides(fault_data, tmp_path, "nan", **{"checkpointing#iteration_interval": 1})
     overrides.pop("dist_timeout_s")  # an id of multi_gpu_train.json only: the run would stop on it (check_overrides)
     extra = _extra(tmp_path, {"run": RUN, "train#trainer#loss_function": f"${PROBES}.nan_loss_from(@train#loss, 2)"})
-    args = _bundle_args(["configs/train.json", extra], overrides)
+    args = _bundle_args(["configs/common.json", "configs/train.json", extra], overrides)
     proc = subprocess.run([sys.executable, *args], cwd=BUNDLE, env=_env(None), capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-4000:]

@@ -32,6 +32,7 @@ import nibabel as nib
 import numpy as np
 import pytest
 import torch
+from monai.bundle import ConfigParser
 from monai.networks.nets import SwinUNETR
 
 import components
@@ -39,6 +40,7 @@ from components.checkpoint import PATCH_EMBED_WEIGHT
 from components.config import defined_overrides
 from components.demo.runner import bundle_command
 from components.data.synthetic import CT_LABELS
+from components.config.running import run_config_files
 
 REPO = Path(__file__).resolve().parent.parent
 CT = REPO / "bundles" / "swin_unetr_btcv_finetune"
@@ -293,7 +295,7 @@ def test_metadata_ids_and_label_names(bundle):
     assert "swin-ssl-bundles" not in meta["required_packages_version"]  # no index serves it: the code travels inside
     assert {"nibabel", "pytorch-ignite", "einops"} <= set(meta["required_packages_version"])
     assert meta["version"] in meta["changelog"]
-    train = json.loads((bundle / "configs" / "train.json").read_text())
+    train = ConfigParser.load_config_files([str(f) for f in run_config_files(bundle, ["train.json"])])
     assert [k for k in VOCABULARY if k.split("#")[-1] not in (train[k.split("#")[0]] if "#" in k else train)] == []
     names = train["label_names"]
     expected = [CT_LABELS[i] for i in range(14)] if bundle == CT else BRATS_NAMES
@@ -316,7 +318,7 @@ def test_ct_class_weights_reach_both_loss_terms():
     from monai.losses import DiceCELoss
 
     parser = ConfigParser()
-    parser.read_config(str(CT / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(CT, ["train.json"])])
     parser["device"] = "$torch.device('cpu')"
     assert parser.get_parsed_content("train#loss").cross_entropy.weight is None
     parser["out_channels"], parser["training#class_weights"] = 3, [0.1, 1.0, 2.0]
@@ -340,7 +342,7 @@ def test_ct_flip_and_rotate90_probabilities_reach_the_transforms():
         return [t for t in transforms if isinstance(t, (RandFlipd, RandRotate90d))]
 
     parser = ConfigParser()
-    parser.read_config(str(CT / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(CT, ["train.json"])])
     assert [t.prob for t in spatial_randoms(parser)] == [0.1] * 4
     parser["training#flip_prob"], parser["training#rotate90_prob"] = 0.0, 0.0
     randoms = spatial_randoms(parser)
@@ -362,7 +364,7 @@ def test_pretrained_path_defaults_to_the_ssl_bundle_model(bundle, tmp_path):
     root = tmp_path / "bundles" / bundle.name
     root.mkdir(parents=True)
     parser = ConfigParser()
-    parser.read_config(str(bundle / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(bundle, ["train.json"])])
     parser["bundle_root"] = str(root)
     parser.parse()
     assert parser.get_parsed_content("pretrained_path", lazy=False) is None  # no SSL model: from scratch
@@ -381,7 +383,7 @@ def test_pretrained_path_none_trains_from_scratch_with_a_warning(value, tmp_path
     from monai.bundle import ConfigParser
 
     parser = ConfigParser()
-    parser.read_config(str(CT / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(CT, ["train.json"])])
     parser.update({"bundle_root": str(tmp_path), "pretrained_path": value, "feature_size": 12, "device": "cpu"})
     loader = parser.get_parsed_content("train#handlers#0", lazy=False)
     assert isinstance(loader, components.PretrainedLoader) and loader.path is None
@@ -392,7 +394,7 @@ def test_pretrained_path_none_trains_from_scratch_with_a_warning(value, tmp_path
     (record,) = [r for r in caplog.records if r.name == "components.checkpoint"]
     assert record.levelno == logging.WARNING and "SwinUNETR trains from random initialisation" in record.getMessage()
     default = Path(tmp_path, "..", "swin_unetr_ssl_pretrain", "models", "model.pt")
-    assert f"defaults to the SSL bundle model {os.path.normpath(default)}" in record.getMessage()
+    assert f"defaults to the SSL model {os.path.normpath(default)}" in record.getMessage()
 
 
 @pytest.mark.parametrize("bundle", [CT, MRI], ids=["ct", "mri"])
@@ -406,8 +408,8 @@ def test_workflow_properties(bundle, ct_data, mri_data, tmp_path):
                  "pretrained_path": None, "output_dir": str(tmp_path / "eval"), "ckpt_dir": str(tmp_path / "models")}  # nothing in the repo
     skip = ("loader#cache_rate", "speed#tune_allocator", "pretrained_path")  # ids of train.json only
     cases = {
-        "train": ([configs / "train.json"], "train", overrides),
-        "train+evaluate": ([configs / "train.json", configs / "evaluate.json"], "train", overrides),
+        "train": (run_config_files(bundle, ["train.json"]), "train", overrides),
+        "train+evaluate": (run_config_files(bundle, ["train.json", "evaluate.json"]), "train", overrides),
         "inference": ([configs / "inference.json"], "infer", {k: v for k, v in overrides.items() if k not in skip}),
     }
     for name, (files, kind, ov) in cases.items():

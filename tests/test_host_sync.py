@@ -92,7 +92,7 @@ def _trainer(loader, log_interval: int, handlers: list, network=None, **loss_kwa
 
 
 def test_host_reads_only_at_log_iterations_epoch_ends_and_saves(tmp_path):
-    handlers = [StopOnNonFiniteLoss(check_interval=4), ResumableCheckpointSaver(tmp_path, TinySSLNet(), iteration_interval=6)]
+    handlers = [StopOnNonFiniteLoss(check_interval=4), ResumableCheckpointSaver(tmp_path, {"model": TinySSLNet()}, iteration_interval=6)]
     trainer = _trainer(_batches(8), log_interval=4, handlers=handlers)
     logged = []
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: logged.append(e.state.output[0]["log"] is not None))
@@ -118,7 +118,7 @@ def test_per_iteration_check_reads_every_iteration():
 def test_deferred_check_names_the_first_bad_iteration_and_saves_nothing_after_it(tmp_path):
     batches = _batches(6)
     batches[1]["image"][0, 0, 2, 2, 2] = float("nan")  # iteration 2 turns the weights NaN: every later loss too
-    saver = ResumableCheckpointSaver(tmp_path, TinySSLNet(), iteration_interval=1)
+    saver = ResumableCheckpointSaver(tmp_path, {"model": TinySSLNet()}, iteration_interval=1)
     trainer = _trainer(batches, log_interval=4, handlers=[StopOnNonFiniteLoss(check_interval=4)])
     saver.network = trainer.network
     saver.attach(trainer)

@@ -173,20 +173,3 @@ def test_no_import_cycles_between_modules():
 
     for node in sorted(graph):
         visit(node, [])
-
-
-def test_each_train_config_starts_with_the_ids_a_user_sets():
-    """A train.json reads like a table: the ids a user sets for a new dataset and machine first (paths, ROI, labels,
-    sizes, epochs, learning rate, debug), then the knob groups, then the machinery; about 25 top-level ids in all."""
-    import json
-
-    groups = ["training", "loader", "speed", "checkpointing"]
-    for config in sorted(COMPONENTS.parent.glob("bundles/*/configs/train.json")):
-        ids = list(json.loads(config.read_text()))
-        assert len(ids) <= 28, (config, len(ids))
-        first_group = ids.index("training")
-        knobs = ids[first_group : ids.index("network_def")]  # the standard groups, a recipe may add its own
-        assert [g for g in knobs if g in groups] == groups, config
-        assert ids[:7] == ["imports", "bundle_root", "dataset_dir", "datalist", "output_dir", "ckpt_dir", "device"], config
-        assert {"roi_size", "in_channels", "feature_size", "batch_size", "max_epochs", "learning_rate"} <= set(ids[:first_group]), config
-        assert "out_channels" not in ids, config  # segmentation outputs are the label_names

@@ -179,7 +179,11 @@ def test_the_masked_image_pretraining_runs_like_the_ssl_one(tmp_path):
     own = {"output_dir", "ckpt_dir"}
     assert {k: v for k, v in jobs["mim"][1].items() if k not in own} == {k: v for k, v in jobs["ssl"][1].items() if k not in own}
     assert jobs["mim"][0] != jobs["ssl"][0] and Path(jobs["mim"][1]["ckpt_dir"]).parent.name == f"mim_{jobs['mim'][0]}"
-    config = json.loads((REPO / "bundles/swin_unetr_mim_pretrain/configs/train.json").read_text())
+    from monai.bundle import ConfigParser
+
+    from components.config.running import run_config_files
+
+    config = ConfigParser.load_config_files([str(f) for f in run_config_files(REPO / "bundles/swin_unetr_mim_pretrain", ["train.json"])])
 
     def has(path: str) -> bool:
         node = config
@@ -267,8 +271,9 @@ def test_a_result_is_keyed_by_the_monai_version_and_the_code_that_ran(fake_proto
     code = protocol.code_state()
     assert summary["settings"]["code"] == code and summary["settings"]["numerics"]["monai"] == monai.__version__
     assert code["components"] == source_digest(PACKAGE_DIR, exclude=("demo/run.py",)) and set(code["configs"]) == {
-        "swin_unetr_btcv_finetune/train.json", "swin_unetr_btcv_finetune/evaluate.json", "swin_unetr_ssl_pretrain/train.json",
-        "swin_unetr_dino_pretrain/train.json", "swin_unetr_mim_pretrain/train.json"}
+        f"{b}/{name}" for b in ("swin_unetr_btcv_finetune", "swin_unetr_ssl_pretrain", "swin_unetr_dino_pretrain",
+                                "swin_unetr_mim_pretrain") for name in ("common.json", "train.json")} | {
+        "swin_unetr_btcv_finetune/evaluate.json"}
     assert "MONAI version" in summary["settings"]["result_keys"] and "components" in summary["settings"]["result_keys"]
 
     copy = tmp_path / "components"

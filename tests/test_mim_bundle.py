@@ -14,6 +14,7 @@ from monai.bundle import ConfigParser
 
 from components import write_dataset
 from components.demo.runner import BUNDLES_DIR, bundle_command
+from components.config.running import run_config_files
 from tests.test_multi_gpu_bundle import _launch_all, _torchrun
 
 pytestmark = pytest.mark.slow
@@ -81,7 +82,7 @@ def test_both_finetuning_bundles_load_every_encoder_tensor(trained, bundle, chan
     through its repeat channel policy), the mask token and decoder dropped by design."""
     root, _ = trained
     parser = ConfigParser()
-    parser.read_config(str(BUNDLES_DIR / bundle / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(BUNDLES_DIR / bundle, ["train.json"])])
     parser.update({"pretrained_path": str(root / "models" / "model.pt"), "feature_size": 12,
                    "network_def#window_size": 4, "device": "cpu"})  # fmt: skip
     parser.get_parsed_content("imports")
@@ -121,7 +122,7 @@ def test_two_gloo_ranks_train_one_model_and_one_teacher(tmp_path_factory, data):
     (DDP's averaged gradients; the teacher's EMA of those weights; the centre of the global batch)."""
     root = tmp_path_factory.mktemp("mim_ddp")
     cmd = bundle_command(BUNDLE, overrides=_overrides(root, data, dist_timeout_s=150))
-    files = [str(BUNDLE / "configs" / "train.json"), str(BUNDLE / "configs" / "multi_gpu_train.json"), str(_save_ranks(root))]
+    files = [*map(str, run_config_files(BUNDLE, ["train.json", "multi_gpu_train.json"])), str(_save_ranks(root))]
     cmd[cmd.index("--config_file") + 1] = json.dumps(files)
     (launch,) = _launch_all([_torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", *cmd[1:])], ENV, root)
     assert launch.code == 0 and not launch.timed_out, launch.ok()

@@ -42,7 +42,7 @@ from tests.ranks import hosted_store, run_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
-CONFIGS = ["configs/train.json", "configs/multi_gpu_train.json"]
+CONFIGS = ["configs/common.json", "configs/train.json", "configs/multi_gpu_train.json"]
 LAUNCH_TIMEOUT_S = 360  # per torchrun launch; a hang fails the test here
 PG_TIMEOUT_S = 150  # dist_timeout_s of the runs: a collective mismatch raises well before the launch limit
 
@@ -551,7 +551,7 @@ def _validation_scenario() -> dict:
 
     items = [{"id": i} for i in range(5)]  # odd, and not a multiple of the 2 ranks
     parser = ConfigParser()
-    parser.read_config([str(BUNDLE / "configs" / c) for c in ("train.json", "multi_gpu_train.json")])
+    parser.read_config([str(BUNDLE / c) for c in CONFIGS])
     parser["validate#full_datalist"] = items
     mine = parser.get_parsed_content("validate#datalist")
     padded = [items[i] for i in DistributedSampler(items, shuffle=False)]  # even_divisible=True: pads a duplicate

@@ -8,6 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import monai.bundle
 import pytest
 from monai.bundle.scripts import create_workflow
 
@@ -70,10 +71,25 @@ def test_a_bundle_without_its_own_copy_runs_the_imported_package(tmp_path, caplo
     assert [r.levelname for r in caplog.records if r.name == "components.release.origin"] == ["INFO", "INFO"]
 
 
+def test_without_a_command_line_the_first_copy_on_sys_path_is_the_bundles(tmp_path, monkeypatch):
+    """monai.bundle.load of a second bundle in one process: no command line names its folder and bundle_root is the
+    caller's directory, but the docs have the user put the bundle's folder first on sys.path, where a fresh import
+    would find its copy: that copy is compared with the one imported, and other code is refused naming both."""
+    bundle = _bundle_carrying(tmp_path / "downloads" / "other_bundle", "9.9.9")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setattr(sys, "argv", ["python"])
+    monkeypatch.setattr(sys, "path", [str(bundle), *sys.path])
+    with pytest.raises(BundleCodeMismatch, match=f"the bundle at {bundle.resolve()} carries components 9.9.9"):
+        report_origin(elsewhere)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(bundle)])
+    assert report_origin(elsewhere) == PACKAGE  # the copy sys.path gives first is the imported one
+
+
 def test_the_bundle_is_found_from_its_config_files_whatever_the_working_directory(tmp_path, monkeypatch):
-    """Under monai.bundle.load (and `monai.bundle run` from another folder) bundle_root is the caller's directory, so
-    the check looked for components/ there and never saw the bundle's own copy. It now takes the folder of the config
-    files MONAI reads."""
+    """Under `monai.bundle run` from another folder bundle_root may be the caller's directory, so the check looked for
+    components/ there and never saw the bundle's own copy. It takes the folder of the config files of the command
+    line (sys.argv, here as ``python -m monai.bundle run`` sets it)."""
     bundle = _bundle_carrying(tmp_path / "downloads" / "other_bundle", "9.9.9")
     config = bundle / "configs" / "inference.json"
     config.parent.mkdir()
@@ -86,6 +102,8 @@ def test_the_bundle_is_found_from_its_config_files_whatever_the_working_director
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the insertion of bundle_root is undone after the test
+    main = str(Path(monai.bundle.__file__).with_name("__main__.py"))
+    monkeypatch.setattr(sys, "argv", [main, "run", "--config_file", str(config)])
     with pytest.raises(RuntimeError) as err:  # MONAI wraps what an initialize expression raises
         create_workflow(config_file=str(config), workflow_type=None, logging_file=False)
     assert isinstance(err.value.__cause__, BundleCodeMismatch)

@@ -18,6 +18,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from components.demo.runner import BUNDLES_DIR, bundle_command
+from components.config.running import run_config_files
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,7 @@ def _run(bundle_root: Path, overrides: dict, configs=("train.json",), extra: dic
     """Runs the bundle copy at ``bundle_root``; an ``extra`` config is layered last. Returns the output; with
     ``peak_rss`` (a list) also appends the run's peak resident memory in bytes: the largest of the bundle process
     and its loader workers (``wait4``'s ``ru_maxrss``, what ``/usr/bin/time -v`` reports)."""
-    files = [str(bundle_root / "configs" / c) for c in configs]
+    files = [str(f) for f in run_config_files(bundle_root, configs)]
     if extra is not None:
         extra_file = bundle_root / f"extra_{len(list(bundle_root.glob('extra_*.json')))}.json"
         extra_file.write_text(json.dumps(extra))

@@ -19,6 +19,7 @@ from monai.bundle import ConfigParser
 
 import components
 from components.checkpoint import PATCH_EMBED_WEIGHT
+from components.config.running import run_config_files
 from tests.test_finetune_bundles import CT, CT_TINY, MRI, TRAIN_TINY, _ok, _run, _summary
 
 PROBE = "$components.LinearProbe"
@@ -35,7 +36,7 @@ def _ct_parser(bundle: Path = CT, **overrides) -> ConfigParser:
     """A finetuning bundle's train.json (CT unless told) with the probe as its network, tiny, on the CPU, from scratch
     unless told."""
     parser = ConfigParser()
-    parser.read_config(str(bundle / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(bundle, ["train.json"])])
     parser.update({"network_def#network": PROBE, "feature_size": FS, "network_def#window_size": WINDOW, "device": "cpu",
                    "pretrained_path": None, "speed#use_checkpoint": False, "speed#amp": False, **overrides})  # fmt: skip
     parser.get_parsed_content("imports")
@@ -116,7 +117,7 @@ def test_an_input_of_other_channels_is_named():
 def test_the_encoder_is_bit_identical_after_steps_of_the_ct_bundles_optimizer():
     parser = _ct_parser()
     optimizer = parser.get_parsed_content("train#optimizer")
-    network = parser.get_parsed_content("network")
+    network = parser.get_parsed_content("train#network")
     loss_function = parser.get_parsed_content("train#loss")
     assert isinstance(network, components.LinearProbe)
     before = {k: v.clone() for k, v in network.state_dict().items()}

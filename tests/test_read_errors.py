@@ -216,7 +216,7 @@ def test_a_run_with_more_unreadable_volumes_than_max_read_errors_stops_in_one_li
     datalist, store, broken = bundle_store
     overrides = _store_overrides(datalist, store, tmp_path, **{"loader#max_read_errors": 0})
     overrides.pop("dist_timeout_s")  # an id of multi_gpu_train.json only
-    args = _bundle_args(["configs/train.json"], overrides)
+    args = _bundle_args(["configs/common.json", "configs/train.json"], overrides)
     proc = subprocess.run([sys.executable, *args], cwd=BUNDLE, env=_env(None), capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]

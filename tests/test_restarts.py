@@ -267,7 +267,7 @@ def uninterrupted(tmp_path_factory, small_data):
             tmp = tmp_path_factory.mktemp(f"uninterrupted_{key}")
             root, log = _bundle_copy(tmp, bundle), tmp / "straight.lr"
             _run(root, {**_overrides(bundle, small_data(bundle.kind)), "max_epochs": 2},
-                 extra=_probe(log))  # fmt: skip
+                 extra=_probe(bundle, log))  # fmt: skip
             done[key] = root, log
         return done[key]
 
@@ -280,15 +280,17 @@ def _bundle_copy(tmp: Path, bundle: Bundle) -> Path:
     return root
 
 
-def _probe(log: Path, stop: str | None = None, scramble: bool = False) -> dict:
-    """An extra config: records every iteration to ``log`` (tests.probes.record_lr); ``stop`` ends the run early;
-    ``scramble`` reseeds the built transforms with an unrelated seed before the run starts."""
-    run = ["$import tests.probes as probes", f"$probes.record_lr(@train#trainer, {str(log)!r})"]
+def _probe(bundle: Bundle, log: Path, stop: str | None = None, scramble: bool = False) -> dict:
+    """An extra config: the bundle's own ``run`` (its start: checks, seed) with, before its last step (the training),
+    a record of every iteration to ``log`` (tests.probes.record_lr); ``stop`` ends the run early; ``scramble``
+    reseeds the built transforms with an unrelated seed before the run starts."""
+    *start, train = json.loads((BUNDLES_DIR / bundle.name / "configs" / "train.json").read_text())["run"]
+    probe = ["$import tests.probes as probes", f"$probes.record_lr(@train#trainer, {str(log)!r})"]
     if scramble:
-        run.append("$probes.scramble_random_state(@train#dataloader)")
+        probe.append("$probes.scramble_random_state(@train#dataloader)")
     if stop:
-        run.append(f"$probes.{stop}")
-    return {"run": run + ["$@train#trainer.run()"]}
+        probe.append(f"$probes.{stop}")
+    return {"run": [*start, *probe, train]}
 
 
 def _schedule(bundle: Bundle, max_epochs: int) -> dict[int, float]:
@@ -384,12 +386,12 @@ def test_resume_follows_max_epochs_and_reproduces_the_uninterrupted_run(tmp_path
     straight, straight_log = uninterrupted(bundle)
 
     resumed = _bundle_copy(tmp_path / "resumed", bundle)
-    first_epoch = _probe(tmp_path / "resumed.lr", "stop_after_epoch(@train#trainer, 1)", scramble=True)
+    first_epoch = _probe(bundle, tmp_path / "resumed.lr", "stop_after_epoch(@train#trainer, 1)", scramble=True)
     _run(resumed, {**common, "max_epochs": 4}, extra=first_epoch)
     ckpt = resumed / "models" / "checkpoint.pt"
     first = _load(ckpt)
     assert first["trainer"]["iteration"] == 2
-    output = _run(resumed, {**common, "checkpointing#resume": str(ckpt)}, extra=_probe(tmp_path / "resumed.lr"))
+    output = _run(resumed, {**common, "checkpointing#resume": str(ckpt)}, extra=_probe(bundle, tmp_path / "resumed.lr"))
     assert f"with this run's settings {{'warmup_steps': {bundle.warmup_iterations}, 't_total': 4}}" in output
 
     lr_straight, lr_resumed = read_lr(straight_log), read_lr(tmp_path / "resumed.lr")
@@ -408,7 +410,7 @@ def test_resume_follows_max_epochs_and_reproduces_the_uninterrupted_run(tmp_path
         assert b["best_metric"] == pytest.approx(a["best_metric"], rel=1e-4)
         best_before = (resumed / "models" / "model.pt").read_bytes()
         _set_best(ckpt, bundle.beaten)
-    output = _run(resumed, {**common, "max_epochs": 4}, extra=_probe(tmp_path / "longer.lr"))  # auto_resume
+    output = _run(resumed, {**common, "max_epochs": 4}, extra=_probe(bundle, tmp_path / "longer.lr"))  # auto_resume
     longer = read_lr(tmp_path / "longer.lr")
     assert sorted(longer) == [5, 6, 7, 8]
     assert longer == {it: lr for it, lr in _schedule(bundle, 4).items() if it > 4}
@@ -433,14 +435,14 @@ def test_restart_mid_epoch_continues_the_epoch_and_keeps_the_better_stored_model
               "checkpointing#iteration_interval": 1}  # fmt: skip
     _, reference = uninterrupted(bundle)
     root = _bundle_copy(tmp_path / "mid", bundle)
-    _run(root, common, extra=_probe(tmp_path / "mid.lr", "stop_after_iteration(@train#trainer, 3)"))
+    _run(root, common, extra=_probe(bundle, tmp_path / "mid.lr", "stop_after_iteration(@train#trainer, 3)"))
     ckpt = root / "models" / "checkpoint.pt"
     saved = _load(ckpt)
     assert saved["trainer"]["iteration"] == 3 and saved["sampler"]["position"] == 1
     if bundle.metric is not None:
         _set_best(ckpt, bundle.unbeatable)
         best_before = (root / "models" / "model.pt").read_bytes()
-    output = _run(root, {**common, "checkpointing#resume": str(ckpt)}, extra=_probe(tmp_path / "mid.lr"))
+    output = _run(root, {**common, "checkpointing#resume": str(ckpt)}, extra=_probe(bundle, tmp_path / "mid.lr"))
     lrs, volumes = read_lr(tmp_path / "mid.lr"), read_volumes(tmp_path / "mid.lr")
     assert [it for it, _ in volumes] == [1, 2, 3, 4]  # the iteration count continues
     assert lrs == read_lr(reference)  # and so does the schedule: no new warm-up

@@ -467,8 +467,8 @@ def _run_with_checkpoints(tmp: Path, stop_after: int | None, resume: bool) -> tu
     optimizer = torch.optim.AdamW(weight_decay_groups(student, 0.04), lr=1e-3)
     handlers = []
     if resume:
-        handlers.append(ResumeHandler(tmp / "checkpoint.pt", student, optimizer, recipe=recipe))
-    handlers.append(ResumableCheckpointSaver(tmp, student, optimizer, recipe=recipe))
+        handlers.append(ResumeHandler(tmp / "checkpoint.pt", {"model": student, "optimizer": optimizer, "recipe": recipe}))
+    handlers.append(ResumableCheckpointSaver(tmp, {"model": student, "optimizer": optimizer, "recipe": recipe}))
     trainer = PretrainingTrainer(device="cpu", max_epochs=2, train_data_loader=_batches(1), network=student,
                                  optimizer=optimizer, recipe=recipe, train_handlers=handlers, seed=5)  # fmt: skip
     logs = []

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from monai.bundle import ConfigParser
 
-from components import check_overrides, check_settings, defined_overrides, rot_rand, rotation_axes
-from components.config.running import RunningBundle, running_bundle
+from components import ConfigError, check_overrides, check_settings, defined_overrides, rot_rand, rotation_axes
+from components.config.running import RunningBundle, parse_command_line, running_bundle
+from components.config.running import run_config_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,13 +59,14 @@ def test_the_rotation_rule_is_what_rot_rand_needs():
 
 @pytest.mark.parametrize("bundle", ["swin_unetr_ssl_pretrain", "swin_unetr_btcv_finetune", "swin_unetr_brats_finetune"])
 def test_bundles_check_their_settings_at_start(bundle):
-    """train.json and multi_gpu_train.json run the check in `initialize` (before any data is read)."""
+    """train.json and multi_gpu_train.json run the check at the start of `run` (before any data is read)."""
     for files in (["train.json"], ["train.json", "multi_gpu_train.json"]):
         parser = ConfigParser()
-        parser.read_config([str(REPO / "bundles" / bundle / "configs" / f) for f in files])
-        assert any("components.check_settings(" in step for step in parser["initialize"]), files
+        parser.read_config([str(f) for f in run_config_files(REPO / "bundles" / bundle, files)])
+        steps = [s for s in parser["run"] if isinstance(s, str)]
+        assert any("components.check_settings(" in step for step in steps[:5]), files
         parser["roi_size"] = [64, 48, 48]
-        step = next(s for s in parser["initialize"] if "check_settings" in s)
+        step = next(s for s in steps if "check_settings" in s)
         parser["probe"] = step
         with pytest.raises(RuntimeError) as err:  # MONAI wraps what an expression raises
             parser.get_parsed_content("probe")
@@ -74,10 +77,12 @@ def test_bundles_check_their_settings_at_start(bundle):
 # ------------------------------------------------------------------ overrides of ids the configs do not define
 
 TRAIN = REPO / "bundles" / "swin_unetr_ssl_pretrain" / "configs" / "train.json"
+#: what a run of train.json reads: the shared config, then train.json
+FILES = tuple(run_config_files(TRAIN.parents[1], ["train.json"]))
 
 
 def _check(overrides: dict, *files: Path) -> None:
-    check_overrides(RunningBundle(files or (TRAIN,), overrides))
+    check_overrides(RunningBundle(files or FILES, overrides))
 
 
 @pytest.mark.parametrize(
@@ -97,8 +102,45 @@ def test_an_id_that_0_2_0_moved_stops_the_run_naming_its_new_name(old, moved, ne
     """0.2.0 moved these ids into groups; their old names were accepted as new ids that nothing read."""
     with pytest.raises(ValueError) as err:
         _check({old: 1})
-    assert str(err.value) == (f"--{old} names no id of {TRAIN}, so MONAI would add it as a new id that nothing reads: "
-                              f"{moved}; run with --{new} instead.")  # fmt: skip
+    assert str(err.value) == (f"--{old} names no id of {FILES[0]} + {TRAIN}, so MONAI would add it as a new id that "
+                              f"nothing reads: {moved}; run with --{new} instead.")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "old, moved, new",
+    [
+        ("network", "network moved to train#network", "train#network"),
+        ("speed#upsample", "speed#upsample moved to network_def#upsample", "network_def#upsample"),
+        ("speed#step_inputs", "speed#step_inputs moved to train#network#step_inputs", "train#network#step_inputs"),
+        ("train#deterministic_transforms#0#keys", "train#deterministic_transforms moved to train#transforms#deterministic",
+         "train#transforms#deterministic#0#keys"),
+    ],
+)
+def test_an_id_that_0_5_0_moved_stops_the_run_naming_its_new_name(old, moved, new):
+    """0.5.0 moved these ids (the Model Zoo-style configs); the old command lines are refused naming the new id."""
+    with pytest.raises(ValueError) as err:
+        _check({old: 1})
+    assert str(err.value).endswith(f"nothing reads: {moved}; run with --{new} instead.")
+
+
+def test_an_id_that_0_5_0_replaced_stops_the_run_saying_what_to_run_instead():
+    """loader#compact_cache was a switch inside the transforms; the cache mode is now the pipeline train#transforms
+    names, which the message gives."""
+    with pytest.raises(ValueError) as err:
+        _check({"loader#compact_cache": False, "loader#loader_workers": 0})
+    first, second = str(err.value).splitlines()
+    assert first.endswith("loader#compact_cache was replaced; the cache mode is the pipeline train#transforms names: "
+                          "--train#transforms %train#plain_transforms for false, nothing for true.")  # fmt: skip
+    assert second.startswith("--loader#loader_workers names no id") and "loader#num_workers" in second
+
+
+def test_members_of_every_group_are_checked_and_component_arguments_are_open():
+    """A misspelt member of a group of components (train, validate) names nothing, as one of a group of knobs does;
+    the arguments of a component, list items and a free keyword dict (speed#compile_kwargs) may be added."""
+    with pytest.raises(ValueError, match=r"^--train#transfroms names no id .*did you mean --train#transforms"):
+        _check({"train#transfroms": "%train#plain_transforms"})
+    _check({"train#transforms": "%train#plain_transforms", "train#trainer#foo": 1, "roi_size#0": 64,
+            "speed#compile_kwargs#mode": "max-autotune", "train#handlers#0#hint": "x"})  # fmt: skip
 
 
 def test_a_misspelt_id_stops_the_run_naming_the_closest_ids():
@@ -121,68 +163,89 @@ def test_defined_overrides_keep_the_ids_a_config_defines():
     inference = TRAIN.parents[2] / "swin_unetr_btcv_finetune" / "configs" / "inference.json"
     overrides = {"device": "cpu", "network_def#depths": [2, 2, 2, 2], "max_epochs": 3, "training#class_weights": [1.0]}
     assert defined_overrides(overrides, [inference]) == {"device": "cpu", "network_def#depths": [2, 2, 2, 2]}
-    assert defined_overrides(overrides, [inference.with_name("train.json")]) == overrides
+    assert defined_overrides(overrides, run_config_files(inference.parents[1], ["train.json"])) == overrides
 
 
 def test_ids_of_every_config_file_given_are_known():
     """An id that only a later config file defines (multi_gpu_train.json's dist_backend) is known when that file is
     part of the run, and unknown without it."""
     multi = TRAIN.with_name("multi_gpu_train.json")
-    _check({"dist_backend": "gloo"}, TRAIN, multi)
+    _check({"dist_backend": "gloo"}, *FILES, multi)
     with pytest.raises(ValueError, match="names no id"):
-        _check({"dist_backend": "gloo"}, TRAIN)
+        _check({"dist_backend": "gloo"}, *FILES)
 
 
-def test_monai_workflow_creation_stops_at_initialize_on_a_moved_id(tmp_path):
-    """Where the defect showed: MONAI's create_workflow (behind `python -m monai.bundle run` and monai.bundle.load)
-    with a 0.2.0 override; the bundle's initialize stops it, before any data is read."""
-    from monai.bundle.scripts import create_workflow
-
-    with pytest.raises(RuntimeError) as err:  # MONAI wraps what an initialize expression raises
-        create_workflow(config_file=str(TRAIN), workflow_type="train", logging_file=False,
-                        dataset_dir=str(tmp_path), val_interval=1)  # fmt: skip
-    assert str(err.value.__cause__).startswith("--val_interval names no id of")
-    assert "run with --training#val_interval instead" in str(err.value.__cause__)
+MONAI_MAIN = str(Path(__import__("monai.bundle").bundle.__file__).with_name("__main__.py"))
 
 
-def test_running_bundle_reads_the_files_and_overrides_monai_was_given(tmp_path):
-    """running_bundle() under create_workflow: the config files in order, and only the overrides (not MONAI's own
-    arguments such as workflow_type or logging_file)."""
-    from monai.bundle.scripts import create_workflow
+def _monai_run(argv: list[str], monkeypatch) -> BaseException:
+    """What the bundle raises under ``python -m monai.bundle run <argv>``: its command line in sys.argv, MONAI's
+    ``run`` called with the arguments python-fire gives it."""
+    from monai.bundle.scripts import run
 
-    config = {"imports": ["$import sys", "$from components.config.running import running_bundle"], "x": 1,
-              "initialize": [f"$sys.modules[{__name__!r}].SEEN.append(running_bundle())"]}
-    path = tmp_path / "configs" / "probe.json"
-    path.parent.mkdir()
-    path.write_text(json.dumps(config))
-    SEEN.clear()
-    create_workflow(config_file=[str(path)], workflow_type=None, logging_file=False, x=2)
-    (bundle,) = SEEN
-    assert bundle.config_files == (path,) and dict(bundle.overrides) == {"x": 2}
+    monkeypatch.setattr("sys.argv", [MONAI_MAIN, "run", *argv])
+    monkeypatch.setattr("sys.path", list(sys.path))  # initialize puts bundle_root first on it
+    bundle = parse_command_line(sys.argv)
+    with pytest.raises(RuntimeError) as err:  # MONAI wraps what an expression raises
+        run(config_file=[str(f) for f in bundle.config_files], logging_file=False, **bundle.overrides)
+    return err.value.__cause__
+
+
+def test_a_bundle_run_stops_at_its_start_on_a_moved_id(tmp_path, monkeypatch):
+    """Where the defect showed: ``python -m monai.bundle run ... --val_interval 1`` with a 0.2.0 override; the
+    bundle stops at the start of its run, before any data is read."""
+    files = json.dumps([str(f) for f in FILES])
+    cause = _monai_run(["--config_file", files, "--dataset_dir", str(tmp_path), "--val_interval", "1"], monkeypatch)
+    assert str(cause).startswith("--val_interval names no id of")
+    assert "run with --training#val_interval instead" in str(cause)
+
+
+def test_a_command_line_without_the_shared_config_is_refused_with_the_one_that_reads_it(tmp_path, monkeypatch):
+    """0.4.0's command line (``--config_file configs/train.json``) leaves out the settings the bundles share; the run
+    stops at its start, before MONAI fails on an id it cannot find, giving the command line with both files."""
+    cause = _monai_run(["--config_file", str(TRAIN), "--dataset_dir", str(tmp_path)], monkeypatch)
+    assert isinstance(cause, ConfigError)
+    assert str(cause) == (f"--config_file {TRAIN} leaves out {FILES[0]}, which holds the settings all the bundles "
+                          f"share: run with --config_file \"['{FILES[0]}','{TRAIN}']\".")  # fmt: skip
+
+
+def test_the_command_line_gives_the_files_in_order_and_only_the_overrides(tmp_path):
+    """parse_command_line reads MONAI's ``run`` command line as python-fire hands it over: a list of config files,
+    values parsed (JSON lists, numbers, bare flags True), MONAI's own arguments left out of the overrides."""
+    files = [str(tmp_path / "configs" / "a.json"), str(tmp_path / "configs" / "b.json")]
+    argv = [MONAI_MAIN, "run", "--config_file", json.dumps(files), "--meta_file", "m.json", "--logging_file=l.conf",
+            "--roi_size", "[64,32,32]", "--training#seed", "3", "--intensity_range", "[-175, 250]", "--debug",
+            "--speed#amp", "false", "--nocheck"]  # fmt: skip
+    bundle = parse_command_line(argv)
+    assert bundle.config_files == tuple(Path(f) for f in files) and bundle.tracking is None
+    assert dict(bundle.overrides) == {"roi_size": [64, 32, 32], "training#seed": 3, "intensity_range": [-175, 250],
+                                      "debug": True, "speed#amp": "false", "check": False}  # fmt: skip
     assert bundle.folder == tmp_path.resolve()
-    assert running_bundle() is None  # no workflow is being created now
+    assert parse_command_line([MONAI_MAIN, "verify_metadata", "--meta_file", "m.json"]) is None
+    assert parse_command_line(["/usr/bin/pytest", "run", "--config_file", files[0]]) is None
+    assert running_bundle() is None  # this process is pytest, no bundle run
 
 
-def test_running_bundle_keeps_the_tracking_settings_and_their_ids_pass(tmp_path):
+def test_an_args_file_gives_defaults_the_command_line_overrides(tmp_path):
+    """``--args_file``: its pairs are the defaults MONAI merges the command line onto (config_file among them)."""
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"config_file": "configs/train.json", "max_epochs": 5, "batch_size": 2}))
+    bundle = parse_command_line([MONAI_MAIN, "run", "--args_file", str(args), "--max_epochs", "7"])
+    assert bundle.config_files == (Path("configs/train.json"),)
+    assert dict(bundle.overrides) == {"max_epochs": 7, "batch_size": 2}
+
+
+def test_the_tracking_settings_ids_pass(tmp_path):
     """``--tracking mlflow --experiment_name e``: MONAI adds the tracking settings' ids (experiment_name, run_name,
     ...) to the config, so the check knows them; without the tracking they name no id."""
-    from monai.bundle.scripts import create_workflow
-
-    config = {"imports": ["$import sys", "$from components.config.running import running_bundle"],
-              "output_dir": str(tmp_path / "eval"), "initialize": [f"$sys.modules[{__name__!r}].SEEN.append(running_bundle())"]}  # fmt: skip
-    path = tmp_path / "probe.json"
-    path.write_text(json.dumps(config))
-    SEEN.clear()
-    create_workflow(config_file=str(path), workflow_type=None, logging_file=False, tracking="mlflow", experiment_name="e")
-    (bundle,) = SEEN
+    bundle = parse_command_line([MONAI_MAIN, "run", "--config_file", str(TRAIN), "--tracking", "mlflow",
+                                 "--experiment_name", "e"])  # fmt: skip
     assert bundle.tracking == "mlflow" and dict(bundle.overrides) == {"experiment_name": "e"}
+    check_overrides(bundle)
     check_overrides(RunningBundle((TRAIN,), {"experiment_name": "e", "run_name": "r"}, "mlflow"))
     check_overrides(RunningBundle((TRAIN,), {"experiment_name": "e"}, {"configs": {"experiment_name": "x"}}))
     with pytest.raises(ValueError, match="^--experiment_name names no id"):
         _check({"experiment_name": "e"})
-
-
-SEEN: list = []
 
 
 # ------------------------------------------------------------------ 90-degree rotations keep the crop shape
@@ -207,10 +270,10 @@ def test_ct_crops_of_a_non_cubic_roi_keep_their_shape_and_collate():
     from monai.data import list_data_collate
 
     parser = ConfigParser()
-    parser.read_config(str(REPO / "bundles" / "swin_unetr_btcv_finetune" / "configs" / "train.json"))
+    parser.read_config([str(f) for f in run_config_files(REPO / "bundles" / "swin_unetr_btcv_finetune", ["train.json"])])
     parser["roi_size"] = [64, 32, 32]
     parser["training#rotate90_prob"] = 1.0
-    random = parser.get_parsed_content("train#random_transforms")
+    random = parser.get_parsed_content("train#transforms#random")
     from monai.transforms import Compose
 
     pipeline = Compose(random)
@@ -240,7 +303,7 @@ def test_a_missing_trained_model_is_one_line_naming_the_file_and_the_command(bun
     datalist = tmp_path / "dataset.json"
     datalist.write_text(json.dumps({"training": [], "test": []}))
     parser = ConfigParser()
-    parser.read_config([str(folder / c) for c in configs])
+    parser.read_config([str(f) for f in run_config_files(folder.parent, configs)])
     parser.update({"datalist": str(datalist), "ckpt_dir": str(tmp_path / "models")})
     steps = parser["run"]
     index = next(i for i, s in enumerate(steps) if "require_file" in s)
@@ -249,6 +312,6 @@ def test_a_missing_trained_model_is_one_line_naming_the_file_and_the_command(bun
         parser.get_parsed_content(f"run#{index}")
     assert str(err.value.__cause__) == (
         f"{tmp_path / 'models' / 'model.pt'} not found: it is written by `python -m monai.bundle run --config_file "
-        "configs/train.json --meta_file configs/metadata.json --logging_file configs/logging.conf --dataset_dir DATA`, "
-        "run in the bundle folder first."
+        "\"['configs/common.json','configs/train.json']\" --meta_file configs/metadata.json --logging_file "
+        "configs/logging.conf --dataset_dir DATA`, run in the bundle folder first."
     )

@@ -17,6 +17,7 @@ from monai.networks.nets.swin_unetr import WindowAttention
 
 import components
 from components.networks import step_memory
+from components.config.running import run_config_files
 
 BUNDLES = Path(__file__).resolve().parents[1] / "bundles"
 GIB = 2**30
@@ -109,11 +110,11 @@ def test_bundles_checkpoint_only_when_the_step_does_not_fit(bundle, monkeypatch)
     for free, expected in ((GIB**2, False), (1, True)):
         monkeypatch.setattr(step_memory, "free_memory_bytes", lambda device, free=free: free)
         parser = ConfigParser()
-        parser.read_config(str(BUNDLES / bundle / "configs" / "train.json"))
+        parser.read_config([str(f) for f in run_config_files(BUNDLES / bundle, ["train.json"])])
         parser.update({"feature_size": 12, "device": "cpu", "roi_size": [64, 64, 64], "training#local_size": [32, 32, 32]})
         parser.get_parsed_content("imports")
         assert parser["speed#use_checkpoint"] == "auto"
-        flags = _checkpointed(parser.get_parsed_content("network"))
+        flags = _checkpointed(parser.get_parsed_content("train#network"))
         assert flags and all(f is expected for f in flags)
 
 

@@ -37,7 +37,7 @@ def _bundle(root: Path, func: str = "$lambda x: x") -> Path:
          "roi_size": "@roi_size", "a_min": -1000, "a_max": 1000},
     ]  # fmt: skip
     (root / "configs").mkdir(parents=True)
-    config = {"roi_size": [16, 16, 16], "in_channels": 1, "train": {"deterministic_transforms": transforms}}
+    config = {"roi_size": [16, 16, 16], "in_channels": 1, "train": {"transforms": {"deterministic": transforms}}}
     (root / "configs" / "train.json").write_text(json.dumps(config))
     return root
 

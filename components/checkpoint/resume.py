@@ -23,6 +23,7 @@ from .training_state import (
     _differs,
     _engine_scaler,
     _written_with,
+    read_to_save,
     restore_schedule,
 )
 
@@ -57,10 +58,11 @@ class ResumeHandler:
 
     Args:
         path: the checkpoint file; None, ``""``, ``"None"`` or ``"null"`` make the handler a no-op.
-        network, optimizer, lr_scheduler, scaler, evaluator, sampler, recipe: as for :class:`ResumableCheckpointSaver`.
-            Every object given must have its entry in the file (the sampler excepted: a file without one is
-            continued from the trainer's counters). ``scaler=None`` restores ``engine.scaler`` when the engine has
-            one and the file has a ``scaler`` entry.
+        to_save: the objects to restore, the dict :class:`ResumableCheckpointSaver` saves (``model``, ``optimizer``,
+            ``lr_scheduler``, ``scaler``, ``evaluator``, ``sampler``, ``recipe``; ``model`` required). Every object
+            given must have its entry in the file (the sampler excepted: a file without one is continued from the
+            trainer's counters). Without a ``scaler``, ``engine.scaler`` is restored when the engine has one and the
+            file has a ``scaler`` entry.
         map_location: for ``torch.load`` (optimizer states are moved to their parameters' devices by torch).
         missing_ok: a ``path`` that does not exist is skipped (logged) instead of raising, for "resume if there
             is a checkpoint" setups.
@@ -83,40 +85,27 @@ class ResumeHandler:
     def __init__(
         self,
         path: str | os.PathLike | None,
-        network: nn.Module,
-        optimizer: Any = None,
-        lr_scheduler: Any = None,
-        scaler: Any = None,
-        evaluator: Engine | None = None,
+        to_save: Mapping[str, Any],
         map_location: Any = "cpu",
         missing_ok: bool = False,
-        sampler: Any = None,
-        recipe: nn.Module | None = None,
         auto_resume: bool | str = False,
         ckpt_dir: str | os.PathLike | None = None,
     ) -> None:
-        if not isinstance(network, nn.Module):
-            raise TypeError(f"ResumeHandler: network must be a torch.nn.Module, got {type(network).__name__}.")
-        if recipe is not None and not isinstance(recipe, nn.Module):
-            raise TypeError(f"ResumeHandler: recipe must be a torch.nn.Module, got {type(recipe).__name__}.")
+        objects = read_to_save(to_save, "ResumeHandler")
         auto_resume = as_bool(auto_resume, "auto_resume")
         if auto_resume and optional_path(ckpt_dir) is None:
             raise ConfigError("ResumeHandler: auto_resume needs ckpt_dir (the folder to look for checkpoint.pt in).")
-        restorable = {"optimizer": optimizer, "lr_scheduler": lr_scheduler, "scaler": scaler, "sampler": sampler}
-        for name, obj in restorable.items():
-            if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
-                raise TypeError(f"ResumeHandler: {name} has no load_state_dict() ({type(obj).__name__}).")
         given = optional_path(path)
         path = resolve_resume(given, ckpt_dir, auto_resume) if auto_resume else given
         self.path = None if path is None else Path(path)
         self.auto = given is None and path is not None  # found by auto_resume, not asked for
-        self.network = network
-        self.optimizer = optimizer
-        self.lr_scheduler = lr_scheduler
-        self.scaler = scaler
-        self.evaluator = evaluator
-        self.sampler = sampler
-        self.recipe = recipe
+        self.network = objects["model"]
+        self.optimizer = objects["optimizer"]
+        self.lr_scheduler = objects["lr_scheduler"]
+        self.scaler = objects["scaler"]
+        self.evaluator = objects["evaluator"]
+        self.sampler = objects["sampler"]
+        self.recipe = objects["recipe"]
         self.map_location = map_location
         self.missing_ok = missing_ok
         self.resumed = False

@@ -9,7 +9,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,6 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Engine, Events
 from monai.handlers import CheckpointSaver
-from torch import nn
 
 from ..config.values import is_null
 from ..files import temp_prefix
@@ -29,6 +28,7 @@ from .training_state import (
     _check_interval,
     _engine_scaler,
     _plain,
+    read_to_save,
     register_checkpoint_events,
     save_atomic,
 )
@@ -61,17 +61,21 @@ class ResumableCheckpointSaver:
 
     Args:
         ckpt_dir: directory of the checkpoint file (created if needed).
-        network: the model (DDP / torch.compile wrappers are unwrapped).
-        optimizer, lr_scheduler: saved when not None.
-        scaler: an AMP ``GradScaler`` (anything with ``state_dict``); None saves ``engine.scaler`` if the engine
-            has one (MONAI's trainers create their scaler in ``run()``).
-        evaluator: an engine whose ``state.best_metric`` / ``state.best_metric_epoch`` (MONAI workflows) are saved,
-            with the trainer iteration at which that best validation ran (``state.best_metric_iteration``, kept here).
-        sampler: the training loader's :class:`~components.EpochShuffleSampler` (anything with
-            ``state_dict(position)``): its order and the position inside the current epoch (samples already used:
-            iterations of the epoch x the loader's ``batch_size``) are saved, so a restart continues the epoch.
-        recipe: a pretraining recipe with state of its own (an ``nn.Module``, e.g.
-            :class:`~components.SelfDistillationRecipe`: the teacher and the loss's centre).
+        to_save: what the file holds, by entry (:func:`~.training_state.read_to_save`; the same dict a
+            :class:`~components.ResumeHandler` restores):
+
+            - ``model``: the network (DDP / torch.compile wrappers are unwrapped); required.
+            - ``optimizer``, ``lr_scheduler``: saved when given.
+            - ``scaler``: an AMP ``GradScaler``; without it ``engine.scaler`` is saved if the engine has one (MONAI's
+              trainers create their scaler in ``run()``).
+            - ``evaluator``: an engine whose ``state.best_metric`` / ``state.best_metric_epoch`` (MONAI workflows)
+              are saved, with the trainer iteration at which that best validation ran (``state.best_metric_iteration``,
+              kept here).
+            - ``sampler``: the training loader's :class:`~components.EpochShuffleSampler` (anything with
+              ``state_dict(position)``): its order and the position inside the current epoch (samples already used:
+              iterations of the epoch x the loader's ``batch_size``) are saved, so a restart continues the epoch.
+            - ``recipe``: a pretraining recipe with state of its own (an ``nn.Module``, e.g.
+              :class:`~components.SelfDistillationRecipe`: the teacher and the loss's centre).
         filename: file name in ``ckpt_dir``.
         epoch_interval: save every this many epochs (None: not on epochs).
         iteration_interval: save every this many iterations (None: not on iterations).
@@ -92,37 +96,23 @@ class ResumableCheckpointSaver:
 
     Example::
 
-        saver = ResumableCheckpointSaver("runs/ckpt", net, optimizer, scheduler, evaluator=evaluator)
-        saver.attach(trainer)
-        ResumeHandler("runs/ckpt/checkpoint.pt", net, optimizer, scheduler, evaluator=evaluator).attach(trainer)
+        to_save = {"model": net, "optimizer": optimizer, "lr_scheduler": scheduler, "evaluator": evaluator}
+        ResumableCheckpointSaver("runs/ckpt", to_save).attach(trainer)
+        ResumeHandler("runs/ckpt/checkpoint.pt", to_save).attach(trainer)
     """
 
     def __init__(
         self,
         ckpt_dir: str | os.PathLike,
-        network: nn.Module,
-        optimizer: Any = None,
-        lr_scheduler: Any = None,
-        scaler: Any = None,
-        evaluator: Engine | None = None,
+        to_save: Mapping[str, Any],
         filename: str = "checkpoint.pt",
         epoch_interval: int | None = 1,
         iteration_interval: int | None = None,
         save_final: bool = True,
-        sampler: Any = None,
-        recipe: nn.Module | None = None,
         time_interval_s: float | None = None,
         calibration_iterations: int = 10,
     ) -> None:
-        if not isinstance(network, nn.Module):
-            raise TypeError(
-                f"ResumableCheckpointSaver: network must be a torch.nn.Module, got {type(network).__name__}."
-            )
-        if recipe is not None and not isinstance(recipe, nn.Module):
-            raise TypeError(f"ResumableCheckpointSaver: recipe must be a torch.nn.Module, got {type(recipe).__name__}.")
-        for name, obj in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler), ("scaler", scaler)):
-            if obj is not None and not callable(getattr(obj, "state_dict", None)):
-                raise TypeError(f"ResumableCheckpointSaver: {name} has no state_dict() ({type(obj).__name__}).")
+        objects = read_to_save(to_save, "ResumableCheckpointSaver")
         if not filename or Path(filename).name != filename:
             raise ValueError(f"ResumableCheckpointSaver: filename must be a plain file name, got {filename!r}.")
         self.epoch_interval = _check_interval("epoch_interval", epoch_interval)
@@ -133,22 +123,20 @@ class ResumableCheckpointSaver:
             raise ValueError(f"time_interval_s must be a positive number of seconds or None, got {time_interval_s!r}.")
         self.time_interval_s = None if time_interval_s is None else float(time_interval_s)
         intervals = (self.epoch_interval, self.iteration_interval, self.time_interval_s)
-        if all(i is None for i in intervals) and not save_final and evaluator is None:
+        if all(i is None for i in intervals) and not save_final and objects["evaluator"] is None:
             raise ValueError(
                 "ResumableCheckpointSaver: nothing to do (no epoch_interval, iteration_interval, time_interval_s, "
                 "save_final or evaluator)."
             )
         self.path = Path(ckpt_dir) / filename
-        self.network = network
-        self.optimizer = optimizer
-        self.lr_scheduler = lr_scheduler
-        self.scaler = scaler
-        self.evaluator = evaluator
+        self.network = objects["model"]
+        self.optimizer = objects["optimizer"]
+        self.lr_scheduler = objects["lr_scheduler"]
+        self.scaler = objects["scaler"]
+        self.evaluator = objects["evaluator"]
+        self.sampler = objects["sampler"]
+        self.recipe = objects["recipe"]
         self.save_final = save_final
-        if sampler is not None and not callable(getattr(sampler, "state_dict", None)):
-            raise TypeError(f"ResumableCheckpointSaver: sampler has no state_dict() ({type(sampler).__name__}).")
-        self.sampler = sampler
-        self.recipe = recipe
         self._last_saved: tuple | None = None
         self._trainer: Engine | None = None
         self._clock: tuple[int, float] | None = None  # (iteration, time) of the last time-based decision

@@ -16,6 +16,7 @@ from ignite.engine import Engine, EventEnum
 from torch.optim.lr_scheduler import LambdaLR
 
 from ..config.values import is_null
+from ..errors import ConfigError
 from ..files import atomic_write
 
 __all__ = ["RESUME_FORMAT", "CheckpointEvents", "register_checkpoint_events", "restore_schedule", "save_atomic"]
@@ -35,6 +36,40 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
     with atomic_write(path) as f:
         torch.save(obj, f)
     return path
+
+
+#: the entries of a ``to_save`` dict, named as in the checkpoint file (``model`` is required)
+TO_SAVE_KEYS = ("model", "optimizer", "lr_scheduler", "scaler", "evaluator", "sampler", "recipe")
+
+
+def read_to_save(to_save: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """The objects of one ``to_save`` dict (as ignite's ``Checkpoint`` and MONAI's ``CheckpointSaver`` take them), one
+    per :data:`TO_SAVE_KEYS` entry, None where absent: what :class:`~.saver.ResumableCheckpointSaver` saves and
+    :class:`~.resume.ResumeHandler` restores, written once in a config for both.
+
+    Raises:
+        ConfigError: ``to_save`` is not a mapping, has a key outside :data:`TO_SAVE_KEYS`, or no ``model``.
+        TypeError: ``model`` or ``recipe`` is not an ``nn.Module``; an optimizer, schedule, scaler or sampler has no
+            ``state_dict`` / ``load_state_dict``.
+    """
+    if not isinstance(to_save, Mapping):
+        raise ConfigError(f"{owner}: to_save must be a dict of {', '.join(TO_SAVE_KEYS)}, "
+                          f"got {type(to_save).__name__}.")
+    unknown = sorted(set(to_save) - set(TO_SAVE_KEYS))
+    if unknown:
+        raise ConfigError(f"{owner}: to_save has {unknown}; its keys are {', '.join(TO_SAVE_KEYS)}.")
+    objects = {key: to_save.get(key) for key in TO_SAVE_KEYS}
+    for key in ("model", "recipe"):
+        if objects[key] is not None and not isinstance(objects[key], torch.nn.Module):
+            raise TypeError(f"{owner}: to_save[{key!r}] must be a torch.nn.Module, got {type(objects[key]).__name__}.")
+    if objects["model"] is None:
+        raise ConfigError(f"{owner}: to_save needs a 'model' (the network).")
+    for key in ("optimizer", "lr_scheduler", "scaler", "sampler"):
+        obj = objects[key]
+        if obj is not None and not all(callable(getattr(obj, m, None)) for m in ("state_dict", "load_state_dict")):
+            raise TypeError(f"{owner}: to_save[{key!r}] has no state_dict() / load_state_dict() "
+                            f"({type(obj).__name__}).")
+    return objects
 
 
 def _plain(value: Any) -> Any:

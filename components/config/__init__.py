@@ -1,7 +1,9 @@
 """Config: what the bundle configs hand to the code, read before any work.
 
 - ``values``: ``as_bool``, ``optional_path``, ``require_file`` (config values as the code needs them).
-- ``running``: ``running_bundle``: the config files and overrides of the bundle this process runs.
+- ``running``: ``running_bundle``, ``parse_command_line``: the config files and overrides of the ``python -m
+  monai.bundle run`` command line this process was started with; ``run_config_files``: the files a run of a bundle
+  reads (its shared ``common.json`` first), ``check_shared_config``.
 - ``overrides``: ``check_overrides``: a command-line override of an id no config has is refused, not added;
   ``defined_overrides``: the overrides one config of a bundle takes.
 - ``kinds``: what a setting accepts (``Flag``, ``Integer``, ``Number``, ``OneOf``, ``ListOf`` ...), said in words.

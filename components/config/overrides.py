@@ -1,9 +1,13 @@
 """The ids a user overrode on the command line, checked when the workflow starts.
 
-An override of an id that the configs do not define (misspelt, or one of the ids that 0.2.0 moved into the groups
-``training``, ``loader``, ``speed`` and ``checkpointing``) is merged into the config by MONAI as a new id that nothing
-reads: ``--val_interval 1`` then never validates. :func:`check_overrides`, in a bundle's ``initialize``, stops such a
-run before any data is read, in one line naming the id and, where it moved, its new name.
+An override of an id that the configs do not define (misspelt, or an id a release moved or replaced) is merged into
+the config by MONAI as a new id that nothing reads: ``--val_interval 1`` then never validates. :func:`check_overrides`,
+called when a bundle starts, stops such a run before any data is read, in one line naming the id and, where it moved,
+its new name.
+
+What must exist: every top-level id, and every member of a group (a dict without ``_target_``: ``training``,
+``loader``, ``train``, ``validate`` ...) at any depth. The arguments of a component (a dict with ``_target_``, e.g.
+``network_def#depths``) and the items of lists are open: an override may add one.
 """
 
 from __future__ import annotations
@@ -19,48 +23,90 @@ from .running import RunningBundle, running_bundle
 
 __all__ = ["check_overrides", "defined_overrides"]
 
-#: the groups of knobs a user rarely touches; their members are checked like top-level ids (an override of a member
-#: of another id, such as ``network_def#depths``, is an argument of that component and may add one).
+#: the groups of knobs a user rarely touches (searched first for an id given at the top level)
 KNOB_GROUPS: tuple[str, ...] = ("training", "loader", "speed", "checkpointing")
 
-#: ids that 0.2.0 renamed when it moved them (the others kept their names inside their group)
-_RENAMED = {
-    "ckpt_epoch_interval": "checkpointing#epoch_interval",
+#: ids that a release renamed or moved, old -> new (ids that 0.2.0 moved into a group under their own name are found
+#: there without an entry)
+MOVED_IDS = {
+    "ckpt_epoch_interval": "checkpointing#epoch_interval",  # 0.2.0
     "ckpt_iteration_interval": "checkpointing#iteration_interval",
     "ckpt_time_interval_s": "checkpointing#time_interval_s",
+    "network": "train#network",  # 0.5.0: Model Zoo-style configs
+    "speed#upsample": "network_def#upsample",
+    "speed#step_inputs": "train#network#step_inputs",
+    "train#deterministic_transforms": "train#transforms#deterministic",
+    "train#random_transforms": "train#transforms#random",
+    "validate#deterministic_transforms": "validate#transforms#deterministic",
+    "validate#random_transforms": "validate#transforms#random",
+}
+
+#: ids that a release replaced by something else, old -> what to run instead
+REPLACED_IDS = {
+    "loader#compact_cache": "the cache mode is the pipeline train#transforms names: --train#transforms "
+                            "%train#plain_transforms for false, nothing for true",
+    "loader#loader_workers": "the loader's workers follow loader#num_workers (none with loader#data_on_device)",
+    "train#dataloader#_target_": "the loader is built from the loader settings, its class is "
+                                 "--train#dataloader#loader_class (e.g. ThreadDataLoader)",
 }
 
 
-def _ids(config: Mapping[str, Any]) -> list[str]:
-    """Every top-level id and every member of the dict-valued ones, as ``group#member``."""
-    found = [str(k) for k in config]
-    found += [f"{k}#{m}" for k, v in config.items() if isinstance(v, Mapping) for m in v]
+def _is_group(value: Any) -> bool:
+    """A dict of ids, whose members must exist: no ``_target_`` (a component's arguments are open) and not empty (an
+    empty dict, such as ``speed#compile_kwargs``, is a free set of keyword arguments)."""
+    return isinstance(value, Mapping) and "_target_" not in value and bool(value)
+
+
+def _ids(config: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Every top-level id and every member of a group at any depth, as ``group#member``."""
+    found = []
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        found.append(name)
+        if _is_group(value):
+            found += _ids(value, f"{name}#")
     return found
 
 
+def _undefined(override: str, config: Mapping[str, Any]) -> str | None:
+    """The leading part of ``override`` that names no id of ``config`` (``training#seedd`` for
+    ``training#seedd``), or None when the config defines it or it is a component argument or list item."""
+    parts = override.replace("::", "#").split("#")
+    node: Any = config
+    for depth, part in enumerate(parts):
+        if not (depth == 0 or _is_group(node)):
+            return None
+        if part not in node:
+            return "#".join(parts[: depth + 1])
+        node = node[part]
+    return None
+
+
 def _moved_to(name: str, config: Mapping[str, Any]) -> str | None:
-    """Where an id that is no longer top-level lives now: the 0.2.0 renames, then a group member of that name (the
-    knob groups first)."""
-    if name in _RENAMED:
-        return _RENAMED[name]
+    """Where an undefined id lives now: :data:`MOVED_IDS`, then, for a top-level name, a group member of that name
+    (the knob groups first)."""
+    if name in MOVED_IDS:
+        return MOVED_IDS[name]
+    if "#" in name:
+        return None
     holders = list(KNOB_GROUPS) + [k for k in config if k not in KNOB_GROUPS]
     return next((f"{g}#{name}" for g in holders if isinstance(config.get(g), Mapping) and name in config[g]), None)
 
 
 def _unknown_override(override: str, config: Mapping[str, Any], files: str) -> str | None:
-    """The one-line message for an override id that ``config`` does not define, or None when it does."""
-    parts = override.replace("::", "#").split("#")
-    top = parts[0]
-    if top in config:
-        member = parts[1] if len(parts) > 1 else None
-        if top not in KNOB_GROUPS or member is None or not isinstance(config[top], Mapping) or member in config[top]:
-            return None
-        name, moved = f"{top}#{member}", _moved_to(member, config)
-    else:
-        name, moved = top, _moved_to(top, config)
+    """The one-line message for an override id that ``config`` does not define or that a release replaced, or None."""
+    exact = str(override).replace("::", "#")
+    if exact in REPLACED_IDS and _undefined(exact, config) is None:  # still an id, with another meaning
+        return f"--{override} no longer sets what it did in 0.4.0: {REPLACED_IDS[exact]}."
+    name = _undefined(str(override), config)
+    if name is None:
+        return None
     head = f"--{override} names no id of {files}, so MONAI would add it as a new id that nothing reads"
-    if moved is not None and moved != name:
-        return f"{head}: {name} moved to {moved}; run with --{override.replace(name, moved, 1)} instead."
+    if name in REPLACED_IDS:
+        return f"{head}: {name} was replaced; {REPLACED_IDS[name]}."
+    moved = _moved_to(name, config)
+    if moved is not None:
+        return f"{head}: {name} moved to {moved}; run with --{str(override).replace(name, moved, 1)} instead."
     close = difflib.get_close_matches(name, _ids(config), n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join('--' + c for c in close)}?" if close else "; see the bundle's docs for its ids."
     return head + hint
@@ -86,20 +132,17 @@ def _tracking_ids(tracking: str | Mapping[str, Any] | None) -> dict[str, Any]:
 
 def check_overrides(bundle: RunningBundle | None = None) -> None:
     """Stops a run whose overrides name an id that its config files do not define (a misspelt or moved id), before
-    any data is read. A bundle's ``initialize`` calls it without arguments: the config files and the overrides are
-    those ``python -m monai.bundle run`` (or ``monai.bundle.load``) was given (:func:`running_bundle`); nothing is
-    checked for a workflow built otherwise.
+    any data is read. A bundle calls it without arguments when it starts: the config files and the overrides are
+    those of the ``python -m monai.bundle run`` command line (:func:`running_bundle`); nothing is checked for a
+    workflow started from Python, unless ``bundle`` is given.
 
-    Top-level ids and members of :data:`KNOB_GROUPS` must exist in the config files; a member of any other id
-    (``--network_def#depths [2,2,6,2]``: an argument of that component) may be added.
+    Top-level ids and the members of groups must exist in the config files; an argument of a component
+    (``--network_def#depths [2,2,6,2]``) may be added.
 
     Raises:
         ConfigError: a ``ValueError`` with one line per such id (all of them), naming the id and where it moved
-            (``--val_interval 1`` -> ``--training#val_interval 1``) or the closest ids the configs define.
-
-    Example (``initialize`` of a bundle config)::
-
-        "$components.check_overrides()"
+            (``--val_interval 1`` -> ``--training#val_interval 1``, :data:`MOVED_IDS`), what replaced it
+            (:data:`REPLACED_IDS`) or the closest ids the configs define.
     """
     bundle = running_bundle() if bundle is None else bundle
     if bundle is None or not bundle.overrides:

@@ -2,10 +2,11 @@
 
 A setting of the wrong type or value (``--training#num_samples 1.5``, ``--speed#compile maybe``, ``--loader#cache
 ful``) used to fail where the code first read it: after the dataset was cached, or deep inside MONAI as a traceback
-naming no setting, or not at all ("false" is a true string). :func:`check_types`, in a bundle's ``initialize`` right
-after :func:`~components.config.overrides.check_overrides`, reads every setting a table of kinds names from the
-config files and the overrides ``python -m monai.bundle run`` was given (:func:`~components.config.running.running_bundle`),
-and refuses the run in one line per bad setting, naming the id, the value and what it accepts.
+naming no setting, or not at all ("false" is a true string). :func:`check_types`, when a bundle starts, right after
+:func:`~components.config.overrides.check_overrides`, reads every setting a table of kinds names from the config
+files and the overrides of the ``python -m monai.bundle run`` command line
+(:func:`~components.config.running.running_bundle`), and refuses the run in one line per bad setting, naming the id,
+the value and what it accepts.
 
 A value written as an expression or a reference (``"$..."``, ``"@..."``, ``"%..."``) is not checked: the bundle's own
 defaults are (the tests resolve them), and a user who writes code on the command line owns its result.
@@ -74,7 +75,8 @@ def setting_problems(kinds: Mapping[str, Kind], values: Mapping[str, Any]) -> li
 def check_types(kinds: Mapping[str, Kind], bundle: RunningBundle | None = None) -> None:
     """Stops a run whose settings named in ``kinds`` have values of the wrong type or outside what they accept, before
     any data is read. The values are those of the running bundle (:func:`running_bundle`: the config files and
-    overrides ``python -m monai.bundle run`` was given); nothing is checked for a workflow built otherwise.
+    overrides of the ``python -m monai.bundle run`` command line); nothing is checked for a workflow started from
+    Python.
 
     Raises:
         ConfigError: one line per bad setting (all of them), e.g. ``training#num_samples must be an integer >= 1,

@@ -1,6 +1,7 @@
 """Bundle settings as a command line passes them: ``python -m monai.bundle run --speed#amp false`` gives the string
-"false" (truthy in Python) and ``--pretrained_path null`` the string "null". Configs read flags and optional paths
-through these, so a typed value means what it says.
+"false" (truthy in Python) and ``--pretrained_path null`` the string "null". The components that take a flag or an
+optional path read it through these, so a typed value means what it says and a config hands settings over as they
+are.
 
 MONAI's ``monai.utils.str2bool`` parses the same words but raises a bare ``ValueError`` without the setting's name
 and accepts no integers; :func:`as_bool` names the setting at fault.
@@ -20,7 +21,7 @@ _FALSE = ("false", "no", "off", "0")
 
 def as_bool(value: bool | int | str, name: str = "value") -> bool:
     """A config flag as a bool: ``python -m monai.bundle run --speed#amp false`` passes the string "false" (truthy),
-    so bundle configs read every flag through this. Anything but a clear yes/no raises, naming ``name``."""
+    so the components read every flag through this. Anything but a clear yes/no raises, naming ``name``."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):

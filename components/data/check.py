@@ -40,6 +40,7 @@ from typing import Any
 
 import ignite.distributed as idist
 
+from ..config.values import as_bool
 from .check_entries import CheckOptions, EntryChecker, as_tuple, will_be_padded
 from .check_files import is_image_path
 from .check_report import WARNING, DataCheckError, DataReport
@@ -215,7 +216,7 @@ def check_before_caching(
     items: Sequence[dict],
     keys: Sequence[str] | str | None = None,
     roi_size: Sequence[int] | int | None = None,
-    enabled: bool = True,
+    enabled: bool | str = True,
     deep: bool = False,
     channels: int | None = None,
     num_classes: int | None = None,
@@ -236,7 +237,8 @@ def check_before_caching(
     Args:
         items: this rank's entries, paths already absolute (as ``load_datalist`` returns them).
         keys: keys to check; None means the keys of the first entry whose values are file paths.
-        enabled: False skips the check (returns None), e.g. for a dataset checked before.
+        enabled: False skips the check (returns None), e.g. for a dataset checked before (``"false"`` too, as a
+            command line passes it).
         sync: agree on failure across ranks (a collective: every rank must call this function).
         context: names the dataset in the error message, e.g. ``"training"``.
         source: where the items came from (the datalist path), named by errors about an entry rather than a file.
@@ -248,7 +250,7 @@ def check_before_caching(
     Raises:
         DataCheckError: with every error line of this rank's shard, or naming the ranks that failed.
     """
-    if not enabled:
+    if not as_bool(enabled, "check_data"):
         logger.info("%s: data check disabled", context)
         return None
     unique, seen = [], set()

@@ -1,5 +1,5 @@
 """The voxel checks of every volume where it is first read: :class:`CheckVoxelsd`, a transform placed right after
-``LoadImaged`` in each bundle's ``train#deterministic_transforms``.
+``LoadImaged`` in each bundle's ``train#transforms#deterministic``.
 
 Without it, NaN or Inf voxels show only as a non-finite loss some iterations into training (naming a batch, not a
 file), or not at all: ``ScaleIntensityRanged(clip=True)`` turns an all-Inf image into a constant one that trains
@@ -64,7 +64,7 @@ class CheckVoxelsd(MapTransform):
     Raises:
         ValueError: (at construction) classes without a label key, or a label key without classes.
 
-    Example (BTCV's ``train#deterministic_transforms``, after ``LoadImaged``)::
+    Example (BTCV's ``train#transforms#deterministic``, after ``LoadImaged``)::
 
         {"_target_": "components.CheckVoxelsd", "keys": "image",
          "label_key": "label", "num_classes": "$len(@label_names)"}

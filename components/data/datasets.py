@@ -12,19 +12,20 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import ignite.distributed as idist
 import numpy as np
+import torch
 from ignite.engine import Engine
 from monai.data import CacheDataset, Dataset, SmartCacheDataset
 from monai.handlers import SmartCacheHandler
-from monai.transforms import Compose, LoadImaged
+from monai.transforms import Compose, LoadImaged, ToDeviced
 from torch.utils.data import DistributedSampler
 
-from ..config.values import optional_path
+from ..config.values import as_bool, optional_path
 from ..distributed import barrier
 from .check import check_before_caching
 from .datalists import MissingDatalist
@@ -54,7 +55,7 @@ def build_dataset(
     partition: bool = True,
     seed: int = 0,
     progress: bool = True,
-    check: bool = True,
+    check: bool | str = True,
     check_keys: Sequence[str] | None = None,
     roi_size: Sequence[int] | int | None = None,
     channels: int | None = None,
@@ -128,19 +129,31 @@ def build_dataset(
     return dataset
 
 
-def data_pipeline(deterministic: Sequence[Callable], random: Sequence[Callable], cache: str = "full") -> Compose:
-    """A bundle's training transforms for its ``loader#cache``: the deterministic then the random transforms, or,
-    with "disk", the random ones alone (the store holds what the deterministic ones made), cutting their crops from
-    the store's lazy arrays: the first one does already
+def data_pipeline(
+    transforms: Mapping[str, Sequence[Callable]],
+    cache: str = "full",
+    device: str | torch.device | None = None,
+    on_device: bool | str = False,
+) -> Compose:
+    """A bundle's transforms for its ``loader#cache``: ``transforms["deterministic"]`` then ``transforms["random"]``
+    (the bundle's ``train#transforms``), or, with "disk", the random ones alone (the store holds what the
+    deterministic ones made), cutting their crops from the store's lazy arrays: the first one does already
     (:class:`~components.data.compact_cache.RandCompactSpatialCropSamplesd`), or a leading ``[SpatialPadd,]
     RandCropByPosNegLabeld`` / ``RandSpatialCropSamplesd`` is replaced by the store crop that does the same
     (:func:`~components.data.store.store_crops`); otherwise :class:`~components.data.store.ReadStoredd` of the
     loaded keys reads whole arrays first.
 
+    With ``on_device`` (``loader#data_on_device``, command-line words accepted) the volumes the deterministic
+    transforms made move to ``device`` (``ToDeviced`` of the keys ``LoadImaged`` loads), so a cache holds them there.
+
     Example (``train#preprocessing`` of a bundle config)::
 
-        "$components.data_pipeline(@train#deterministic_transforms, @train#random_transforms, @loader#cache)"
+        {"_target_": "components.data_pipeline", "transforms": "@train#transforms", "cache": "@loader#cache"}
     """
+    deterministic, random = list(transforms["deterministic"]), list(transforms.get("random", ()))
+    keys = next((t.keys for t in deterministic if isinstance(t, LoadImaged)), ("image",))
+    if as_bool(on_device, "data_on_device") and cache != "disk":
+        deterministic.append(ToDeviced(keys, device=device))
     if cache != "disk":
         return Compose([*deterministic, *random])
     from .compact_cache import RandCompactSpatialCropSamplesd
@@ -151,7 +164,6 @@ def data_pipeline(deterministic: Sequence[Callable], random: Sequence[Callable],
     cropped = store_crops(random)
     if cropped is not None:
         return Compose(cropped)
-    keys = next((t.keys for t in deterministic if isinstance(t, LoadImaged)), ("image",))
     return Compose([ReadStoredd(keys), *random])
 
 

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..config.running import run_config_files
+
 __all__ = ["BUNDLES_DIR", "bundle_dir", "bundle_command", "fresh_run_dir", "run_bundle", "read_scalars"]
 
 
@@ -69,9 +71,10 @@ _EVAL_NOTICE = "ignore:parsing config_file:UserWarning"
 
 
 def bundle_command(bundle: str | Path, configs: Sequence[str] = ("train.json",), overrides: Mapping | None = None) -> list[str]:
-    """The ``python -m monai.bundle run`` command line for ``bundle`` (a name under ``bundles/`` or a path)."""
+    """The ``python -m monai.bundle run`` command line for ``bundle`` (a name under ``bundles/`` or a path): its
+    ``configs``, the shared config first with ``train.json`` (:func:`~components.config.running.run_config_files`)."""
     root = bundle_dir(bundle)
-    files = [str(root / "configs" / c) for c in configs]
+    files = [str(f) for f in run_config_files(root, configs)]
     cmd = [sys.executable, "-m", "monai.bundle", "run", "--config_file", json.dumps(files) if len(files) > 1 else files[0]]
     cmd += ["--meta_file", str(root / "configs" / "metadata.json"), "--logging_file", str(root / "configs" / "logging.conf")]
     for key, value in {"bundle_root": str(root), **(overrides or {})}.items():

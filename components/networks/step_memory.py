@@ -309,9 +309,9 @@ def checkpointing_decision(
         ValueError: for any other ``use_checkpoint``, naming the id and the value; for bad ``amp``, ``teacher``,
             ``world_size`` or ``LOCAL_WORLD_SIZE`` (before any estimate).
 
-    Example::
+    Example (what ``components.prepare_network`` asks when a bundle's ``train#network`` says ``"auto"``)::
 
-        "network": "$components.prepare_network(@network_def, @device, @speed#fused_attention, @speed#use_checkpoint, @speed#step_inputs, @speed#amp, teacher=True)"
+        checkpointing_decision(student, "auto", [[4, 1, 96, 96, 96], [8, 1, 64, 64, 64]], "cuda", True, teacher=True)
     """
     if not (isinstance(use_checkpoint, str) and use_checkpoint.strip().lower() == "auto"):
         try:

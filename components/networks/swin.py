@@ -19,6 +19,7 @@ from torch import nn
 
 from .attention import use_fused_attention
 from ..config.values import as_bool
+from ..distributed import wrap_ddp
 from .step_memory import checkpointing_decision, set_checkpointing
 
 __all__ = ["SwinViTSettings", "check_roi_size", "network_parameters", "prepare_network"]
@@ -298,25 +299,32 @@ def prepare_network(
     amp: bool | str = False,
     teacher: bool | str = False,
     world_size: int | None = None,
+    ddp: bool | str = False,
 ) -> nn.Module:
     """The network of a run, from the bundle's ``network_def``: its window-attention kernel
     (:func:`~components.networks.attention.use_fused_attention`), activation checkpointing (true, false, or ``"auto"``:
     :func:`~components.networks.step_memory.checkpointing_decision` for one training step whose network inputs have the
     shapes ``step_inputs``; ``teacher``: a frozen copy of the network trains too, as in self-distillation;
-    ``world_size``: the ranks training, default the process group's) and its device. Every bundle config builds
-    ``network`` with this one call, so ``network_def`` stays the bare architecture that ``monai.bundle.load`` returns.
+    ``world_size``: the ranks training, default the process group's) and its device; with ``ddp``, wrapped in
+    DistributedDataParallel when a process group runs (:func:`~components.distributed.wrap_ddp`: the pretraining
+    bundles, whose recipes call the module on every rank). Every bundle config builds ``train#network`` with this one
+    component, so ``network_def`` stays the bare architecture that ``monai.bundle.load`` returns.
 
     Raises:
         ValueError: for a flag that is not a clear yes / no, or ``"auto"`` without ``step_inputs``.
 
-    Example::
+    Example (``train#network`` of a bundle config)::
 
-        "network": "$components.prepare_network(@network_def, @device, @speed#fused_attention, @speed#use_checkpoint, @speed#step_inputs, @speed#amp)"
+        {"_target_": "components.prepare_network", "network": "@network_def", "device": "@device",
+         "fused_attention": "@speed#fused_attention", "use_checkpoint": "@speed#use_checkpoint",
+         "step_inputs": "$[[@batch_size * @training#num_samples, @in_channels] + list(@roi_size)]",
+         "amp": "@speed#amp"}
     """
     use_fused_attention(network, as_bool(fused_attention, "fused_attention"))
     if step_inputs is None and str(use_checkpoint).strip().lower() == "auto":
         raise ValueError('use_checkpoint "auto" needs the shapes of a training step\'s inputs (step_inputs).')
     enabled = as_bool(use_checkpoint, "use_checkpoint") if step_inputs is None else checkpointing_decision(
         network, use_checkpoint, step_inputs, device, amp, teacher=teacher, world_size=world_size)  # fmt: skip
-    return set_checkpointing(network, enabled).to(device)
+    network = set_checkpointing(network, enabled).to(device)
+    return wrap_ddp(network, device) if as_bool(ddp, "ddp") else network
 

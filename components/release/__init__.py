@@ -5,6 +5,7 @@
 - ``export``: ``export_network`` / ``load_exported`` (``torch.export`` programs bound to their checkpoint).
 - ``conversion``: ``convert_checkpoint`` (a published encoder into the layout the bundles load).
 - ``origin``: ``report_origin``: which ``components`` code a bundle runs, refused when two bundles' code differ.
+- ``startup``: ``start``: what every bundle run does first (one-line errors, its own code, the command line checked).
 
 The names are re-exported here and in ``components``, imported on first use.
 """
@@ -14,4 +15,6 @@ from __future__ import annotations
 from ..lazy import lazy_names
 
 # the modules whose public names (each one's __all__) are offered here
-__getattr__, __dir__ = lazy_names(__name__, modules=("conversion", "download", "export", "origin", "package"))
+__getattr__, __dir__ = lazy_names(
+    __name__, modules=("conversion", "download", "export", "origin", "package", "startup")
+)

@@ -17,10 +17,11 @@ before the next expression, which then finds the bundle's copy.
 
 Any other copy, an installed one or the copy of another bundle already imported in the same process, may differ
 (another version, another bundle's edits) and would run the config silently on the wrong code. :func:`report_origin`,
-the first item of every bundle config's ``initialize``, finds the bundle from the config files MONAI is reading
-(:func:`components.config.running.running_bundle`; ``bundle_root`` is the caller's directory under
-``monai.bundle.load``), compares the imported package with the bundle's copy by content (:func:`source_digest`) and
-refuses a different one in one line naming both. Two bundles carrying the same code share one import.
+called when a bundle starts, finds the bundle from the config files of the ``python -m monai.bundle run`` command
+line (:func:`components.config.running.running_bundle`; without one, ``bundle_root`` or the first copy on
+``sys.path``), compares the imported package with
+the bundle's copy by content (:func:`source_digest`) and refuses a different one in one line naming both. Two
+bundles carrying the same code share one import.
 
 Importing this module imports neither torch nor MONAI.
 """
@@ -29,8 +30,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib.machinery
 import logging
 import os
+import sys
 from collections.abc import Collection
 from pathlib import Path
 
@@ -95,18 +98,31 @@ def source_digest(package_dir: str | os.PathLike, exclude: Collection[str] = ())
     return digest.hexdigest()
 
 
+def _folder_without_command_line(bundle_root: Path) -> Path:
+    """``bundle_root`` when it holds a ``components/`` package, else the folder of the first ``components`` package on
+    ``sys.path`` (the copy a fresh import would take), else ``bundle_root``."""
+    if (bundle_root / "components" / "__init__.py").is_file():
+        return bundle_root
+    spec = importlib.machinery.PathFinder.find_spec("components", sys.path)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]).resolve().parent if locations else bundle_root
+
+
 def report_origin(bundle_root: str | os.PathLike = ".") -> Path:
     """Logs ``components <version> from <path>`` (INFO) for the imported package and returns its folder; refuses a run
     on code other than the bundle's own.
 
-    The bundle folder is that of the config files MONAI is reading (:func:`~components.config.running.running_bundle`,
-    whatever the working directory), else ``bundle_root``. When it holds a ``components/`` package (a downloaded
-    bundle) whose source differs from the imported package's (:func:`source_digest`), the run stops. A bundle folder
-    without ``components/`` (a bundle inside this repository, run with the installed package) gets the INFO line only.
+    The bundle folder is that of the config files on the ``python -m monai.bundle run`` command line
+    (:func:`~components.config.running.running_bundle`, whatever the working directory). Without one (a workflow
+    started from Python, ``monai.bundle.load``) it is ``bundle_root`` when that holds a ``components/`` package,
+    else the folder of the first ``components`` on ``sys.path`` (``importlib.machinery.PathFinder``: the copy a fresh
+    import would take, where the docs have the user put the bundle's folder before ``monai.bundle.load``). When the
+    bundle folder holds a ``components/`` package (a downloaded bundle) whose source differs from the imported
+    package's (:func:`source_digest`), the run stops. A bundle folder without ``components/`` (a bundle inside this
+    repository, run with the installed package) gets the INFO line only.
 
     Args:
-        bundle_root: the configs' ``@bundle_root``, used when no MONAI workflow is being created (a bare
-            ``ConfigParser``).
+        bundle_root: the configs' ``@bundle_root``, used without such a command line.
 
     Raises:
         BundleCodeMismatch: one line naming the bundle's copy and the imported one (versions and paths), and how to
@@ -116,7 +132,7 @@ def report_origin(bundle_root: str | os.PathLike = ".") -> Path:
 
     logger.info("components %s from %s", __version__, PACKAGE_DIR)
     running = running_bundle()
-    folder = running.folder if running is not None else Path(bundle_root).resolve()
+    folder = running.folder if running is not None else _folder_without_command_line(Path(bundle_root).resolve())
     carried = folder / "components"
     if not (carried / "__init__.py").is_file() or carried.resolve() == PACKAGE_DIR:
         return PACKAGE_DIR

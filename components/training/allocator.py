@@ -9,6 +9,8 @@ import logging
 import os
 import platform
 
+from ..config.values import as_bool
+
 __all__ = ["tune_allocator"]
 
 logger = logging.getLogger(__name__)
@@ -17,7 +19,7 @@ logger = logging.getLogger(__name__)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
 
 
-def tune_allocator(enabled: bool = True, trim_threshold: int = -1, top_pad: int = 64 << 20) -> bool:
+def tune_allocator(enabled: bool | str = True, trim_threshold: int = -1, top_pad: int = 64 << 20) -> bool:
     """Keeps freed memory inside the process on Linux/glibc, so large CPU activations are not mmap'ed, freed and
     page-faulted again every iteration.
 
@@ -34,12 +36,13 @@ def tune_allocator(enabled: bool = True, trim_threshold: int = -1, top_pad: int 
     ``enabled`` is False.
 
     Args:
-        enabled: False leaves the allocator as it is.
+        enabled: False leaves the allocator as it is (``"false"`` and the other words of
+            :func:`~components.config.values.as_bool` too, as a command line passes them).
         trim_threshold: free bytes at the heap top above which glibc trims; -1 never trims. A positive value
             (at most 2 GiB: mallopt takes an int) bounds the heap at the cost of page faults after every trim.
         top_pad: extra bytes requested whenever the heap grows.
     """
-    if not enabled or platform.system() != "Linux":
+    if not as_bool(enabled, "tune_allocator") or platform.system() != "Linux":
         return False
     name = ctypes.util.find_library("c")
     try:

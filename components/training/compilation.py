@@ -20,6 +20,8 @@ import time
 import torch
 from ignite.engine import Engine, Events
 
+from ..config.values import as_bool
+
 __all__ = ["CompileMonitor", "compiled_graphs"]
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,8 @@ class CompileMonitor:
     Args:
         warmup_epochs: epochs of this run in which compiling is expected (the first; a last, smaller batch of an
             epoch compiles one more graph there too).
+        enabled: whether the run compiles (the bundles pass ``speed#compile``, command-line words accepted); when
+            not, :meth:`attach` attaches nothing.
 
     Example::
 
@@ -50,7 +54,8 @@ class CompileMonitor:
         CompileMonitor().attach(trainer)
     """
 
-    def __init__(self, warmup_epochs: int = 1) -> None:
+    def __init__(self, warmup_epochs: int = 1, enabled: bool | str = True) -> None:
+        self.enabled = as_bool(enabled, "compile")
         if int(warmup_epochs) < 1:
             raise ValueError(f"warmup_epochs must be >= 1, got {warmup_epochs}.")
         self.warmup_epochs = int(warmup_epochs)
@@ -62,6 +67,8 @@ class CompileMonitor:
         self._sync = lambda: None
 
     def attach(self, engine: Engine) -> None:
+        if not self.enabled:
+            return
         engine.add_event_handler(Events.STARTED, self._start)
         engine.add_event_handler(Events.ITERATION_STARTED(event_filter=self._timed), self._iteration_started)
         engine.add_event_handler(Events.ITERATION_COMPLETED(event_filter=self._timed), self._iteration_completed)

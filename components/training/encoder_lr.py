@@ -21,7 +21,10 @@ import torch
 from ignite.engine import Engine
 from monai.engines.utils import IterationEvents
 
-__all__ = ["FreezeEncoder", "encoder_param_groups"]
+from ..config.values import as_bool
+from ..distributed import get_world_size
+
+__all__ = ["FreezeEncoder", "encoder_param_groups", "lr_for_world_size"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,12 @@ def _encoder_depths(names: list[str], prefix: str) -> dict[str, int]:
     stages = {name: int(m.group(1)) for name in names if name.startswith(prefix) and (m := _STAGE.search(name[len(prefix) :]))}
     last = max(stages.values(), default=0)
     return {name: last - stages[name] + 1 if name in stages else last + 1 for name in names if name.startswith(prefix)}
+
+
+def lr_for_world_size(lr: float, scale: bool | str = False) -> float:
+    """The learning rate of a multi-GPU run: ``lr`` times the number of ranks with ``scale`` (the linear scaling rule,
+    for a global batch that grows with the ranks), else ``lr``; ``scale`` as a command line gives it (``"false"``)."""
+    return float(lr) * (get_world_size() if as_bool(scale, "scale_lr_with_world_size") else 1)
 
 
 def encoder_param_groups(

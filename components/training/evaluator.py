@@ -28,7 +28,7 @@ class PretrainingEvaluator(RecipeEngineMixin, SupervisedEvaluator):
         val_data_loader: Any,
         network: torch.nn.Module,
         recipe: Recipe,
-        amp: bool = False,
+        amp: bool | str = False,
         amp_dtype: str | None = None,
         seed: int = 12345,
         **kwargs: Any,

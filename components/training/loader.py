@@ -19,8 +19,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import pydoc
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -30,9 +31,10 @@ from monai.data.utils import set_rnd
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.worker import _generate_state  # a fresh worker's numpy seed: torch has no public route
 
+from ..config.values import as_bool
 from ..distributed import get_local_world_size
 
-__all__ = ["PersistentWorkerLoader", "default_num_workers"]
+__all__ = ["PersistentWorkerLoader", "bundle_loader", "default_num_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +120,59 @@ class PersistentWorkerLoader(DataLoader):
             self._base_seed.value = torch.empty((), dtype=torch.int64).random_(generator=self.generator).item()
         self.workers_started = True
         return super().__iter__()
+
+
+def bundle_loader(dataset: Any, batch_size: int, settings: Mapping[str, Any], training: bool = True,
+                  loader_class: str | type | None = None, **kwargs: Any) -> DataLoader:  # fmt: skip
+    """A bundle's data loader from its ``loader`` settings (the group, its values as a command line gives them).
+
+    ``num_workers`` worker processes, none with ``data_on_device`` (the cached volumes live on the GPU, which worker
+    processes cannot share); pinned host memory with ``pin_memory`` (default: when CUDA is available), never for data
+    already on the device; ``prefetch_factor`` batches per worker (PyTorch's default without it). The training loader
+    is a :class:`PersistentWorkerLoader` whose workers persist with ``persistent_workers``, except over the "smart"
+    ``cache`` (its replacement happens in the main process); another loader is MONAI's ``DataLoader``.
+
+    Args:
+        dataset, batch_size: as ``DataLoader``.
+        settings: the bundle's ``loader`` group.
+        training: the training loader (else, e.g. validation: workers started per pass).
+        loader_class: another ``DataLoader`` class, or its name in ``monai.data`` (``"ThreadDataLoader"``: the crops cut
+            in a thread beside the GPU work) or a dotted path; it gets the same arguments.
+        kwargs: the other ``DataLoader`` arguments (``sampler``, ``shuffle``, ``drop_last`` ...).
+
+    Raises:
+        ValueError: a ``loader_class`` name that names no class.
+
+    Example (``train#dataloader`` of a bundle config)::
+
+        {"_target_": "components.bundle_loader", "dataset": "@train#dataset", "batch_size": "@batch_size",
+         "settings": "@loader", "sampler": "@train#sampler"}
+    """
+    on_device = as_bool(settings.get("data_on_device", False), "data_on_device")
+    workers = 0 if on_device else int(settings.get("num_workers", 0))
+    pin = as_bool(settings.get("pin_memory", torch.cuda.is_available()), "pin_memory") and not on_device
+    prefetch = settings.get("prefetch_factor")
+    prefetch = None if prefetch is None or not workers else int(prefetch)
+    kwargs.update(num_workers=workers, pin_memory=pin, prefetch_factor=prefetch)
+    if training:
+        persist = as_bool(settings.get("persistent_workers", True), "persistent_workers") and settings.get("cache") != "smart"
+        kwargs["persistent_workers"] = persist and workers > 0
+    return _loader_class(loader_class, training)(dataset, batch_size=batch_size, **kwargs)
+
+
+def _loader_class(name: str | type | None, training: bool) -> type:
+    """The class :func:`bundle_loader` builds: ``name`` (a class, a name in ``monai.data``, a dotted path), else the
+    training loader or MONAI's ``DataLoader``."""
+    if name is None:
+        return PersistentWorkerLoader if training else DataLoader
+    if isinstance(name, type):
+        return name
+    import monai.data
+
+    found = getattr(monai.data, str(name), None) or pydoc.locate(str(name))
+    if not isinstance(found, type):
+        raise ValueError(f"bundle_loader: loader_class {name!r} names no class (a name in monai.data or a dotted path).")
+    return found
 
 
 def default_num_workers(max_workers: int = 4) -> int:

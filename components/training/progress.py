@@ -19,11 +19,13 @@ from datetime import timedelta
 from typing import Any, TextIO
 
 from ignite.engine import Engine, Events
-from monai.handlers import StatsHandler
+from monai.handlers import StatsHandler, from_engine
 
+from ..config.values import as_bool
 from ..distributed import get_rank
+from .log_interval import log_filter
 
-__all__ = ["StatsWithEta", "VolumeProgress", "remaining_seconds"]
+__all__ = ["RankLossStats", "StatsWithEta", "VolumeProgress", "loss_and_lr", "remaining_seconds"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +44,13 @@ class _Suffixed(logging.LoggerAdapter):
 
     def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
         return f"{msg} -- {self.suffix}", kwargs
+
+
+def loss_and_lr(optimizer: Any) -> Callable[[Any], dict[str, float]]:
+    """The ``output_transform`` of the finetuning bundles' training stats: the iteration's loss (``train_loss``) and
+    the learning rate of the optimizer's first parameter group (``lr``)."""
+    loss = from_engine(["loss"], first=True)
+    return lambda output: {"train_loss": loss(output), "lr": optimizer.param_groups[0]["lr"]}
 
 
 class StatsWithEta(StatsHandler):
@@ -84,6 +93,33 @@ class StatsWithEta(StatsHandler):
             super().iteration_completed(engine)
         finally:
             self.logger = plain
+
+
+class RankLossStats(StatsHandler):
+    """Each rank's own training loss, ``rank<r>_loss``, at the iterations that log (a multi-GPU run logs the loss of
+    rank 0 otherwise); attached only with ``enabled`` (the bundles' ``log_per_rank``, command-line words accepted).
+
+    Args:
+        enabled: log, else :meth:`attach` attaches nothing.
+        log_interval: as :func:`~components.training.log_interval.log_filter`.
+        name: the logger's name, to which ``.rank<r>`` is added.
+
+    Example (``multi_gpu_train.json``)::
+
+        "+train#handlers": [{"_target_": "components.RankLossStats", "enabled": "@log_per_rank",
+                             "log_interval": "@training#log_interval", "name": "ssl_train"}]
+    """
+
+    def __init__(self, enabled: bool | str, log_interval: int, name: str) -> None:
+        rank = get_rank()
+        loss = from_engine(["loss"], first=True)
+        super().__init__(name=f"{name}.rank{rank}", iteration_log=log_filter(log_interval), epoch_log=False,
+                         output_transform=lambda output: {f"rank{rank}_loss": loss(output)})  # fmt: skip
+        self.enabled = as_bool(enabled, "log_per_rank")
+
+    def attach(self, engine: Engine) -> None:
+        if self.enabled:
+            super().attach(engine)
 
 
 class VolumeProgress:

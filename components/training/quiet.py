@@ -12,6 +12,8 @@ import logging
 import re
 import warnings
 
+from ..config.values import as_bool
+
 
 __all__ = ["install_filters", "log_from_rank_zero"]
 
@@ -65,13 +67,14 @@ def install_filters() -> None:
     _INSTALLED.append(True)
 
 
-def log_from_rank_zero(log_per_rank: bool = False) -> None:
-    """Leaves engine progress to rank 0 (call after the process group exists); ``log_per_rank`` keeps every rank's.
+def log_from_rank_zero(log_per_rank: bool | str = False) -> None:
+    """Leaves engine progress to rank 0 (call after the process group exists); ``log_per_rank`` (command-line words
+    accepted) keeps every rank's.
 
     Filters sit on the handlers of the root logger (where the bundles' logging.conf writes), so they see the
     records of every engine's logger, whatever its class name.
     """
-    if not log_per_rank:
+    if not as_bool(log_per_rank, "log_per_rank"):
         _add_to_handlers(_RankZeroEngineProgress())
 
 

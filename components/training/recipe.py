@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from monai.utils import CommonKeys as Keys
 
-from ..config.values import is_null
+from ..config.values import as_bool, is_null
 
 __all__ = ["Recipe"]
 
@@ -71,12 +71,12 @@ class RecipeEngineMixin:
 
     network: torch.nn.Module
 
-    def _setup_recipe(self, recipe: Recipe, seed: int, amp: bool, amp_dtype: str | None) -> None:
+    def _setup_recipe(self, recipe: Recipe, seed: int, amp: bool | str, amp_dtype: str | None) -> None:
         check_recipe(recipe)
         self.recipe = recipe
         self.device = torch.device(self.state.device)
         self.seed = int(seed)
-        self.use_amp = bool(amp)
+        self.use_amp = as_bool(amp, "amp")
         self.amp_dtype = resolve_amp_dtype(self.device, amp_dtype)
         self.view_generator = torch.Generator(device=self.device)
         self.host_generator = torch.Generator() if self.device.type != "cpu" else None

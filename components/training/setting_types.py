@@ -113,7 +113,6 @@ BUNDLE_SETTINGS: dict[str, Kind] = {
     ),
     # loader
     "loader#num_workers": Integer(0),
-    "loader#loader_workers": Integer(0),
     "loader#persistent_workers": Flag(),
     "loader#prefetch_factor": _COUNT,
     "loader#pin_memory": Flag(),
@@ -127,13 +126,13 @@ BUNDLE_SETTINGS: dict[str, Kind] = {
     "loader#cache_rate": _PROBABILITY,
     "loader#cache_num": _COUNT,
     "loader#replace_rate": _PROBABILITY,
-    "loader#compact_cache": Flag(),
     "loader#check_data": Flag(),
     # speed
     "speed#amp": Flag(),
-    "speed#amp_dtype": or_null(OneOf(tuple(AMP_DTYPES))).because("null: bfloat16 where the device supports it"),
+    "speed#amp_dtype": or_null(OneOf(tuple(AMP_DTYPES))).because(
+        "null: bfloat16 where the device supports it in pretraining, autocast's float16 in finetuning"
+    ),
     "speed#use_checkpoint": Either((Flag(), OneOf(("auto",)))),
-    "speed#step_inputs": ListOf(ListOf(_COUNT)).because("the shapes of a training step's inputs"),
     "speed#fused_attention": Flag(),
     "speed#compile": Flag(),
     "speed#compile_kwargs": Dict(),

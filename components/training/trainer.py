@@ -22,7 +22,7 @@ from monai.engines.workflow import Workflow
 from monai.utils import CommonKeys as Keys
 from torch.optim.lr_scheduler import LRScheduler
 
-from ..config.values import is_null
+from ..config.values import as_bool, is_null
 from ..distributed import all_reduce_mean
 from .log_interval import log_filter
 from .recipe import Recipe, RecipeEngineMixin
@@ -51,7 +51,8 @@ class PretrainingTrainer(RecipeEngineMixin, SupervisedTrainer):
         recipe: the :class:`Recipe`; its ``loss`` is also the engine's ``loss_function``.
         lr_scheduler: scheduler stepped once per optimizer step (per iteration), or None.
         clip_grad_norm: max gradient norm, or None/0 for no clipping.
-        amp: autocast the forward; fp16 also uses a GradScaler, bf16 needs none.
+        amp: autocast the forward; fp16 also uses a GradScaler, bf16 needs none. Flags here and ``compile`` may be
+            the words a command line passes (``"false"``).
         amp_dtype: "bfloat16" / "float16", or None to choose bf16 where supported.
         seed: base seed of the view generator and the data loader's random transforms.
         log_interval: the iterations whose output carries ``log`` (see :func:`log_filter`): the only iterations
@@ -77,7 +78,7 @@ class PretrainingTrainer(RecipeEngineMixin, SupervisedTrainer):
         recipe: Recipe,
         lr_scheduler: LRScheduler | None = None,
         clip_grad_norm: float | None = 1.0,
-        amp: bool = False,
+        amp: bool | str = False,
         amp_dtype: str | None = None,
         seed: int = 0,
         log_interval: int = 1,
@@ -86,6 +87,8 @@ class PretrainingTrainer(RecipeEngineMixin, SupervisedTrainer):
         **kwargs: Any,
     ) -> None:
         check_accumulation_steps(kwargs.pop("accumulation_steps", 1))
+        if "compile" in kwargs:
+            kwargs["compile"] = as_bool(kwargs["compile"], "compile")
         kwargs.setdefault("loss_function", getattr(recipe, "loss", None))
         self.log_due = log_filter(log_interval)
         super().__init__(

@@ -12,7 +12,7 @@ Modules, each one concern:
 - ``index``: the store's layout, the transforms' fingerprint, where its sources are (a root and paths under it),
   index shards and their merge into memory-mapped columns (``StoreError``);
 - ``packages``: the package versions a store's values depend on (part of the fingerprint);
-- ``transforms``: a bundle's ``train#deterministic_transforms`` as plain configs (``bundle_transforms``);
+- ``transforms``: a bundle's ``train#transforms#deterministic`` as plain configs (``bundle_transforms``);
 - ``volume``: one volume's folder, written whole or not at all, and read back with lazy handles;
 - ``foreground``: a label map's sampled foreground locations per class (``ClassLocations``);
 - ``preprocessing``: ``preprocess``, the run over a datalist (check, workers, parts, resume, errors);

@@ -307,6 +307,7 @@ def _run_parser() -> Any:
     parser = ConfigParser()
     parser.read_config([str(f) for f in bundle.config_files])
     parser.update(dict(bundle.overrides))
+    parser.resolve_macro_and_relative_ids()
     return parser
 
 

@@ -1,7 +1,8 @@
-"""The deterministic transforms a store is written with: a bundle's ``train#deterministic_transforms`` as plain
+"""The deterministic transforms a store is written with: a bundle's ``train#transforms#deterministic`` as plain
 configs (``_target_`` and resolved arguments), which both fingerprint the store and rebuild the transforms in each
-preprocessing worker; and the size of the crops its ``train#random_transforms`` cut, which the store's chunks
-follow."""
+preprocessing worker; and the size of the crops its ``train#transforms#random`` cut, which the store's chunks
+follow. ``train#transforms`` may name one of the bundle's pipelines (``"%train#compact_transforms"``): it is read as
+MONAI reads it, the overrides set and the ``%`` references replaced."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from monai.transforms import Compose
 
 __all__ = ["build_transforms", "bundle_crop_size", "bundle_transforms"]
 
-TRANSFORMS_ID = "train#deterministic_transforms"
-RANDOM_ID = "train#random_transforms"
+TRANSFORMS_ID = "train#transforms#deterministic"
+RANDOM_ID = "train#transforms#random"
 _CROP_SIZE = {"RandSpatialCropSamplesd": "roi_size", "RandSpatialCropd": "roi_size", "RandCropByPosNegLabeld":
               "spatial_size", "RandCropByLabelClassesd": "spatial_size", "RandCompactSpatialCropSamplesd": "roi_size"}
 _DEVICE_ONLY = ("ToDeviced", "ToDevice")  # where a tensor lives is no part of what is stored
@@ -31,7 +32,7 @@ def _json_able(value: Any) -> bool:
 
 
 def bundle_transforms(bundle: str | os.PathLike | Any, overrides: Mapping[str, Any] | None = None) -> list[dict]:
-    """``train#deterministic_transforms`` of a bundle (its folder, e.g. ``components.demo.runner.bundle_dir(name)``, or
+    """``train#transforms#deterministic`` of a bundle (its folder, e.g. ``components.demo.runner.bundle_dir(name)``, or
     a ``monai.bundle.ConfigParser`` already read) with ``overrides`` of its ids (e.g. ``{"roi_size": [64] * 3,
     "intensity_range": [-175, 250]}``), as a list of ``{"_target_": name, argument: value}``.
 
@@ -42,7 +43,7 @@ def bundle_transforms(bundle: str | os.PathLike | Any, overrides: Mapping[str, A
 
     Raises:
         FileNotFoundError: no ``configs/train.json`` in the folder.
-        KeyError: the bundle has no ``train#deterministic_transforms``.
+        KeyError: the bundle has no ``train#transforms#deterministic``.
         ValueError: an argument that is neither JSON nor a self-contained expression, or an unknown override id.
     """
     parser = _parser(bundle, overrides)
@@ -70,8 +71,11 @@ def bundle_transforms(bundle: str | os.PathLike | Any, overrides: Mapping[str, A
 
 
 def _parser(bundle: str | os.PathLike | Any, overrides: Mapping[str, Any] | None):
-    """The bundle's ``ConfigParser`` (read from its folder unless given) with ``overrides`` set."""
+    """The bundle's ``ConfigParser`` (read from its folder unless given: ``train.json`` with the shared config) with
+    ``overrides`` set and its ``%`` references replaced."""
     from monai.bundle import ConfigParser
+
+    from ...config.running import run_config_files
 
     if isinstance(bundle, ConfigParser):
         parser = bundle
@@ -80,11 +84,12 @@ def _parser(bundle: str | os.PathLike | Any, overrides: Mapping[str, Any] | None
         if not config.is_file():
             raise FileNotFoundError(f"{config}: no such file; a bundle folder holds configs/train.json.")
         parser = ConfigParser()
-        parser.read_config(str(config))
+        parser.read_config([str(f) for f in run_config_files(bundle, ["train.json"])])
     for key, value in (overrides or {}).items():
         if key not in parser:
             raise ValueError(f"override {key!r}: the bundle has no such id.")
         parser[key] = value
+    parser.resolve_macro_and_relative_ids()
     return parser
 
 
@@ -94,7 +99,7 @@ def _disabled(parser: Any, where: str, raw: Mapping) -> bool:
 
 def bundle_crop_size(bundle: str | os.PathLike | Any, overrides: Mapping[str, Any] | None = None) -> list[int] | None:
     """The spatial size of the crops a bundle's training cuts: the ``roi_size`` / ``spatial_size`` of the first
-    enabled crop of ``train#random_transforms`` (resolved, with ``overrides``); None when it has none that is
+    enabled crop of ``train#transforms#random`` (resolved, with ``overrides``); None when it has none that is
     positive ints (MONAI's -1 "whole axis"), or no random transforms. What :func:`~.format.layout` sizes the
     store's chunks from."""
     parser = _parser(bundle, overrides)

@@ -7,4 +7,4 @@ from __future__ import annotations
 from ...lazy import lazy_names
 
 # the modules whose public names (each one's __all__) are offered here
-__getattr__, __dir__ = lazy_names(__name__, modules=("loss", "network", "recipe", "settings", "views"))
+__getattr__, __dir__ = lazy_names(__name__, modules=("inference", "loss", "network", "recipe", "settings", "views"))

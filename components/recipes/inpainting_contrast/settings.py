@@ -9,5 +9,5 @@ __all__ = ["SSL_SETTINGS"]
 
 #: the kinds of the SSL bundle's settings beyond the shared ones, by id (these win)
 SSL_SETTINGS: dict[str, Kind] = {
-    "speed#upsample": OneOf(UPSAMPLE_MODES).because("the reconstruction decoder"),
+    "network_def#upsample": OneOf(UPSAMPLE_MODES).because("the reconstruction decoder"),
 }

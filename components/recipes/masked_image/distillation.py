@@ -46,7 +46,7 @@ class MaskedTokenDistillation(nn.Module):
     """The teacher, its centre and schedules, and the masked-token cross-entropy.
 
     Args:
-        student: the prepared masked image network (the bundle's ``@network``), with a ``token_head``
+        student: the prepared masked image network (the bundle's ``@train#network``), with a ``token_head``
             (``MaskedImageModel(distill_prototypes=K)``); its ``swinViT`` and ``token_head`` are copied as the teacher.
         total_iterations: the run's iterations (the momentum's cosine ends there).
         weight: the term's weight against the reconstruction loss.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...config.values import as_bool
 from ...distributed import RankBatches, all_reduce_mean
 
 __all__ = ["LOSSES", "MaskedReconstructionLoss", "normalise_blocks"]
@@ -63,13 +64,13 @@ class MaskedReconstructionLoss(nn.Module):
     """
 
     def __init__(
-        self, loss: str = "l1", norm_target: bool = False, block_size: int = 16, equal_rank_batches: bool = True
+        self, loss: str = "l1", norm_target: bool | str = False, block_size: int = 16, equal_rank_batches: bool = True
     ) -> None:
         super().__init__()
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}.")
         self.loss = loss
-        self.norm_target = bool(norm_target)
+        self.norm_target = as_bool(norm_target, "norm_target")
         self.block_size = int(block_size)
         self.ranks = RankBatches(gather=None, equal_sizes=bool(equal_rank_batches), owner="MaskedReconstructionLoss(equal_rank_batches=True)")
 

@@ -97,7 +97,7 @@ class SelfDistillationRecipe(nn.Module):
     Args:
         student: the student network as it trains (e.g. :class:`SelfDistillationNetwork` after
             :func:`~components.prepare_network`, wrappers allowed), copied as the teacher by :func:`teacher_copy`.
-            A bundle passes ``@network``, the prepared network, so the copy is made after the attention kernel was
+            A bundle passes ``@train#network``, the prepared network, so the copy is made after the attention kernel was
             chosen whichever id the config resolves first; a teacher copied before (explicit attention under a
             fused student) fails the run's start with the modules that differ.
         loss_function: the :class:`SelfDistillationLoss` (its centre is part of this module's state).
@@ -264,7 +264,7 @@ class SelfDistillationRecipe(nn.Module):
             raise ValueError(
                 f"SelfDistillationRecipe: the teacher was copied from another network than the one training "
                 f"({len(mismatched)} modules differ, e.g. {mismatched[0]}); give the recipe the prepared network "
-                "(the bundle's @network, after components.prepare_network), not the bare network_def."
+                "(the bundle's @train#network, after components.prepare_network), not the bare network_def."
             )
         if engine.state.iteration == 0:  # a fresh run; a resumed one restored its teacher
             self.teacher.load_state_dict(student.state_dict())

@@ -197,6 +197,12 @@ class MultiCrop:
         self.blur_radius = math.ceil(3.0 * self.blur_sigma[1])
         self.solarize_threshold = _probability("solarize_threshold", solarize_threshold)
 
+    def step_inputs(self, batch_size: int, channels: int) -> list[list[int]]:
+        """The shapes of the network inputs of a training step over ``batch_size`` volumes of ``channels``: the global
+        crops, then the local ones (what ``prepare_network`` sizes activation checkpointing from)."""
+        return [[int(batch_size) * self.num_global, int(channels), *self.global_size],
+                [int(batch_size) * self.num_local, int(channels), *self.local_size]]  # fmt: skip
+
     def __call__(
         self, x: torch.Tensor, generator: torch.Generator | None = None, host_generator: torch.Generator | None = None
     ) -> MultiCropViews:
