@@ -172,6 +172,8 @@ def test_each_recipe_runs_its_own_bundle_with_ids_it_defines(recipe, tmp_path):
     for key in ("feature_size", "network_def#window_size", "device"):
         assert overrides[key] == fine[key], key
     assert overrides["checkpointing#auto_resume"] is False and overrides["training#rankme_crops"] == 256
+    # the demo's SSL weights its rotation term 3 (the bundle's published 1, 1, 1 stays); only SSL has the id
+    assert overrides.get("train#loss#alpha") == ([3.0, 1.0, 1.0] if recipe == "ssl" else None)
 
 
 @pytest.mark.slow
