@@ -13,6 +13,7 @@ import pytest
 
 from components.demo.recipes import RECIPES
 from components.demo.run import BUDGETS, run_demo
+from components.demo.runner import STOP_GRACE_S
 from components.data.synthetic import DEMO_ORGANS
 from tests.processes import HAS_PROC, alive, command_line, descendants
 
@@ -210,7 +211,7 @@ def test_a_stopped_demo_ends_its_bundle_run(tmp_path, sig):
     bundles = [p for p in tree if "monai.bundle run" in command_line(p)]
     assert len(bundles) == 1, f"the training has not started: {[command_line(p)[:120] for p in tree]}"
     demo.send_signal(sig)
-    code = demo.wait(timeout=60)
+    code = demo.wait(timeout=STOP_GRACE_S + 90)  # the bundle run's grace, then room for a loaded machine
     assert code == 128 + sig, code  # 143, 130: the shell's status for a command ended by that signal
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(alive(p) for p in tree):
