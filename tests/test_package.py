@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -272,7 +273,6 @@ def test_monai_download_then_download_large_files_gives_the_weights(ssl_copy, re
     without weights, `monai.bundle download_large_files` (MONAI reads large_files.yml with pyyaml) downloads
     models/model.pt and checks its SHA-256, and monai.bundle.load then returns every packaged tensor."""
     import monai.bundle
-    from monai.apps.utils import HashCheckError
 
     zip_path, _ = released
     d = tmp_path / "D"
@@ -291,8 +291,9 @@ def test_monai_download_then_download_large_files_gives_the_weights(ssl_copy, re
     asset = zip_path.with_name(f"{zip_path.stem}_model.pt")
     original = asset.read_bytes()
     asset.write_bytes(original + b"x")
+    # MONAI 1.5 raises RuntimeError("sha256 check of ..."), 1.6 its HashCheckError, a ValueError ("sha256 hash check")
     try:
-        with pytest.raises(HashCheckError, match="sha256 hash check of downloaded file failed"):
+        with pytest.raises((RuntimeError, ValueError), match="sha256 (hash )?check of downloaded file failed"):
             monai.bundle.download_large_files(bundle_path=str(folder))
     finally:
         asset.write_bytes(original)
@@ -300,22 +301,24 @@ def test_monai_download_then_download_large_files_gives_the_weights(ssl_copy, re
 
 def test_fetch_bundle_downloads_the_large_files(ssl_copy, released, tmp_path):
     """`fetch` of a release made with a release URL gives a whole bundle: the weights large_files.yml lists are
-    downloaded and hash-checked before the bundle folder appears; a changed weight file leaves no bundle folder."""
-    from monai.apps.utils import HashCheckError
-
+    downloaded and hash-checked before the bundle folder appears; a changed weight file fails naming the file and
+    both hashes, and leaves no bundle folder, no zip and no temporary file."""
     zip_path, _ = released
     folder = fetching.fetch_bundle(zip_path.as_uri(), tmp_path / "D")
-    assert pkg.sha256_file(folder / "models" / "model.pt") == pkg.sha256_file(ssl_copy / "models" / "model.pt")
+    expected = pkg.sha256_file(ssl_copy / "models" / "model.pt")
+    assert pkg.sha256_file(folder / "models" / "model.pt") == expected
 
     asset = zip_path.with_name(f"{zip_path.stem}_model.pt")
     original = asset.read_bytes()
     asset.write_bytes(original + b"x")
     try:
-        with pytest.raises(HashCheckError, match="sha256"):
+        with pytest.raises(fetching.HashMismatchError) as error:
             fetching.fetch_bundle(zip_path.as_uri(), tmp_path / "E")
+        actual = pkg.sha256_file(asset)
     finally:
         asset.write_bytes(original)
-    assert not (tmp_path / "E" / SSL).exists() and not [p for p in (tmp_path / "E").iterdir() if p.name.startswith(".")]
+    assert str(error.value).startswith(f"sha256 of {asset.as_uri()} is {actual}, not the expected {expected}; ")
+    assert list((tmp_path / "E").iterdir()) == []
 
 
 def test_release_url_must_be_a_url(ssl_copy, tmp_path):
@@ -651,27 +654,32 @@ def test_fetch_bundle_verifies_with_sidecar_and_extracts(packaged, fake_state, t
     assert not (folder / "configs" / "stale.json").exists()
 
 
-def test_fetch_and_extraction_go_through_monai(packaged, tmp_path, monkeypatch):
-    """The download, its SHA-256 check and the writing of the archive's members are MONAI's (``download_url`` with
-    the expected hash, ``extractall``); download.py adds only what MONAI lacks (see extract_zip_safely / fetch)."""
+def test_extraction_goes_through_monai(packaged, tmp_path, monkeypatch):
+    """The writing of the archive's members is MONAI's ``extractall``; download.py adds only the checks MONAI lacks
+    (see extract_zip_safely). The download and its hash check are ours (see fetch)."""
     calls = []
-    download_url, extractall = fetching.download_url, fetching.extractall
-    def recorded_download(*args, **kwargs):
-        calls.append(("download_url", kwargs["hash_val"], kwargs["hash_type"]))
-        return download_url(*args, **kwargs)
-
-    monkeypatch.setattr(fetching, "download_url", recorded_download)
+    extractall = fetching.extractall
     monkeypatch.setattr(fetching, "extractall", lambda *a, **k: calls.append(("extractall",)) or extractall(*a, **k))
     folder = fetching.fetch_bundle(packaged.as_uri(), tmp_path / "D")
-    assert calls == [("download_url", pkg.sha256_file(packaged), "sha256"), ("extractall",)]
+    assert calls == [("extractall",)]
     assert (folder / "models" / "model.pt").is_file()
 
 
 def test_fetch_hash_mismatch_leaves_nothing(packaged, tmp_path):
+    """A mismatch is one error naming the source, the expected and the actual SHA-256, and leaves no file and no
+    folder the call created; an existing target with another hash stays as it was."""
     target = tmp_path / "new" / "sub" / packaged.name
-    with pytest.raises(fetching.HashMismatchError, match="expected 0000"):
+    with pytest.raises(fetching.HashMismatchError) as error:
         fetching.fetch(packaged.as_uri(), target, sha256="0" * 64)
+    assert str(error.value) == (f"sha256 of {packaged.as_uri()} is {pkg.sha256_file(packaged)}, not the expected "
+                                f"{'0' * 64}; the download was discarded (corrupt, truncated or not the published "
+                                "file).")  # fmt: skip
     assert not (tmp_path / "new").exists()
+    stale = tmp_path / "stale.zip"
+    stale.write_bytes(b"stale")
+    with pytest.raises(fetching.HashMismatchError):
+        fetching.fetch(packaged, stale, sha256="e" * 64)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [] and stale.read_bytes() == b"stale"
 
     existing = tmp_path / "existing"
     existing.mkdir()
@@ -816,6 +824,55 @@ def test_fetch_bundle_refuses_large_files_without_a_hash(tmp_path):
     with pytest.raises(ValueError, match=r"b/large_files.yml lists \['models/w.pt'\] without hash_val"):
         fetching.fetch_bundle(archive, tmp_path / "D", sha256=pkg.sha256_file(archive))
     assert list((tmp_path / "D").iterdir()) == []
+
+
+def _bundle_with_large_file(archive: Path, path: str, weight: Path, digest: str, hash_type: str | None) -> Path:
+    """A bundle zip ``b/`` whose large_files.yml lists ``weight`` (by its file:// URL) as ``path``."""
+    listed = f'large_files:\n  - path: "{path}"\n    url: "{weight.as_uri()}"\n    hash_val: "{digest}"\n'
+    listed += f'    hash_type: "{hash_type}"\n' if hash_type else ""
+    return _zip_with(archive, [OK_MEMBER, (f"b/{pkg.LARGE_FILES}", listed.encode(), 0o100644)])
+
+
+@pytest.mark.parametrize(
+    "path, hash_type, message",
+    [
+        ("models/w.pt", None, "without a hash_type of md5, sha1, sha256, sha512"),
+        ("models/w.pt", "crc32", "without a hash_type of md5, sha1, sha256, sha512"),
+        ("../w.pt", "sha256", "which would be written outside b/"),
+        ("models/../../w.pt", "sha256", "which would be written outside b/"),
+        ("{tmp}/w.pt", "sha256", "which would be written outside b/"),
+    ],
+)
+def test_fetch_bundle_checks_every_large_file_entry_first(tmp_path, path, hash_type, message):
+    """Each large_files.yml entry names its hash type (MONAI's default for a missing one is md5 before 1.6, sha256
+    after) and a path inside the bundle (MONAI 1.5's download_large_files writes wherever it points): a bundle with
+    one that does not is refused, naming the entry, before any download, and nothing is left."""
+    path = path.format(tmp=tmp_path)
+    weight = tmp_path / "src" / "w.pt"
+    weight.parent.mkdir()
+    weight.write_bytes(b"weights")
+    archive = _bundle_with_large_file(tmp_path / "src" / "b.zip", path, weight, pkg.sha256_file(weight), hash_type)
+    with pytest.raises(ValueError, match=re.escape(f"b/large_files.yml lists [{path!r}]") + ",? " + re.escape(message)):
+        fetching.fetch_bundle(archive, tmp_path / "D", sha256=pkg.sha256_file(archive))
+    assert list((tmp_path / "D").iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["D", "src"]
+
+
+def test_fetch_bundle_checks_large_files_by_their_hash_type(tmp_path):
+    """A large_files.yml entry with an md5 hash (as many Model Zoo bundles list them) is checked by md5: the right
+    one gives the file, a wrong one fails naming both."""
+    weight = tmp_path / "src" / "w.pt"
+    weight.parent.mkdir()
+    weight.write_bytes(b"weights")
+    for name, digest in [("D", hashlib.md5(b"weights").hexdigest()), ("E", hashlib.md5(b"other").hexdigest())]:
+        archive = _bundle_with_large_file(tmp_path / f"b_{name}.zip", "models/w.pt", weight, digest, "md5")
+        if name == "D":
+            folder = fetching.fetch_bundle(archive, tmp_path / name, sha256=pkg.sha256_file(archive))
+            assert (folder / "models" / "w.pt").read_bytes() == b"weights"
+        else:
+            with pytest.raises(fetching.HashMismatchError, match=f"md5 of .* is {hashlib.md5(b'weights').hexdigest()}, "
+                                                                 f"not the expected {digest}; "):  # fmt: skip
+                fetching.fetch_bundle(archive, tmp_path / name, sha256=pkg.sha256_file(archive))
+            assert list((tmp_path / name).iterdir()) == []
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -35,3 +35,13 @@ def test_monai_is_a_range_whose_oldest_ci_installs():
     no exact pin: the package installs beside other MONAI versions)."""
     (monai,) = [d for d in PROJECT["dependencies"] if re.match(r"monai\b", d)]
     assert re.fullmatch(r"monai>=\d+\.\d+(\.\d+)?,<\d+\.\d+", monai), monai
+
+
+def test_the_docs_state_the_monai_range_of_pyproject():
+    """README.md and docs/testing.md name the MONAI range pyproject.toml declares, and docs/testing.md the oldest
+    version that .ci/run's second environment installs."""
+    (monai,) = [d for d in PROJECT["dependencies"] if re.match(r"monai\b", d)]
+    oldest = re.fullmatch(r"monai>=([\d.]+),<[\d.]+", monai)[1]
+    readme, testing = ((REPO / name).read_text() for name in ("README.md", "docs/testing.md"))
+    assert f"MONAI `{monai[len('monai'):]}` work" in readme, f"README.md does not name {monai}"
+    assert f"`{monai}`" in testing and f"`monai=={oldest}`" in testing, f"docs/testing.md does not name {monai}"

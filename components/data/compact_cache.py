@@ -295,7 +295,7 @@ class CompactCropForegroundd(MapTransform):
 
     def padded_box(self, fg_start: Sequence[int], fg_end: Sequence[int]) -> tuple[list[int], list[int]]:
         """The recipe's cached box (image coordinates, may reach outside the image) around a foreground box:
-        ``CropForeground.compute_bounding_box`` (MONAI 1.6.1) -- size made divisible by ``k_divisible``, the growth
+        ``CropForeground.compute_bounding_box`` (MONAI 1.5, 1.6) -- size made divisible by ``k_divisible``, the growth
         split with ``(S - s) // 2`` before."""
         size = [e - s for s, e in zip(fg_start, fg_end)]
         _positive_sizes(self.roi_size, len(size), "roi_size")
@@ -399,7 +399,7 @@ class RandCompactSpatialCropSamplesd(Randomizable, MapTransform, MultiSampleTrai
     ``RandSpatialCropSamplesd(roi_size, num_samples, random_center=True, random_size=False)`` draws them on the
     recipe's padded volume, cut from the compact arrays of :class:`CompactCropForegroundd`.
 
-    Random calls, in order (those of MONAI 1.6.1): one ``R.randint(MAX_SEED, dtype="uint32")`` per call (the
+    Random calls, in order (those of MONAI 1.5.1 and 1.6.1): one ``R.randint(MAX_SEED, dtype="uint32")`` per call (the
     sub-seed); per key a ``RandomState(sub_seed)`` and, per crop and spatial axis whose padded size exceeds the ROI,
     ``randint(0, size - roi + 1)`` for the corner. Seeding this transform (``set_random_state``, or
     ``monai.data.utils.set_rnd`` / ``Compose.set_random_state`` through a pipeline, as the trainer does per epoch)

@@ -1,26 +1,31 @@
 """Downloading a bundle release with a hash check, and extracting it safely.
 
-Why this module exists next to ``monai.bundle download``: in MONAI 1.6.1 every bundle source of ``download``
+Why this module exists next to ``monai.bundle download``: in MONAI 1.5.1 and 1.6.1 every bundle source of ``download``
 (``--url``, ``github``, ``monaihosting``, ``ngc``) calls ``download_url(..., hash_val=None)``, so a bundle zip is
 never checked against a hash, and ``monai.bundle.load`` downloads through the same path. A bundle is code (its
 configs are evaluated: ``_target_`` and ``$`` expressions) plus weights, so here:
 
-- :func:`fetch` downloads (``http(s)://``, ``file://`` or a plain path) with MONAI's ``download_url``, which checks
-  the SHA-256, into a temporary folder next to the target and only then renames it into place. A hash is required:
-  the ``sha256`` argument (from a trusted place, e.g. the release notes) or, when it is not given, the
+- :func:`fetch` downloads (``http(s)://``, ``file://`` or a plain path) and hashes the bytes as they arrive, writing
+  them with :func:`~components.files.atomic_write`, so that the target appears only once its SHA-256 matched. A hash
+  is required: the ``sha256`` argument (from a trusted place, e.g. the release notes) or, when it is not given, the
   ``<url>.sha256`` file published next to the zip. The sidecar only guards against corrupt or truncated downloads
-  (whoever can replace the zip can replace the sidecar); pass ``sha256`` to guard against tampering.
+  (whoever can replace the zip can replace the sidecar); pass ``sha256`` to guard against tampering. The check is
+  ours, not MONAI's ``download_url``'s: a mismatch there is a ``RuntimeError`` that leaves the file in place before
+  MONAI 1.6 and a ``HashCheckError`` after, and neither names the hash the file has.
 - :func:`extract_zip_safely` checks every member with MONAI's ``safe_extract_member`` (absolute names, paths out of
   the target folder) and refuses what MONAI extracts (``..`` anywhere, symbolic links and special files,
   backslashes, drive letters, duplicates) before MONAI's ``extractall`` writes anything.
 - :func:`fetch_bundle` = fetch + verify + safe extraction into ``<bundle_dir>/<name>/``, with the weights listed in
-  ``large_files.yml`` downloaded by MONAI's ``download_large_files`` once each is checked to have a hash; the zip
-  is kept in ``bundle_dir`` so that ``monai.bundle download --source github ... --bundle_dir <bundle_dir>`` and
-  ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` find it afterwards without downloading again.
+  ``large_files.yml`` fetched the same way once every entry is checked to have a hash, a hash type and a path inside
+  the bundle (MONAI's ``download_large_files`` downloads an entry without a hash unchecked, and before 1.6 writes
+  wherever its path points); the zip is kept in ``bundle_dir`` so that ``monai.bundle download --source github ...
+  --bundle_dir <bundle_dir>`` and ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` find it afterwards without
+  downloading again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -32,17 +37,23 @@ import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath
 
-from monai.apps.utils import HashCheckError, download_url, extractall, safe_extract_member
+from monai.apps.utils import extractall, safe_extract_member
 
-from .package import LARGE_FILES, _normalize_sha256, sha256_file
+from ..errors import UserError
+from ..files import atomic_write
+from .package import LARGE_FILES, _normalize_sha256
 
 __all__ = ["HashMismatchError", "UnsafeArchiveError", "extract_zip_safely", "fetch", "fetch_bundle"]
 
 logger = logging.getLogger(__name__)
 
 
-class HashMismatchError(HashCheckError):
-    """A downloaded file's SHA-256 differs from the expected one (the file was removed); MONAI's ``HashCheckError``."""
+#: the hash types a ``large_files.yml`` entry may name (those of MONAI's ``download_url``)
+HASH_TYPES = ("md5", "sha1", "sha256", "sha512")
+
+
+class HashMismatchError(UserError, ValueError):
+    """A downloaded file's hash differs from the expected one; the download was discarded."""
 
 
 class UnsafeArchiveError(ValueError):
@@ -123,59 +134,70 @@ def _remove_empty(folders: list[Path]) -> None:
             break
 
 
-def _as_url(src: str) -> str:
-    """``src`` as a URL for MONAI's ``download_url`` (a plain path becomes ``file://``)."""
-    return src if _is_url(src) else Path(src).resolve().as_uri()
+def _file_digest(path: Path, hash_type: str) -> str:
+    """The hex digest of a file's content by ``hash_type`` (a :data:`HASH_TYPES` name)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, lambda: hashlib.new(hash_type, usedforsecurity=False)).hexdigest()
 
 
-def _download_checked(src: str, path: Path, expected: str) -> None:
-    """MONAI's ``download_url`` of ``src`` to ``path`` with the expected SHA-256; a mismatch raises
-    :class:`HashMismatchError` naming the source (MONAI's message names only its temporary file)."""
+def _download_checked(src: str, target: Path, expected: str, hash_type: str) -> None:
+    """Streams ``src`` into ``target`` while hashing it; ``target`` is replaced only when the digest is ``expected``.
+
+    Raises:
+        HashMismatchError: naming the source, the expected and the actual digest; ``target`` is as it was.
+    """
+    digest = hashlib.new(hash_type, usedforsecurity=False)  # md5 and sha1 as checksums, also where FIPS is on
+    with _open_source(src) as source, atomic_write(target) as out:
+        for block in iter(lambda: source.read(1 << 20), b""):
+            digest.update(block)
+            out.write(block)
+        if digest.hexdigest() != expected:
+            raise HashMismatchError(
+                f"{hash_type} of {src} is {digest.hexdigest()}, not the expected {expected}; the download was "
+                "discarded (corrupt, truncated or not the published file)."
+            )
+
+
+def _fetch_to(src: str, target: Path, expected: str, hash_type: str = "sha256") -> None:
+    """:func:`_download_checked` of ``src`` to ``target``, unless ``target`` already has the expected digest; on a
+    failure the folders this call created are removed again."""
+    if target.is_file() and _file_digest(target, hash_type) == expected:
+        logger.info("fetch: %s already present with %s %s; not downloading", target, hash_type, expected)
+        return
+    created = _make_dirs(target.parent)
     try:
-        download_url(_as_url(src), path, hash_val=expected, hash_type="sha256", progress=False)
-    except HashCheckError as err:
-        raise HashMismatchError(
-            f"sha256 of {src} differs from the expected {expected}; the download was discarded (corrupt, truncated "
-            "or not the published file)."
-        ) from err
-    if not path.is_file():  # download_url returns without a file after a PermissionError or NotADirectoryError
-        raise OSError(f"could not download {src} to {path}.")
+        _download_checked(src, target, expected, hash_type)
+    except BaseException:
+        _remove_empty(created)
+        raise
+    logger.info("fetch: %s -> %s (%s %s verified)", src, target, hash_type, expected)
 
 
 def fetch(url_or_path: str | os.PathLike, dest: str | os.PathLike, sha256: str | None = None) -> Path:
-    """Downloads ``url_or_path`` (``http(s)://``, ``file://`` or a local path) to ``dest`` with MONAI's
-    ``download_url``, which checks its SHA-256; returns the file's path.
+    """Downloads ``url_or_path`` (``http(s)://``, ``file://`` or a local path) to ``dest`` after checking its SHA-256;
+    returns the file's path.
 
     ``dest`` is the target file, or a folder (existing, or written with a trailing ``/``) to put the file in
-    under its own name. What this adds to ``download_url``, which downloads unchecked (a warning) without a hash:
+    under its own name. A target with the expected hash is kept as it is (no download); one with another hash is
+    replaced.
 
-    - a hash is required: ``sha256`` or, when that is ``None``, the one in ``<url_or_path>.sha256``
-      (``sha256sum`` format, as :func:`package_bundle` writes it); without either the download is refused
-      (``ValueError``), as MONAI's own bundle download passes no hash at all (``hash_val=None``);
-    - the file is downloaded into a temporary folder beside the target and renamed into place, so the target is
-      never a partial file (``download_url`` moves it from the system's temporary folder, a copy across file
-      systems); a target with another hash is replaced (``download_url`` refuses it), one with the expected hash
-      is kept as it is (no download);
-    - on a mismatch (:class:`HashMismatchError`, a ``HashCheckError``) or any other failure nothing is left: no
-      temporary file, no folder this call created."""
+    Args:
+        url_or_path: what to download.
+        dest: the target file or folder.
+        sha256: the expected SHA-256; ``None`` reads it from ``<url_or_path>.sha256`` (``sha256sum`` format, as
+            :func:`package_bundle` writes it). MONAI's own bundle download passes no hash at all.
+
+    Raises:
+        ValueError: no hash given and no ``.sha256`` file beside the source, or one that is not a SHA-256.
+        HashMismatchError: the downloaded bytes have another SHA-256 (the message names both); nothing is left: no
+            partial or temporary file, no folder this call created.
+    """
     src = os.fspath(url_or_path)
     name = _source_name(src)
     expected = _normalize_sha256(sha256, "sha256") if sha256 is not None else _read_sidecar(src, name)
     as_folder = os.fspath(dest).endswith(("/", os.sep)) or Path(dest).is_dir()
     target = Path(dest) / name if as_folder else Path(dest)
-    if target.is_file() and sha256_file(target) == expected:
-        logger.info("fetch: %s already present with sha256 %s; not downloading", target, expected)
-        return target
-
-    created = _make_dirs(target.parent)
-    try:
-        with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=target.parent) as staging:
-            _download_checked(src, Path(staging) / name, expected)
-            os.replace(Path(staging) / name, target)
-    except BaseException:
-        _remove_empty(created)
-        raise
-    logger.info("fetch: %s -> %s (sha256 %s verified)", src, target, expected)
+    _fetch_to(src, target, expected)
     return target
 
 
@@ -262,11 +284,11 @@ def _bundle_top_folder(zip_path: Path) -> str:
     return top
 
 
-def _download_large_files(bundle: Path) -> None:
-    """The files a bundle's ``large_files.yml`` lists, downloaded by MONAI's ``download_large_files`` (its
-    ``download_url`` checks each listed hash), once every entry is checked to have a hash: MONAI downloads an entry
-    without one unchecked."""
-    from monai.bundle import ConfigParser, download_large_files
+def _large_files(bundle: Path) -> list[tuple[str, Path, str, str]]:
+    """``(url, target, hash, hash type)`` of each weight the bundle's ``large_files.yml`` lists (MONAI reads it with
+    PyYAML), all checked before any is downloaded: each has a hash, a hash type of :data:`HASH_TYPES` (MONAI's default
+    for a missing one is md5 before 1.6 and sha256 after) and a path inside the bundle."""
+    from monai.bundle import ConfigParser
     from monai.utils import OptionalImportError
 
     listed = bundle / LARGE_FILES
@@ -275,11 +297,23 @@ def _download_large_files(bundle: Path) -> None:
     except OptionalImportError:
         raise ModuleNotFoundError(f"{bundle.name}/{LARGE_FILES} lists the bundle's weights and MONAI reads it with "
                                   "PyYAML, which is not installed: pip install pyyaml") from None  # fmt: skip
-    unhashed = [entry.get("path") for entry in entries if not entry.get("hash_val")]
+    where = f"{bundle.name}/{LARGE_FILES}"
+    incomplete = [entry for entry in entries if not entry.get("path") or not entry.get("url")]
+    if incomplete:
+        raise ValueError(f"{where} lists {incomplete} without a path or a url.")
+    unhashed = [entry["path"] for entry in entries if not entry.get("hash_val")]
     if unhashed:
-        raise ValueError(f"{bundle.name}/{LARGE_FILES} lists {unhashed} without hash_val; downloads are never used "
-                         "unchecked.")  # fmt: skip
-    download_large_files(bundle_path=str(bundle))
+        raise ValueError(f"{where} lists {unhashed} without hash_val; downloads are never used unchecked.")
+    untyped = [entry["path"] for entry in entries if str(entry.get("hash_type", "")).lower() not in HASH_TYPES]
+    if untyped:
+        raise ValueError(f"{where} lists {untyped} without a hash_type of {', '.join(HASH_TYPES)}.")
+    root = bundle.resolve()
+    targets = [(root / str(entry["path"])).resolve() for entry in entries]
+    outside = [entry["path"] for entry, target in zip(entries, targets) if root not in target.parents]
+    if outside:
+        raise ValueError(f"{where} lists {outside}, which would be written outside {bundle.name}/.")
+    return [(str(entry["url"]), target, str(entry["hash_val"]).strip().lower(), str(entry["hash_type"]).lower())
+            for entry, target in zip(entries, targets)]  # fmt: skip
 
 
 def fetch_bundle(
@@ -289,10 +323,10 @@ def fetch_bundle(
     ``<url>.sha256``), checks that it is a bundle release (one top folder ``<name>/`` with
     ``configs/metadata.json``) and extracts it with :func:`extract_zip_safely` to ``bundle_dir/<name>/``, with the
     weights its ``large_files.yml`` lists (a release packaged with a release URL) downloaded and hash-checked into
-    it (:func:`_download_large_files`; MONAI reads the list with PyYAML); returns that folder.
+    it as :func:`fetch` does (:func:`_large_files`; MONAI reads the list with PyYAML); returns that folder.
 
-    This is the hash-checked replacement for ``python -m monai.bundle download``, which in MONAI 1.6.1 passes
-    ``hash_val=None`` for every bundle source. The zip stays in ``bundle_dir``, so ``monai.bundle download
+    This is the hash-checked replacement for ``python -m monai.bundle download``, which passes ``hash_val=None``
+    for every bundle source. The zip stays in ``bundle_dir``, so ``monai.bundle download
     --source github --repo owner/repo/tag --version X --bundle_dir <bundle_dir>`` finds it and skips the download,
     and ``monai.bundle.load(name, bundle_dir=<bundle_dir>)`` uses the extracted folder. An existing non-empty
     ``bundle_dir/<name>/`` is replaced only with ``overwrite=True`` (``FileExistsError`` otherwise). Extraction
@@ -311,7 +345,8 @@ def fetch_bundle(
         try:
             extract_zip_safely(zip_path, staging)
             if (staging / top / LARGE_FILES).is_file():
-                _download_large_files(staging / top)
+                for weight_url, weight, digest, hash_type in _large_files(staging / top):
+                    _fetch_to(weight_url, weight, digest, hash_type)
             if target.exists():
                 shutil.rmtree(target)
             os.replace(staging / top, target)

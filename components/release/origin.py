@@ -4,7 +4,7 @@ A packaged bundle carries this package's source at ``<bundle>/components/`` (:fu
 :func:`components.release.package.package_bundle` copies there at packaging time, from the running package: there is no
 second copy to keep by hand). Python imports one ``components`` per process, the first it finds on ``sys.path``, and a
 config imports it when its first expression is evaluated (``initialize``). So the bundle's own copy runs when the
-bundle folder comes first on ``sys.path``. MONAI 1.6.1 adds the bundle folder to ``sys.path`` itself only in
+bundle folder comes first on ``sys.path``. MONAI (1.5.1, 1.6.1) adds the bundle folder to ``sys.path`` itself only in
 ``ConfigWorkflow.run``, after ``initialize``, and ``monai.bundle.load`` never does; so every bundle config's
 ``initialize`` begins with ``"$sys.path.insert(0, os.path.abspath(@bundle_root))"`` and ``"$import components"``:
 ``python -m monai.bundle run --config_file B/configs/train.json --bundle_root B`` runs from any working directory

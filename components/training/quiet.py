@@ -17,9 +17,10 @@ from ..config.values import as_bool
 
 __all__ = ["install_filters", "log_from_rank_zero"]
 
-# MONAI 1.6 warns at every Orientation(d) built without `labels` that the default became None ("use the space of the
-# meta-tensor"). The bundles load NIfTI with LoadImaged, whose images are in RAS space, for which the new default
-# and the old explicit labels ((L, R), (P, A), (I, S)) give the same orientation: nothing changes, once per rank.
+# MONAI 1.5 and 1.6 warn at every Orientation(d) built without `labels` that the default became None ("use the space
+# of the meta-tensor"). The bundles load NIfTI with LoadImaged, whose images are in RAS space, for which the new
+# default and the old explicit labels ((L, R), (P, A), (I, S)) give the same orientation: nothing changes, once per
+# rank.
 _ORIENTATION = r"monai\.transforms\.spatial\.(dictionary|array) Orientationd?\.__init__:labels: Current default value"
 
 # ignite logs "Engine run resuming from iteration 0, epoch E until N epochs" for every fresh run of a MONAI engine
