@@ -304,12 +304,12 @@ def write_array(array: np.ndarray, path: str | os.PathLike, patch_size: Sequence
 
 def chunk_numbers(shape: Sequence[int], chunks: Sequence[int], region: Sequence[slice]) -> list[int]:
     """The numbers (blosc2's C order over the chunk grid) of the chunks that ``region`` (one ``slice`` with step 1
-    per axis, bounds already clipped to ``shape``) covers; none for an empty region."""
-    ranges = []
-    for (start, stop), size in zip(((s.start, s.stop) for s in region), chunks):
+    per axis, bounds already clipped to ``shape``) covers, in increasing order; none for an empty region."""
+    numbers = [0]
+    for (start, stop), size, length in zip(((s.start, s.stop) for s in region), chunks, shape):
         if stop <= start:
             return []
-        ranges.append(range(start // size, (stop - 1) // size + 1))
-    grid = tuple(-(-int(n) // int(c)) for n, c in zip(shape, chunks))
-    mesh = np.meshgrid(*(np.asarray(r) for r in ranges), indexing="ij")
-    return sorted(int(n) for n in np.ravel_multi_index(tuple(m.ravel() for m in mesh), grid))
+        grid = -(-int(length) // int(size))
+        covered = range(start // size, (stop - 1) // size + 1)
+        numbers = [n * grid + c for n in numbers for c in covered]  # row-major: the last axis varies fastest
+    return numbers
