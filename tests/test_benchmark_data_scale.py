@@ -324,6 +324,22 @@ def test_redo_measures_a_phase_again_and_a_crops_store_of_an_earlier_version_is_
     assert json.loads((store / "index.json").read_text())["fingerprint"] == index["fingerprint"]
 
 
+def test_crop_rate_cuts_the_same_crops_from_either_source_and_times_nothing_with_no_pass(tmp_path, capsys):
+    """benchmarks/crop_rate.py (the crops phase for one source, for timing a whole process): memory and disk cut as
+    many crops per pass, with the arrays kept or not; with no pass nothing is timed."""
+    from crop_rate import main
+
+    work = str(tmp_path / "work")
+    small = ["--work", work, "--small", "--volumes", "2", "--recipe", "ssl"]
+    memory = main([*small, "--source", "memory", "--passes", "2"])
+    disk = main([*small, "--source", "disk", "--passes", "2", "--arrays_kept", "0"])
+    assert memory["crops"] == disk["crops"] == 2 * 2 * 2 and disk["arrays_kept"] == 0  # 2 volumes x 2 crops x 2 passes
+    assert disk["crops_per_s"] > 0 and len(disk["load_avg_before"]) == 3
+    setup = main([*small, "--source", "disk", "--passes", "0"])
+    assert setup["crops"] == 0 and setup["crops_per_s"] is None
+    assert [json.loads(line)["source"] for line in capsys.readouterr().out.splitlines()] == ["memory", "disk", "disk"]
+
+
 def test_a_work_folder_gains_the_settings_of_new_phases_and_refuses_changed_ones(tmp_path):
     """A work folder written before loader_workers existed is taken (its phase has not run there) and its record
     completed; a folder measured with other loader workers is refused, naming the setting."""
