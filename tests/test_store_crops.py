@@ -94,9 +94,10 @@ class _ReadCounter:
 
 
 def test_chunks_and_blocks_follow_the_crop_size():
-    assert layout((1, 200, 180, 120), (96, 96, 96)) == ((1, 48, 48, 48), (1, 24, 24, 24))
-    assert layout((4, 200, 180, 120), (128, 128, 128)) == ((1, 64, 64, 64), (1, 32, 32, 32))
-    assert layout((1, 200, 180, 40), (64, 32, 32)) == ((1, 32, 16, 16), (1, 16, 8, 8))
+    assert layout((1, 200, 180, 120), (96, 96, 96)) == ((1, 48, 48, 48), (1, 16, 16, 16))
+    assert layout((4, 200, 180, 120), (128, 128, 128)) == ((1, 64, 64, 64), (1, 16, 16, 16))
+    assert layout((1, 200, 180, 40), (64, 32, 48)) == ((1, 32, 16, 32), (1, 16, 16, 16))  # half the crop, by 16
+    assert layout((1, 200, 10, 40), (96, 96, 96)) == ((1, 48, 10, 40), (1, 16, 10, 16))  # never beyond the array
     assert layout((1, 200, 180, 40)) == ((1, 64, 64, 40), (1, 32, 32, 32))  # no crop size: 64^3 chunks
     with pytest.raises(ValueError, match="patch_size \\[96, 96\\] has 2 axes, the array 3"):
         layout((1, 10, 10, 10), (96, 96))
