@@ -314,6 +314,27 @@ def test_a_mapped_file_finds_every_chunks_bytes_and_the_chunks_not_stored(tmp_pa
         chunk_spans(tail, record["head_bytes"], record["nbytes"] - record["tail_bytes"], 25)
 
 
+def test_opening_a_stored_file_decompresses_in_this_thread(tmp_path, monkeypatch):
+    """Every blosc2 decompression an open makes (the chunk offsets) runs in one thread: blosc2's default context
+    starts its threads on every call, which made opening a file the largest cost of a crop whose array is not kept
+    (as at 100,000 volumes). Reads decompress in one thread too (the array's own parameters)."""
+    import blosc2
+
+    calls: list[dict] = []
+    original = blosc2.decompress2
+
+    def counting(src, dst=None, **kwargs):
+        calls.append(kwargs)
+        return original(src, dst, **kwargs)
+
+    monkeypatch.setattr(blosc2, "decompress2", counting)
+    array = np.random.default_rng(8).integers(-1000, 1000, (1, 60, 50, 40)).astype(np.int16)
+    record = write_array(array, tmp_path / "image.b2nd", patch_size=(32, 32, 32))
+    mapped = MappedArray(tmp_path / "image.b2nd", record)
+    assert calls and all(call.get("nthreads") == 1 for call in calls), calls
+    assert mapped.array.schunk.dparams.nthreads == 1
+
+
 def test_a_process_reuses_an_opened_array_until_its_file_is_rewritten(tmp_path):
     """New handles of one file share the opened array and its verified chunks (a dataset makes a handle per item);
     a file rewritten at the same path (preprocess --overwrite) is opened anew, never served from the old one."""
