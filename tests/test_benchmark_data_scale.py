@@ -326,7 +326,8 @@ def test_redo_measures_a_phase_again_and_a_crops_store_of_an_earlier_version_is_
 
 def test_crop_rate_cuts_the_same_crops_from_either_source_and_times_nothing_with_no_pass(tmp_path, capsys):
     """benchmarks/crop_rate.py (the crops phase for one source, for timing a whole process): memory and disk cut as
-    many crops per pass, with the arrays kept or not; with no pass nothing is timed."""
+    many crops per pass, with the arrays kept or not, and cold (read from storage where reads are counted); with no
+    pass nothing is timed."""
     from crop_rate import main
 
     work = str(tmp_path / "work")
@@ -334,10 +335,17 @@ def test_crop_rate_cuts_the_same_crops_from_either_source_and_times_nothing_with
     memory = main([*small, "--source", "memory", "--passes", "2"])
     disk = main([*small, "--source", "disk", "--passes", "2", "--arrays_kept", "0"])
     assert memory["crops"] == disk["crops"] == 2 * 2 * 2 and disk["arrays_kept"] == 0  # 2 volumes x 2 crops x 2 passes
-    assert disk["crops_per_s"] > 0 and len(disk["load_avg_before"]) == 3
+    assert disk["crops_per_s"] > 0 and len(disk["load_avg_before"]) == 3 and disk["cold"] is False
+    cold = main([*small, "--source", "disk", "--passes", "2", "--cold"])
+    assert cold["crops"] == disk["crops"] and cold["arrays_kept"] == 0 and cold["cold"] is True
+    if _reads_counted(tmp_path):
+        assert cold["read_bytes_per_crop"] > 0
     setup = main([*small, "--source", "disk", "--passes", "0"])
     assert setup["crops"] == 0 and setup["crops_per_s"] is None
-    assert [json.loads(line)["source"] for line in capsys.readouterr().out.splitlines()] == ["memory", "disk", "disk"]
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["source"] for line in lines] == ["memory", "disk", "disk", "disk"]
+    with pytest.raises(SystemExit):
+        main([*small, "--source", "memory", "--cold"])
 
 
 def test_a_work_folder_gains_the_settings_of_new_phases_and_refuses_changed_ones(tmp_path):
