@@ -11,8 +11,8 @@ call, and the recipe's store, written there on the first call and again where it
 store format. After one untimed pass (seed 0) come ``--passes`` passes over every volume (seeds 1, 2, ...), the same
 crops from either source. ``--arrays_kept 0``: every item opens its file and checks its chunks anew, as at 100,000
 volumes; ``--cold`` also evicts the store's files from the page cache before each pass (``page_cache``). Prints one
-JSON line: crops, seconds of the timed passes, crops per second, bytes read from storage per crop, the load average
-before them.
+JSON line: crops, seconds and CPU seconds of the timed passes (the process's CPU time: what the crops cost, where
+other jobs take the cores), crops per second of each, bytes read from storage per crop, the load average before them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import sys
+import time
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     torch.set_num_threads(1)  # as a DataLoader worker runs
-    crops, seconds, read = 0, 0.0, 0
+    crops, seconds, cpu, read = 0, 0.0, 0.0, 0
     with nullcontext() if kept is None else arrays_kept(kept):
         _timed_pass(dataset, seed=0)  # imports and first calls, not timed
         load = [round(v, 2) for v in os.getloadavg()]
@@ -64,11 +65,13 @@ def main(argv: list[str] | None = None) -> dict:
             if args.cold:
                 gc.collect()  # no array of the last pass still mapped: mapped pages are not evicted
                 drop_page_cache(store_files(store))
+            started = time.process_time()
             cut, spent, moved = _timed_pass(dataset, seed)
-            crops, seconds = crops + cut, seconds + spent
+            crops, seconds, cpu = crops + cut, seconds + spent, cpu + time.process_time() - started
             read = None if read is None or moved is None else read + moved
     result = {"recipe": args.recipe, "source": args.source, "volumes": len(dataset), "crops": crops,
               "seconds": round(seconds, 3), "crops_per_s": round(crops / seconds, 2) if seconds else None,
+              "cpu_seconds": round(cpu, 3), "crops_per_cpu_s": round(crops / cpu, 2) if cpu else None,
               "arrays_kept": kept, "cold": args.cold,
               "read_bytes_per_crop": round(read / crops) if read is not None and crops else None,
               "load_avg_before": load}  # fmt: skip
