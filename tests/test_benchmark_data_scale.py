@@ -274,8 +274,8 @@ def test_the_sizing_table_scales_the_largest_corpus_figures():
     store["preprocess"]["100"].update(commit="e" * 40, load_avg_before=[6.36, 7.1, 7.0])
     store["cold"]["ssl"].update(commit="f" * 40, load_avg_before_rounds=[[0.96, 1.0, 1.0], [1.04, 1.0, 1.0]])
     text = "\n".join(sizing_table(preprocess, store, index))
-    assert "(data_scale, commit eeeeeeeeeeee, load 6.4 before it (a record of a mixed result" in text
-    assert "(commit ffffffffffff, load 1.0 before it (a record of a mixed result" in text
+    assert "(data_scale, commit eeeeeeeeeeee, load 6.4 before it, one record of a mixed result;" in text
+    assert "(commit ffffffffffff, load 1.0 before it, one record of a mixed result;" in text
     assert "data_scale, commit bbbbbbbbbbbb, mixed;" in text  # worker memory: no load recorded with it here
 
 
