@@ -444,9 +444,10 @@ def arrays_kept(count: int) -> Iterator[None]:
         handle.OPEN_ARRAYS = before
 
 
-def _crop_sources(settings: Settings, corpus: Path, store: Path, recipe: str) -> dict:
-    """The recipe's training dataset from its in-memory cache ("memory") and from its disk store ("disk"), the store
-    written first where it is not there yet."""
+def _crop_sources(settings: Settings, corpus: Path, store: Path, recipe: str,
+                  names: tuple[str, ...] = ("memory", "disk")) -> dict:  # fmt: skip
+    """The recipe's training dataset from its in-memory cache ("memory") and from its disk store ("disk"), or those
+    of ``names``; the store written first where it is not there yet."""
     from components.data.store import (StoreError, bundle_crop_size, bundle_transforms, preprocess,
                                        transforms_fingerprint)  # fmt: skip
 
@@ -460,8 +461,8 @@ def _crop_sources(settings: Settings, corpus: Path, store: Path, recipe: str) ->
             print(f"data_scale: {store} written again: {err}", file=sys.stderr, flush=True)
         preprocess(datalist, store, transforms, workers=settings.workers, channels=parser["in_channels"],
                    patch_size=bundle_crop_size(parser), overwrite=True)  # as the preprocess command writes it
-    return {"memory": recipe_parser(settings, recipe, datalist, "full", store).get_parsed_content("train#dataset"),
-            "disk": parser.get_parsed_content("train#dataset")}  # fmt: skip
+    parsers = {"disk": parser, "memory": recipe_parser(settings, recipe, datalist, "full", store)}
+    return {name: parsers[name].get_parsed_content("train#dataset") for name in names}
 
 
 def _per_crop(total: list) -> float | None:

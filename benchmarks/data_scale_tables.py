@@ -205,11 +205,24 @@ def index_mib(index: dict, volumes: int) -> float:
     return m0 + (m1 - m0) * (volumes - n0) / (n1 - n0)
 
 
+def _record_load(record: dict) -> str | None:
+    """The 1-minute load average before ``record``'s measurement (its range over the rounds), or None."""
+    rounds = record.get("load_avg_before_rounds") or [record[key] for key in ("load_avg_before",) if key in record]
+    ones = [round(load[0], 1) for load in rounds]
+    if not ones:
+        return None
+    return f"load {min(ones):.1f}" + (f"-{max(ones):.1f}" if max(ones) > min(ones) else "")
+
+
 def _origin(result: dict, record: dict | None = None) -> str:
     """The commit that measured ``record`` (a phase's record of ``result``; else ``result``'s) and ``result``'s
-    caveat up to its first colon."""
+    caveat up to its first colon; for a result whose caveat says it is mixed (records of runs on machines under
+    different loads), the load before that record instead."""
     caveat = result.get("caveat")
     commit = (record or {}).get("commit") or result["commit"]
+    load = _record_load(record) if record else None
+    if caveat and caveat.split(":")[0].strip() == "mixed" and load:
+        return f"commit {commit[:12]}, {load} before it, one record of a mixed result"
     return f"commit {commit[:12]}, {caveat.split(':')[0] if caveat else 'no caveat recorded'}"
 
 

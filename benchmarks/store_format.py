@@ -16,9 +16,9 @@ the machine's load (a shared VM) falls on all of them alike. Reported per format
 
 Compression runs on one thread (``nthreads=1``, zarr's blosc without threads), as in a DataLoader worker.
 ``store_as_shipped`` is the store's own writer and lazy handle (``components.data.store``): the chosen blosc2
-settings plus a CRC-32 check of the chunks each crop covers.
+settings at the chunks and blocks of 96^3 crops, plus a CRC-32 check of the chunks each crop covers.
 
-    nice python benchmarks/store_format.py                    # 32 volumes, 256 x 256 x 160, 50 crops each
+    nice python benchmarks/store_format.py [--caveat TEXT]     # 32 volumes, 256 x 256 x 160, 50 crops each
     python benchmarks/store_format.py --small                 # CI: 2 volumes of 128 x 128 x 96
 
 Prints one JSON object and writes it to ``benchmarks/results/store_format.json`` (not with ``--small``).
@@ -121,22 +121,25 @@ def _npy() -> dict:
 
 
 def _store() -> dict:
-    """The store's own format as it ships: ``write_array`` (with its CRC-32 per chunk) and a fresh
-    ``StoredArray`` per crop (opened, the covered chunks' CRCs checked, decompressed), as a training item reads."""
+    """The store's own format as it ships for 96^3 crops: ``write_array`` (chunks and blocks from the crop size, a
+    CRC-32 per chunk) and a fresh ``StoredArray`` per crop (opened, the covered chunks' CRCs checked, decompressed),
+    as a training item reads."""
     from components.data.store import StoredArray
-    from components.data.store.format import BLOCK, CHUNK, CLEVEL, CODEC, FILTER, write_array
+    from components.data.store.format import CLEVEL, CODEC, FILTER, layout, write_array
 
     records = {}
+    chunks, blocks = layout((1, CROP, CROP, CROP), (CROP,) * 3)
 
-    def write(array: np.ndarray, path: Path) -> list[Path]:
-        records[path] = write_array(array[None], str(path) + ".b2nd")  # channel-first, as the store keeps it
+    def write(array: np.ndarray, path: Path) -> list[Path]:  # channel-first, as the store keeps it
+        records[path] = write_array(array[None], str(path) + ".b2nd", patch_size=(CROP,) * 3)
         return [Path(str(path) + ".b2nd")]
 
     def read(path: Path, region: tuple[slice, ...]) -> np.ndarray:
         return StoredArray(str(path) + ".b2nd", records[path])[(slice(None), *region)][0]
 
     return {"write": write, "read": read, "settings": {"library": "components.data.store.format", "codec":
-            CODEC.lower(), "clevel": CLEVEL, "filter": FILTER.lower(), "chunks": [CHUNK] * 3, "blocks": [BLOCK] * 3}}  # fmt: skip
+            CODEC.lower(), "clevel": CLEVEL, "filter": FILTER.lower(), "chunks": list(chunks[1:]),
+            "blocks": list(blocks[1:])}}  # fmt: skip
 
 
 def formats() -> dict[str, dict]:
@@ -150,6 +153,13 @@ def formats() -> dict[str, dict]:
         "blosc2_zstd3_shuffle_c64_b16": _blosc2("zstd", 3, "shuffle", 64, 16),
         "blosc2_lz4_shuffle_c64_b32": _blosc2("lz4", 5, "shuffle", 64, 32),
         "blosc2_lz4_bitshuffle_c64_b32": _blosc2("lz4", 5, "bitshuffle", 64, 32),
+        "blosc2_zstd3_bitshuffle_c48_b24": _blosc2("zstd", 3, "bitshuffle", 48, 24),  # store format 2, 96^3 crops
+        "blosc2_zstd3_bitshuffle_c48_b16": _blosc2("zstd", 3, "bitshuffle", 48, 16),
+        "blosc2_lz4_bitshuffle_c48_b16": _blosc2("lz4", 5, "bitshuffle", 48, 16),
+        "blosc2_lz4hc6_bitshuffle_c48_b24": _blosc2("lz4hc", 6, "bitshuffle", 48, 24),
+        "blosc2_lz4hc6_bitshuffle_c48_b16": _blosc2("lz4hc", 6, "bitshuffle", 48, 16),  # store format 3, 96^3 crops
+        "blosc2_lz4hc6_bitshuffle_c48_b12": _blosc2("lz4hc", 6, "bitshuffle", 48, 12),
+        "blosc2_lz4hc9_bitshuffle_c48_b16": _blosc2("lz4hc", 9, "bitshuffle", 48, 16),
         "zarr3_blosc_zstd3_shuffle_c64": _zarr(3, 64),
         "zarr3_blosc_zstd3_shuffle_c96": _zarr(3, 96),
         "npy_memmap": _npy(),
@@ -183,6 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--crops", type=int, default=50, help="random 96^3 crops read per volume and format")
     parser.add_argument("--dir", type=Path, default=None, help="where the files go (default: a temporary folder)")
     parser.add_argument("--small", action="store_true", help="CI: 2 volumes of 128 x 128 x 96, 4 crops; no file")
+    parser.add_argument("--caveat", help='recorded with the result, e.g. "loaded 2-core VM, not a clean measurement"')
     args = parser.parse_args(argv)
     if args.small:
         args.volumes, args.shape, args.crops = 2, [128, 128, 96], 4
@@ -226,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         }
     result = {
         "benchmark": "store_format",
+        **({"caveat": args.caveat} if args.caveat else {}),
         "volumes": args.volumes,
         "shape": args.shape,
         "dtype": "int16",

@@ -270,6 +270,13 @@ def test_the_sizing_table_scales_the_largest_corpus_figures():
     assert "each worker about 0.12 GiB more" in text
     with pytest.raises(ValueError, match="no worker_memory or cold"):
         sizing_table(preprocess, {"commit": "d" * 40}, index)
+    store["caveat"] = "mixed: the cold phase idle, the others loaded"  # records of runs under different loads
+    store["preprocess"]["100"].update(commit="e" * 40, load_avg_before=[6.36, 7.1, 7.0])
+    store["cold"]["ssl"].update(commit="f" * 40, load_avg_before_rounds=[[0.96, 1.0, 1.0], [1.04, 1.0, 1.0]])
+    text = "\n".join(sizing_table(preprocess, store, index))
+    assert "(data_scale, commit eeeeeeeeeeee, load 6.4 before it, one record of a mixed result;" in text
+    assert "(commit ffffffffffff, load 1.0 before it, one record of a mixed result;" in text
+    assert "data_scale, commit bbbbbbbbbbbb, mixed;" in text  # worker memory: no load recorded with it here
 
 
 def test_the_page_cache_is_evicted_and_the_cold_read_counted(tmp_path):
@@ -322,6 +329,32 @@ def test_redo_measures_a_phase_again_and_a_crops_store_of_an_earlier_version_is_
     sources = _crop_sources(settings, tmp_path / "corpus", store, "ssl")
     assert f"{store} written again" in capsys.readouterr().err and len(sources["disk"]) == 2
     assert json.loads((store / "index.json").read_text())["fingerprint"] == index["fingerprint"]
+
+
+def test_crop_rate_cuts_the_same_crops_from_either_source_and_times_nothing_with_no_pass(tmp_path, capsys):
+    """benchmarks/crop_rate.py (the crops phase for one source, for timing a whole process): memory and disk cut as
+    many crops per pass, with the arrays kept or not, and cold (read from storage where reads are counted); with no
+    pass nothing is timed."""
+    from crop_rate import main
+
+    work = str(tmp_path / "work")
+    small = ["--work", work, "--small", "--volumes", "2", "--recipe", "ssl"]
+    memory = main([*small, "--source", "memory", "--passes", "2"])
+    disk = main([*small, "--source", "disk", "--passes", "2", "--arrays_kept", "0"])
+    assert memory["crops"] == disk["crops"] == 2 * 2 * 2 and disk["arrays_kept"] == 0  # 2 volumes x 2 crops x 2 passes
+    assert disk["crops_per_s"] > 0 and len(disk["load_avg_before"]) == 3 and disk["cold"] is False
+    assert disk["cpu_seconds"] > 0
+    assert disk["crops_per_cpu_s"] == pytest.approx(disk["crops"] / disk["cpu_seconds"], rel=0.2)  # both rounded
+    cold = main([*small, "--source", "disk", "--passes", "2", "--cold"])
+    assert cold["crops"] == disk["crops"] and cold["arrays_kept"] == 0 and cold["cold"] is True
+    if _reads_counted(tmp_path):
+        assert cold["read_bytes_per_crop"] > 0
+    setup = main([*small, "--source", "disk", "--passes", "0"])
+    assert setup["crops"] == 0 and setup["crops_per_s"] is None and setup["crops_per_cpu_s"] is None
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(line)["source"] for line in lines] == ["memory", "disk", "disk", "disk"]
+    with pytest.raises(SystemExit):
+        main([*small, "--source", "memory", "--cold"])
 
 
 def test_a_work_folder_gains_the_settings_of_new_phases_and_refuses_changed_ones(tmp_path):

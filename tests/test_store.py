@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import json
 import os
 import pickle
@@ -313,6 +314,27 @@ def test_a_mapped_file_finds_every_chunks_bytes_and_the_chunks_not_stored(tmp_pa
         chunk_spans(tail, record["head_bytes"], record["nbytes"] - record["tail_bytes"], 25)
 
 
+def test_opening_a_stored_file_decompresses_in_this_thread(tmp_path, monkeypatch):
+    """Every blosc2 decompression an open makes (the chunk offsets) runs in one thread: blosc2's default context
+    starts its threads on every call, which made opening a file the largest cost of a crop whose array is not kept
+    (as at 100,000 volumes). Reads decompress in one thread too (the array's own parameters)."""
+    import blosc2
+
+    calls: list[dict] = []
+    original = blosc2.decompress2
+
+    def counting(src, dst=None, **kwargs):
+        calls.append(kwargs)
+        return original(src, dst, **kwargs)
+
+    monkeypatch.setattr(blosc2, "decompress2", counting)
+    array = np.random.default_rng(8).integers(-1000, 1000, (1, 60, 50, 40)).astype(np.int16)
+    record = write_array(array, tmp_path / "image.b2nd", patch_size=(32, 32, 32))
+    mapped = MappedArray(tmp_path / "image.b2nd", record)
+    assert calls and all(call.get("nthreads") == 1 for call in calls), calls
+    assert mapped.array.schunk.dparams.nthreads == 1
+
+
 def test_a_process_reuses_an_opened_array_until_its_file_is_rewritten(tmp_path):
     """New handles of one file share the opened array and its verified chunks (a dataset makes a handle per item);
     a file rewritten at the same path (preprocess --overwrite) is opened anew, never served from the old one."""
@@ -576,6 +598,68 @@ def test_a_pretraining_crop_reads_only_the_chunks_it_covers(tmp_path, monkeypatc
     decompressed.clear()
     whole.read()
     assert decompressed == [list(range(total))]  # the counting sees a whole read
+
+
+class _BlockCountingMapped(MappedArray):
+    """A mapped stored file whose blosc2 array records, per block it decompresses, the block's first item in the
+    array's chunked order (a blosc2 postfilter runs once per decompressed block)."""
+
+    decompressed: list[int] = []
+
+    def __init__(self, path, record) -> None:
+        super().__init__(path, record)
+        dtype = np.dtype(record["stored_dtype"])
+
+        @self.array.schunk.postfilter(dtype)
+        def count(values, out, offset):
+            self.decompressed.append(int(offset))
+            out[:] = values
+
+
+def _blocks_covered(shape, chunks, blocks, region) -> list[int]:
+    """The first item (chunk x items per chunk + block in the chunk x items per block) of every block that
+    ``region`` covers, the blocks of each chunk in C order."""
+    chunk_items, block_items = int(np.prod(chunks)), int(np.prod(blocks))
+    chunk_grid = [-(-n // c) for n, c in zip(shape, chunks)]
+    block_grid = [-(-c // b) for c, b in zip(chunks, blocks)]
+    covered = []
+    for number in chunk_numbers(shape, chunks, region):
+        origin = [i * c for i, c in zip(np.unravel_index(number, chunk_grid), chunks)]
+        for index in itertools.product(*(range(g) for g in block_grid)):
+            starts = [o + i * b for o, i, b in zip(origin, index, blocks)]
+            if all(s < r.stop and r.start < s + b for s, b, r in zip(starts, blocks, region)):
+                covered.append(number * chunk_items + int(np.ravel_multi_index(index, block_grid)) * block_items)
+    return covered
+
+
+def test_a_crop_decompresses_only_the_blocks_it_covers(tmp_path, monkeypatch):
+    """Of the chunks a read covers, blosc2 decompresses only the blocks it covers, each once, counted per block: a
+    96^3 crop in chunks of 48^3 with blocks of 16^3 (the layout for 96^3 crops) decompresses at most 8^3 blocks of
+    16^3, where reading its chunks whole would decompress up to 3^3 chunks of 27 blocks each."""
+    from components.data.store import handle as handle_module
+
+    array = np.random.default_rng(6).integers(-1000, 1000, (1, 150, 130, 110)).astype(np.int16)
+    record = write_array(array, tmp_path / "image.b2nd", patch_size=(96, 96, 96))
+    assert (record["chunks"], record["blocks"]) == ([1, 48, 48, 48], [1, 16, 16, 16])
+    decompressed: list[int] = []
+    monkeypatch.setattr(_BlockCountingMapped, "decompressed", decompressed)
+    monkeypatch.setattr(handle_module, "MappedArray", _BlockCountingMapped)
+    handle = StoredArray(tmp_path / "image.b2nd", record)
+    rng = np.random.default_rng(7)
+    corners = [(0, 0, 0), (54, 34, 14), (40, 40, 10)] + [tuple(int(rng.integers(0, n - 95)) for n in (150, 130, 110))
+                                                         for _ in range(5)]  # fmt: skip
+    blocks, in_chunks = 0, 0
+    for corner in [*corners, (100, 120, 100)]:
+        size = 96 if corner != (100, 120, 100) else 5  # the last: a few voxels in one block
+        region = (slice(0, 1), *(slice(c, c + size) for c in corner))
+        decompressed.clear()
+        assert np.array_equal(handle[region], array[region])
+        expected = _blocks_covered(array.shape, record["chunks"], record["blocks"], region)
+        assert sorted(decompressed) == sorted(expected) and len(set(decompressed)) == len(decompressed), corner
+        assert len(decompressed) <= 8**3 if size == 96 else len(decompressed) == 1
+        blocks += len(decompressed)
+        in_chunks += 27 * len(chunk_numbers(array.shape, record["chunks"], region))
+    assert blocks < 0.7 * in_chunks  # (0, 0, 0) lies on chunk borders: 8 whole chunks; the others do not
 
 
 @pytest.mark.parametrize("floats", ["quantized", "exact"])

@@ -94,9 +94,10 @@ class _ReadCounter:
 
 
 def test_chunks_and_blocks_follow_the_crop_size():
-    assert layout((1, 200, 180, 120), (96, 96, 96)) == ((1, 48, 48, 48), (1, 24, 24, 24))
-    assert layout((4, 200, 180, 120), (128, 128, 128)) == ((1, 64, 64, 64), (1, 32, 32, 32))
-    assert layout((1, 200, 180, 40), (64, 32, 32)) == ((1, 32, 16, 16), (1, 16, 8, 8))
+    assert layout((1, 200, 180, 120), (96, 96, 96)) == ((1, 48, 48, 48), (1, 16, 16, 16))
+    assert layout((4, 200, 180, 120), (128, 128, 128)) == ((1, 64, 64, 64), (1, 16, 16, 16))
+    assert layout((1, 200, 180, 40), (64, 32, 48)) == ((1, 32, 16, 32), (1, 16, 16, 16))  # half the crop, by 16
+    assert layout((1, 200, 10, 40), (96, 96, 96)) == ((1, 48, 10, 40), (1, 16, 10, 16))  # never beyond the array
     assert layout((1, 200, 180, 40)) == ((1, 64, 64, 40), (1, 32, 32, 32))  # no crop size: 64^3 chunks
     with pytest.raises(ValueError, match="patch_size \\[96, 96\\] has 2 axes, the array 3"):
         layout((1, 10, 10, 10), (96, 96))
@@ -215,9 +216,10 @@ def test_label_centred_crops_are_the_padded_volume_at_their_centre_and_positive_
 
 @pytest.mark.parametrize("floats", ["quantized", "exact"])
 def test_a_crop_cut_from_a_handle_is_the_zero_padded_array_bit_for_bit(tmp_path, floats):
-    """``_cut`` writes a stored crop into the crop in one pass (``StoredArray.read_into``): the same values, bit for
-    bit, as the decoded array zero-padded and sliced, for crops inside, across and wholly outside the stored
-    region; ``read_into`` refuses an array of another shape or dtype."""
+    """``_cut`` takes a crop wholly inside the stored array as blosc2 decompresses it, and writes one that reaches
+    into the padding into the zeroed crop in one pass (``StoredArray.read_into``): the same values, bit for bit, as
+    the decoded array zero-padded and sliced, for crops inside, across and wholly outside the stored region;
+    ``read_into`` refuses an array of another shape or dtype."""
     from components.data.store.crops import _cut, _padded
     from components.data.store.format import write_array
 
@@ -238,6 +240,32 @@ def test_a_crop_cut_from_a_handle_is_the_zero_padded_array_bit_for_bit(tmp_path,
             assert crop.dtype == torch.float32 and np.array_equal(crop.numpy(), want), (name, corner)
         with pytest.raises(ValueError, match="out must be float32"):
             handle.read_into((slice(None), slice(0, 2)), np.zeros((1, 2, 30, 20), np.float64))
+
+
+def test_a_crop_inside_the_stored_array_is_not_copied_again(tmp_path, monkeypatch):
+    """A crop that needs no padding is the array the read returns (no second array to copy it into: for an image
+    stored in its own dtype, one pass over the crop fewer); a crop that reaches into the padding is written into the
+    zeroed crop. Counted: ``read_into`` is called for the padded crops only."""
+    from components.data.store.crops import _cut, _padded
+    from components.data.store.format import write_array
+
+    image = np.random.default_rng(5).normal(0.3, 0.2, (1, 40, 30, 20)).astype(np.float32)
+    record = write_array(image, tmp_path / "image.b2nd", patch_size=(16, 16, 16))
+    handle = StoredArray(tmp_path / "image.b2nd", record)
+    written: list[tuple] = []
+    original = StoredArray.read_into
+
+    def counting(handle_, index, out):
+        written.append(index)
+        original(handle_, index, out)
+
+    monkeypatch.setattr(StoredArray, "read_into", counting)
+    padded, before = _padded(handle.shape[1:], (48, 30, 20))  # 4 voxels of padding before and after on axis 1
+    inside = _cut(handle, padded, before, (4, 0, 0), (16, 16, 16))
+    assert np.array_equal(inside.numpy(), image[:, 0:16, 0:16, 0:16]) and written == []
+    across = _cut(handle, padded, before, (0, 0, 0), (16, 16, 16))
+    assert np.array_equal(across.numpy()[:, 4:], image[:, 0:12, 0:16, 0:16]) and not across.numpy()[:, :4].any()
+    assert len(written) == 1
 
 
 def test_random_crops_equal_monais_draw_for_draw_with_virtual_padding(labeled):

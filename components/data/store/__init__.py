@@ -6,8 +6,8 @@ volume's arrays as compressed, chunked blosc2 files with an index; training then
 
 Modules, each one concern:
 
-- ``format``: one array on disk (blosc2, zstd, chunks from the crop size, a CRC-32 per chunk, quantized floats)
-  and why that format;
+- ``format``: one array on disk (blosc2, LZ4HC, chunks and blocks from the crop size, a CRC-32 per chunk,
+  quantized floats) and why that format;
 - ``values``: the small values and metadata of an item as JSON that reads back as the same types;
 - ``index``: the store's layout, the transforms' fingerprint, where its sources are (a root and paths under it),
   index shards and their merge into memory-mapped columns (``StoreError``);

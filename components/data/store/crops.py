@@ -75,8 +75,10 @@ def _zero_outside(out: np.ndarray, target: tuple[slice, ...]) -> None:
 def _cut(array: StoredArray | torch.Tensor, padded: Sequence[int], before: Sequence[int], start: Sequence[int],
          size: Sequence[int]) -> torch.Tensor:  # fmt: skip
     """``padded_array[:, start : start + size]`` (clipped to ``padded``, as slicing is) of ``array`` zero-padded to
-    ``padded`` with ``before`` voxels in front, reading only the stored part the crop covers (written into the crop in
-    one pass); a MetaTensor with the affine moved to the crop when the array had metadata."""
+    ``padded`` with ``before`` voxels in front, reading only the stored part the crop covers (a crop wholly inside the
+    stored array is the array blosc2 decompresses it into, converted only where it is stored in another dtype; one
+    with padding is written into the zeroed crop in one pass); a MetaTensor with the affine moved to the crop when
+    the array had metadata."""
     shape = array.shape[1:]
     end = [min(s + z, p) for s, z, p in zip(start, size, padded)]
     lo = [min(max(s - b, 0), n) for s, b, n in zip(start, before, shape)]
@@ -84,7 +86,9 @@ def _cut(array: StoredArray | torch.Tensor, padded: Sequence[int], before: Seque
     region = (slice(None), *(slice(l, h) for l, h in zip(lo, hi)))
     crop_shape = [e - s for s, e in zip(start, end)]
     target = (slice(None), *(slice(l + b - s, h + b - s) for l, h, b, s in zip(lo, hi, before, start)))
-    if isinstance(array, StoredArray):
+    if isinstance(array, StoredArray) and [h - l for l, h in zip(lo, hi)] == crop_shape:
+        values = torch.from_numpy(np.ascontiguousarray(array[region]))  # no padding: no array to copy it into
+    elif isinstance(array, StoredArray):
         out = np.empty((array.shape[0], *crop_shape), array.dtype)
         _zero_outside(out, target)
         array.read_into(region, out[target])

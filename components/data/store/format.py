@@ -1,32 +1,18 @@
-"""How one stored array is kept on disk: a blosc2 NDArray file (``.b2nd``), zstd level 3 with bit shuffle, 64^3
-chunks of 32^3 blocks, one CRC-32 per compressed chunk.
+"""How one stored array is kept on disk: a blosc2 NDArray file (``.b2nd``), LZ4HC with bit shuffle (unfiltered for
+one-byte values), chunks and blocks sized from the crop the store is read in (:func:`layout`), one CRC-32 per
+compressed chunk.
 
-Why, from ``benchmarks/store_format.py`` (``benchmarks/results/store_format.json``: 32 synthetic 256 x 256 x 160
-int16 CT volumes, 50 random 96^3 crops read from each, one compression thread; a 2-vCPU AMD EPYC VM with AVX-512,
-load 5-6 from other jobs, so the 10th percentile of the crop reads is each format's own cost):
+Why (the figures: ``benchmarks/store_format.py``, its result and ``benchmarks/README.md``):
 
-=================================  ==============  ============  ===================
-format                             bytes / nii.gz  write s/vol   96^3 crop ms p10
-=================================  ==============  ============  ===================
-blosc2 zstd3 bitshuffle 64^3/32^3  0.749           0.16          1.70 (2.30 shipped)
-blosc2 zstd3 shuffle 64^3/32^3     0.724           0.15          2.12
-blosc2 zstd3 shuffle 96^3, 128^3   0.724           0.12-0.13     2.09-2.13
-blosc2 zstd3 shuffle 64^3/16^3     0.729           0.17          2.61
-blosc2 lz4 shuffle / bitshuffle    0.967 / 0.806   0.08          0.77 / 1.37
-zarr v3, blosc zstd3 shuffle       0.758-0.766     0.20          5.69-6.74
-raw ``.npy`` memmap                2.314           0.007         0.26
-=================================  ==============  ============  ===================
-
-- Bytes decide first: a 100k-volume corpus of such volumes is about 680 GB here, 2.1 TB as ``.npy`` (and a
-  cold read moves 3x the bytes). zstd is the smallest codec; lz4 reads faster but stores 1.1-1.3x more.
-- Among the zstd settings, bit shuffle reads a crop 20 % faster than byte shuffle (also at the median, in each
-  of the four runs made) for 3.4 % more bytes; zarr v3 with the same codec is larger and 3x slower to read (its
-  per-chunk Python and asyncio overhead). blosc2 is also what nnU-Net v2 and nnssl store their data in.
-- 64^3 chunks read crops as fast as 96^3 or 128^3 and keep the CRC checks fine-grained; 16^3 blocks are slower.
-- Writing (0.1-0.2 s per volume) is small beside decoding the ``.nii.gz`` it comes from.
-
-"shipped" is this module's writer and :class:`~components.data.store.handle.StoredArray` with a fresh handle per
-crop: opening the file and checking the CRC-32 of the chunks a crop covers add about 0.6 ms.
+- A crop from the store costs what the in-memory path costs plus the decompression of the blocks it covers, on the
+  one core of a loader worker; bytes stored are what a corpus of 100k volumes takes on disk and what a cold read
+  moves. LZ4HC decompresses a crop's blocks markedly faster than zstd for a few percent more bytes; plain LZ4 stores
+  more for no faster reads than LZ4HC's, a raw ``.npy`` memmap about three times the bytes.
+- Bit shuffle groups the bits of multi-byte values (int16 CT, quantized MRI, float32) so that the codec finds runs;
+  a one-byte label map compresses about as well without it, and its decoding is then skipped on every read.
+- zarr v3 with the same codec is larger and slower to read (its per-chunk Python and asyncio overhead); blosc2 is
+  also what nnU-Net v2 and nnssl store their data in.
+- Writing is small beside decoding the ``.nii.gz`` a volume comes from.
 
 Why the CRCs: blosc2 holds no checksum of its own; a flipped byte in a compressed chunk decompresses into wrong
 values without an error, and a flipped byte of the frame's header can make ``blosc2.open`` return another kind of
@@ -41,9 +27,6 @@ Integer-valued floating arrays (a label map that ``LoadImaged`` loaded as float3
 integer dtype that holds their values exactly and read back in their own dtype (:func:`storage_dtype`). Other
 floating arrays (a normalised MRI, a resampled and scaled CT) are stored exactly, or with ``floats="quantized"``
 as int16 with one scale per channel (:func:`quantize`): bounded error, half of float32's bytes before compression.
-
-Chunk and block shapes follow the crop size a store is read with (:func:`layout`); without one, 64^3 chunks of
-32^3 blocks.
 """
 
 from __future__ import annotations
@@ -71,20 +54,24 @@ __all__ = [
     "write_array",
 ]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """Part of every store's fingerprint: a store of another version is refused and rebuilt (2: quantized floats,
-foreground locations, chunks from the crop size, the frame's header and tail checked, the block shape recorded)."""
+foreground locations, chunks from the crop size, the frame's header and tail checked, the block shape recorded;
+3: LZ4HC instead of zstd, blocks of 16 voxels per axis for chunks from the crop size, one-byte values unfiltered)."""
 
 ARRAY_SUFFIX = ".b2nd"
-CODEC, CLEVEL, FILTER = "ZSTD", 3, "BITSHUFFLE"
+CODEC, CLEVEL, FILTER = "LZ4HC", 6, "BITSHUFFLE"
+"""The codec, its level, and the filter of values wider than one byte (one-byte values: none)."""
 CHUNK = 64
 BLOCK = 32
+PATCH_BLOCK = 16
+"""Voxels per axis of a block in chunks sized from the crop (:func:`layout`)."""
 _NARROW = (np.uint8, np.int8, np.int16, np.uint16, np.int32)
 _SAMPLE_STEP = 997
 FLOATS = ("exact", "quantized")
 """How non-integer floating arrays are stored: as they are, or as int16 with a scale per channel."""
 _LEVELS = 32767  # int16 codes -32767..32767: symmetric, so 0.0 is stored exactly
-_MIN_CHUNK, _MIN_BLOCK = 16, 8
+_MIN_CHUNK = 16
 
 
 def storage_dtype(array: np.ndarray) -> np.dtype:
@@ -157,14 +144,15 @@ def decode(values: np.ndarray, record: dict, channels: slice = slice(None),
 
 def layout(shape: Sequence[int], patch_size: Sequence[int] | None = None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Chunk and block shapes of a channel-first array read in crops of ``patch_size`` (spatial): one channel per
-    chunk; per spatial axis a chunk of half the crop (rounded up to a multiple of 8, at least 16) and blocks of half
-    a chunk. A crop of ``p`` covers ``p - 1 + chunk`` voxels per axis on average, so smaller chunks move fewer bytes
-    beyond the crop from a cold disk; blosc2 decompresses only the blocks a crop covers. Without ``patch_size``:
-    64^3 chunks of 32^3 blocks. Never larger than the array.
+    chunk; per spatial axis a chunk of half the crop (rounded up to a multiple of 16, at least 16) and blocks of
+    :data:`PATCH_BLOCK` voxels. A crop of ``p`` covers ``p - 1 + chunk`` voxels of chunks per axis on average (what a
+    cold read moves and the CRCs check) and ``p - 1 + block`` voxels of blocks (what blosc2 decompresses): smaller
+    blocks decompress less beyond the crop, until the cost per block and the lost compression outweigh it. Without
+    ``patch_size``: 64^3 chunks of 32^3 blocks. Never larger than the array.
 
     Example:
         >>> layout((1, 200, 180, 120), (96, 96, 96))
-        ((1, 48, 48, 48), (1, 24, 24, 24))
+        ((1, 48, 48, 48), (1, 16, 16, 16))
     """
     lead = (1,) if len(shape) > 1 else ()
     spatial = [int(n) for n in shape[len(lead) :]]
@@ -174,8 +162,8 @@ def layout(shape: Sequence[int], patch_size: Sequence[int] | None = None) -> tup
         if len(patch_size) != len(spatial):
             raise ValueError(f"patch_size {list(patch_size)} has {len(patch_size)} axes, the array {len(spatial)} "
                              f"spatial axes (shape {list(shape)}).")  # fmt: skip
-        chunks = [max(_MIN_CHUNK, -(-int(p) // 16) * 8) for p in patch_size]
-        blocks = [max(_MIN_BLOCK, c // 2) for c in chunks]
+        chunks = [max(_MIN_CHUNK, -(-int(p) // 32) * 16) for p in patch_size]
+        blocks = [PATCH_BLOCK] * len(spatial)
     chunks = [max(1, min(c, n)) for c, n in zip(chunks, spatial)]
     blocks = [max(1, min(b, c)) for b, c in zip(blocks, chunks)]
     return (*lead, *chunks), (*lead, *blocks)
@@ -276,8 +264,9 @@ def write_array(array: np.ndarray, path: str | os.PathLike, patch_size: Sequence
         chunks, blocks = layout(data.shape, patch_size)
     else:
         chunks = blocks = tuple(max(1, min(int(c), int(n))) for c, n in zip(chunks, data.shape))
+    shuffle = FILTER if data.dtype.itemsize > 1 else "NOFILTER"
     cparams = blosc2.CParams(
-        codec=getattr(blosc2.Codec, CODEC), clevel=CLEVEL, filters=[getattr(blosc2.Filter, FILTER)], nthreads=1
+        codec=getattr(blosc2.Codec, CODEC), clevel=CLEVEL, filters=[getattr(blosc2.Filter, shuffle)], nthreads=1
     )
     blosc2.asarray(data, urlpath=str(path), mode="w", chunks=chunks, blocks=blocks, cparams=cparams)
     written = blosc2.open(str(path), mode="r")
@@ -304,12 +293,12 @@ def write_array(array: np.ndarray, path: str | os.PathLike, patch_size: Sequence
 
 def chunk_numbers(shape: Sequence[int], chunks: Sequence[int], region: Sequence[slice]) -> list[int]:
     """The numbers (blosc2's C order over the chunk grid) of the chunks that ``region`` (one ``slice`` with step 1
-    per axis, bounds already clipped to ``shape``) covers; none for an empty region."""
-    ranges = []
-    for (start, stop), size in zip(((s.start, s.stop) for s in region), chunks):
+    per axis, bounds already clipped to ``shape``) covers, in increasing order; none for an empty region."""
+    numbers = [0]
+    for (start, stop), size, length in zip(((s.start, s.stop) for s in region), chunks, shape):
         if stop <= start:
             return []
-        ranges.append(range(start // size, (stop - 1) // size + 1))
-    grid = tuple(-(-int(n) // int(c)) for n, c in zip(shape, chunks))
-    mesh = np.meshgrid(*(np.asarray(r) for r in ranges), indexing="ij")
-    return sorted(int(n) for n in np.ravel_multi_index(tuple(m.ravel() for m in mesh), grid))
+        grid = -(-int(length) // int(size))
+        covered = range(start // size, (stop - 1) // size + 1)
+        numbers = [n * grid + c for n in numbers for c in covered]  # row-major: the last axis varies fastest
+    return numbers

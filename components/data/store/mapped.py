@@ -47,8 +47,8 @@ def chunk_spans(tail: bytes | memoryview, head: int, end: int, count: int) -> np
 
     if count == 0:  # an array of no voxel: its offsets chunk holds nothing to decompress
         return np.zeros((0, 2), np.int64)
-    try:
-        offsets = np.frombuffer(blosc2.decompress2(tail), "<i8")
+    try:  # one thread: blosc2's default context starts its threads for every call, most of what an open cost
+        offsets = np.frombuffer(blosc2.decompress2(tail, nthreads=1), "<i8")
     except Exception as err:  # noqa: BLE001 -- blosc2 refuses a chunk it cannot parse with several error types
         raise FrameError(f"its chunk offsets cannot be read ({type(err).__name__}: {err})") from err
     if len(offsets) != count:
