@@ -37,7 +37,6 @@ happens, and printed on stdout at the end.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -49,14 +48,13 @@ from pathlib import Path
 import torch
 
 from gpu_timing import (
-    Record, autocast_for, device_in_use, one_line, peak_gib, ratio, release, reset_peak, run_in_share, significant, synchronizer,
-    time_loop, time_trainer,
+    Record, autocast_for, budget_parser, chosen, device_in_use, one_line, peak_gib, ratio, release, reset_peak, run_header,
+    run_in_share, significant, synchronizer, time_loop, time_trainer,
 )
-from machine import device_facts, device_slug, git_commit, machine_info
+from machine import device_facts, device_slug
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLES = REPO / "bundles"
-RESULTS = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(REPO))  # this checkout's components, whatever else is installed
 PARTS = ("ssl_step", "finetune_step", "self_distillation_step", "sliding_window", "disk_loader", "cuda_tests")
 # the seconds each part is expected to take on an H100 at the recipe's sizes: the shares of the budget
@@ -492,32 +490,18 @@ def _temporary_log() -> Path:
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget_s", type=float, default=480.0, help="wall-clock seconds for all parts (default 480)")
-    parser.add_argument("--small", action="store_true", help="tiny shapes (64x32x32, feature 12), a step or two")
-    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated, run in this order (default: all)")
-    parser.add_argument("--out_dir", type=Path, default=RESULTS, help="the JSON's folder (default benchmarks/results)")
-    parser.add_argument("--log", type=Path, default=None, help="the parts' output (default: a temporary file)")
-    parser.add_argument("--commit", default=None, help="the commit that runs (default: git's HEAD here, which a "
-                        "copied checkout may not know)")
-    parser.add_argument("--_part", dest="part", choices=PARTS, help=argparse.SUPPRESS)
-    parser.add_argument("--_partial", dest="partial", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--_deadline", dest="deadline", type=float, help=argparse.SUPPRESS)
+    parser = budget_parser(__doc__.split("\n\n")[0], "part", PARTS, "tiny shapes (64x32x32, feature 12), a step or two",
+                           "the parts' output (default: a temporary file)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.part:
         run_child(args.part, args.small, args.partial, args.deadline)
         return None
     started = time.perf_counter()
-    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    if not parts or set(parts) - set(PARTS):
-        parser.error(f"--parts: choose from {', '.join(PARTS)}; got {args.parts!r}")
+    parts = chosen(parser, "part", args.parts, PARTS)
     log = args.log or _temporary_log()
     log.parent.mkdir(parents=True, exist_ok=True)
     device = device_facts()
-    header = {"benchmark": "gpu_check", "device": device["name"], "small": args.small, "budget_s": args.budget_s,
-              "commit": args.commit or git_commit(), "commit_source": "--commit" if args.commit else "git here",
-              "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": device,
-              "machine": machine_info()}  # fmt: skip
+    header = run_header("gpu_check", device, args.small, args.budget_s, args.commit)
     result = run_all(parts, started, args.small, result_path(args.out_dir, device["name"], args.small), log, header)
     print(json.dumps(result, indent=2))
     return result

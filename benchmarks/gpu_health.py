@@ -49,11 +49,10 @@ import torch
 from gpu_health_plan import (
     Calibration, calibrate, plan_epochs, predicted_seconds, schedule_overrides, share,
 )
-from gpu_timing import Record, one_line, run_in_share
-from machine import REPO, device_facts, device_slug, git_commit, machine_info
+from gpu_timing import Record, budget_parser, chosen, one_line, run_header, run_in_share
+from machine import REPO, device_facts, device_slug
 
 sys.path.insert(0, str(REPO))  # this checkout's components, whatever else is installed
-RESULTS = REPO / "benchmarks" / "results"
 RECIPES = ("ssl", "dino", "mim")
 DATA_SEED = 0
 #: per size: the corpus (subjects written, the shortest axis after :func:`enlarge`), the calibration's epochs, the most
@@ -339,35 +338,23 @@ def run_all(recipes: list[str], started: float, small: bool, path: Path, log: Pa
 
 
 def main(argv: list[str] | None = None) -> dict | None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget_s", type=float, default=480.0, help="wall-clock seconds for everything (default 480)")
-    parser.add_argument("--small", action="store_true", help="the demo's CPU sizes (64x32x32, feature 12), a few epochs")
-    parser.add_argument("--recipes", default=",".join(RECIPES), help="comma-separated, run in this order (default: all)")
-    parser.add_argument("--out_dir", type=Path, default=RESULTS, help="the JSON's folder (default benchmarks/results)")
-    parser.add_argument("--log", type=Path, default=None, help="the runs' output (default: beside the JSON)")
-    parser.add_argument("--commit", default=None, help="the commit that runs (default: git's HEAD here, which a "
-                        "copied checkout may not know)")
-    parser.add_argument("--_recipe", dest="recipe", choices=RECIPES, help=argparse.SUPPRESS)
-    parser.add_argument("--_partial", dest="partial", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--_deadline", dest="deadline", type=float, help=argparse.SUPPRESS)
+    parser = budget_parser(__doc__.split("\n\n")[0], "recipe", RECIPES,
+                           "the demo's CPU sizes (64x32x32, feature 12), a few epochs",
+                           "the runs' output (default: beside the JSON)")  # fmt: skip
     parser.add_argument("--_work", dest="work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.recipe:
         run_child(args.recipe, args.small, args.partial, args.deadline, args.work)
         return None
     started = time.perf_counter()
-    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    if not recipes or set(recipes) - set(RECIPES) or len(set(recipes)) != len(recipes):
-        parser.error(f"--recipes: distinct names from {', '.join(RECIPES)}; got {args.recipes!r}")
+    recipes = chosen(parser, "recipe", args.recipes, RECIPES)
     device = device_facts()
     path = result_path(args.out_dir, device["name"], args.small)
     path.parent.mkdir(parents=True, exist_ok=True)
     log = args.log or path.with_suffix(".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     settings = SETTINGS["small" if args.small else "recipe"]
-    header = {"benchmark": "gpu_health", "device": device["name"], "small": args.small, "budget_s": args.budget_s,
-              "commit": args.commit or git_commit(), "commit_source": "--commit" if args.commit else "git here",
-              "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": device, "machine": machine_info(),
+    header = {**run_header("gpu_health", device, args.small, args.budget_s, args.commit),
               "settings": {**settings, "sizes": "the demo's CPU sizes (components.demo.recipes)" if args.small else
                            "each bundle's train.json", "overridden": list(OVERRIDDEN), "data_seed": DATA_SEED}}  # fmt: skip
     result = run_all(recipes, started, args.small, path, log, header)

@@ -1,10 +1,12 @@
 """The helpers of ``benchmarks/gpu_check.py`` and ``benchmarks/gpu_health.py``: device synchronisation, peak memory,
 a timed loop with a deadline, a bundle trainer's timed iterations, :class:`Record`, a part's figures rewritten to its
-file at every change (a part killed at the end of its share leaves what it had measured), and :func:`run_in_share`,
-which runs a part in a child process and kills it at the end of its share."""
+file at every change (a part killed at the end of its share leaves what it had measured), :func:`run_in_share`,
+which runs a part in a child process and kills it at the end of its share, and the command line and JSON header the
+two runners share (:func:`budget_parser`, :func:`chosen`, :func:`run_header`)."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import logging
@@ -17,6 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from machine import REPO, git_commit, machine_info
+
 
 def device_in_use() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -204,3 +209,38 @@ def run_in_share(cmd: list[str], partial: Path, share: float, log: Path, name: s
 def _last_line(log: Path, offset: int) -> str:
     lines = log.read_bytes()[offset:].decode(errors="replace").strip().splitlines()
     return lines[-1] if lines else ""
+
+
+def budget_parser(description: str, kind: str, names: tuple[str, ...], small_help: str, log_help: str) -> argparse.ArgumentParser:
+    """The command line of a runner of ``kind`` parts (``names``, run in turn within one budget): the budget, the
+    sizes, the parts, the JSON's folder, the log and the commit, and the hidden options of a part run as a child
+    (``--_<kind>``, ``--_partial``, ``--_deadline``)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--budget_s", type=float, default=480.0, help="wall-clock seconds for everything (default 480)")
+    parser.add_argument("--small", action="store_true", help=small_help)
+    parser.add_argument(f"--{kind}s", default=",".join(names), help="comma-separated, run in this order (default: all)")
+    parser.add_argument("--out_dir", type=Path, default=REPO / "benchmarks" / "results",
+                        help="the JSON's folder (default benchmarks/results)")  # fmt: skip
+    parser.add_argument("--log", type=Path, default=None, help=log_help)
+    parser.add_argument("--commit", default=None, help="the commit that runs (default: git's HEAD here, which a "
+                        "copied checkout may not know)")  # fmt: skip
+    parser.add_argument(f"--_{kind}", dest=kind, choices=names, help=argparse.SUPPRESS)
+    parser.add_argument("--_partial", dest="partial", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--_deadline", dest="deadline", type=float, help=argparse.SUPPRESS)
+    return parser
+
+
+def chosen(parser: argparse.ArgumentParser, kind: str, value: str, names: tuple[str, ...]) -> list[str]:
+    """The parts ``--<kind>s`` names, in its order; the parser's error unless they are distinct names of ``names``."""
+    picked = [name.strip() for name in value.split(",") if name.strip()]
+    if not picked or set(picked) - set(names) or len(set(picked)) != len(picked):
+        parser.error(f"--{kind}s: distinct names from {', '.join(names)}; got {value!r}")
+    return picked
+
+
+def run_header(benchmark: str, device: dict, small: bool, budget_s: float, commit: str | None) -> dict:
+    """What a runner's JSON starts with: the benchmark, the device and its facts, the budget, the commit (``commit``
+    as given, else git's HEAD here), torch and the machine."""
+    return {"benchmark": benchmark, "device": device["name"], "small": small, "budget_s": budget_s,
+            "commit": commit or git_commit(), "commit_source": "--commit" if commit else "git here",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "gpu": device, "machine": machine_info()}  # fmt: skip
