@@ -102,6 +102,11 @@ def arm_name(recipe: str, lever: dict | None) -> str:
     return recipe + "".join(f"+{key.replace('#', '.')}={value}" for key, value in sorted((lever or {}).items()))
 
 
+def run_name(arm: str, iterations: int, seed: int) -> str:
+    """A run's name: its record's file stem and its folder under ``--work``'s ``runs``."""
+    return f"{arm}_{iterations}_seed{seed}"
+
+
 def run_point(recipe: str, budget: int, seed: int, work: Path, code: str, lever: dict | None = None) -> Path:
     """Runs (or resumes, or reuses) one point; returns its record's path. ``lever``: overrides tried against the
     shipped settings (a suspect of a recipe that stays at its baseline); its runs are recorded apart
@@ -114,10 +119,10 @@ def run_point(recipe: str, budget: int, seed: int, work: Path, code: str, lever:
     epochs = epochs_for(budget, per_epoch)
     iterations = epochs * per_epoch
     arm = arm_name(recipe, lever)
-    record_path = RECORDS / f"{arm}_{iterations}_seed{seed}.json"
+    record_path = RECORDS / f"{run_name(arm, iterations, seed)}.json"
     if record_path.is_file():
         return record_path
-    run_dir = work / "runs" / f"{arm}_{iterations}_seed{seed}"
+    run_dir = work / "runs" / run_name(arm, iterations, seed)
     overrides = {**run_overrides(recipe, epochs, data, run_dir, seed), **(lever or {})}
     started = time.time()
     seconds = run_bundle(DEMO_RECIPES[recipe].bundle, ("train.json",), overrides, log=run_dir / "train.log")
@@ -166,7 +171,7 @@ def _judge(values: list[float], baselines: list[float], better: str, margin: flo
 def _probe_point(runs: list[dict], probes: dict[str, dict]) -> dict | None:
     """The standardised probe's held-out Dice of a point's encoders against the random encoder of each one's seed
     (:mod:`curve_probe`), judged as a signal; None until every encoder and its random baseline are probed."""
-    names = [f"{run['recipe']}_{run['iterations']}_seed{run['seed']}" for run in runs]  # the records' own names
+    names = [run_name(run["recipe"], run["iterations"], run["seed"]) for run in runs]
     randoms = [f"random_seed{run['seed']}" for run in runs]
     if not all(name in probes for name in names + randoms):
         return None
@@ -192,7 +197,7 @@ def _signals(reports: list[dict]) -> dict:
 def _reread_point(runs: list[dict], rereads: dict[str, dict]) -> dict | None:
     """The re-read of a point's final encoders on the same crops (:mod:`curve_reread`): each seed's verdict and each
     signal judged over the seeds; None until every run of the point is re-read."""
-    names = [f"{run['recipe']}_{run['iterations']}_seed{run['seed']}" for run in runs]
+    names = [run_name(run["recipe"], run["iterations"], run["seed"]) for run in runs]
     if not all(name in rereads for name in names):
         return None
     reports = [rereads[name] for name in names]
