@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "sha256_file"]
+__all__ = ["atomic_write", "file_digest", "sha256_file"]
 
 
 def temp_prefix(path: Path) -> str:
@@ -78,7 +78,13 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
     fsync_dir(path.parent)
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    """The hex SHA-256 of a file's content, read in blocks (``hashlib.file_digest``)."""
+def file_digest(path: str | os.PathLike, hash_type: str = "sha256") -> str:
+    """The hex digest of a file's content by ``hash_type`` (a ``hashlib`` name), read in blocks
+    (``hashlib.file_digest``); md5 and sha1 as checksums, so also where FIPS mode is on."""
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        return hashlib.file_digest(f, lambda: hashlib.new(hash_type, usedforsecurity=False)).hexdigest()
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of a file's content (:func:`file_digest`)."""
+    return file_digest(path, "sha256")

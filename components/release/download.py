@@ -40,7 +40,7 @@ from pathlib import Path, PurePosixPath
 from monai.apps.utils import extractall, safe_extract_member
 
 from ..errors import UserError
-from ..files import atomic_write
+from ..files import atomic_write, file_digest
 from .package import LARGE_FILES, _normalize_sha256
 
 __all__ = ["HashMismatchError", "UnsafeArchiveError", "extract_zip_safely", "fetch", "fetch_bundle"]
@@ -134,12 +134,6 @@ def _remove_empty(folders: list[Path]) -> None:
             break
 
 
-def _file_digest(path: Path, hash_type: str) -> str:
-    """The hex digest of a file's content by ``hash_type`` (a :data:`HASH_TYPES` name)."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, lambda: hashlib.new(hash_type, usedforsecurity=False)).hexdigest()
-
-
 def _download_checked(src: str, target: Path, expected: str, hash_type: str) -> None:
     """Streams ``src`` into ``target`` while hashing it; ``target`` is replaced only when the digest is ``expected``.
 
@@ -161,7 +155,7 @@ def _download_checked(src: str, target: Path, expected: str, hash_type: str) -> 
 def _fetch_to(src: str, target: Path, expected: str, hash_type: str = "sha256") -> None:
     """:func:`_download_checked` of ``src`` to ``target``, unless ``target`` already has the expected digest; on a
     failure the folders this call created are removed again."""
-    if target.is_file() and _file_digest(target, hash_type) == expected:
+    if target.is_file() and file_digest(target, hash_type) == expected:
         logger.info("fetch: %s already present with %s %s; not downloading", target, hash_type, expected)
         return
     created = _make_dirs(target.parent)
