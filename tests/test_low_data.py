@@ -176,7 +176,8 @@ def test_the_masked_image_pretraining_runs_like_the_ssl_one(tmp_path):
     data = _fake_data(tmp_path / "data", plan, 0)
     numerics, code = runner.run_numerics("cpu"), protocol.code_state()
     jobs = {r: runner.pretraining_job(r, plan, data, tmp_path, numerics, code, 0) for r in ("ssl", "mim")}
-    own = {"output_dir", "ckpt_dir"}
+    own = {"output_dir", "ckpt_dir", "train#loss#alpha"}  # SSL's loss weights are SSL's own
+    assert jobs["ssl"][1]["train#loss#alpha"] == [3.0, 1.0, 1.0] and "train#loss#alpha" not in jobs["mim"][1]
     assert {k: v for k, v in jobs["mim"][1].items() if k not in own} == {k: v for k, v in jobs["ssl"][1].items() if k not in own}
     assert jobs["mim"][0] != jobs["ssl"][0] and Path(jobs["mim"][1]["ckpt_dir"]).parent.name == f"mim_{jobs['mim'][0]}"
     from monai.bundle import ConfigParser
