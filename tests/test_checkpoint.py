@@ -683,7 +683,7 @@ def test_the_saver_and_the_resume_handler_take_one_to_save_dict(tmp_path, handle
     module is refused naming the handler, before any training."""
     model = nn.Linear(1, 1)
     built = handler(tmp_path, {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)})
-    assert built.network is model and built.optimizer is not None and built.sampler is None
+    assert built.objects.model is model and built.objects.optimizer is not None and built.objects.sampler is None
     name = handler.__name__
     with pytest.raises(ValueError, match=rf"^{name}: to_save has \['network'\]; its keys are model, optimizer, "):
         handler(tmp_path, {"model": model, "network": model})

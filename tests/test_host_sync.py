@@ -118,9 +118,8 @@ def test_per_iteration_check_reads_every_iteration():
 def test_deferred_check_names_the_first_bad_iteration_and_saves_nothing_after_it(tmp_path):
     batches = _batches(6)
     batches[1]["image"][0, 0, 2, 2, 2] = float("nan")  # iteration 2 turns the weights NaN: every later loss too
-    saver = ResumableCheckpointSaver(tmp_path, {"model": TinySSLNet()}, iteration_interval=1)
     trainer = _trainer(batches, log_interval=4, handlers=[StopOnNonFiniteLoss(check_interval=4)])
-    saver.network = trainer.network
+    saver = ResumableCheckpointSaver(tmp_path, {"model": trainer.network}, iteration_interval=1)
     saver.attach(trainer)
     with pytest.raises(NonFiniteLossError) as err:
         trainer.run()

@@ -91,7 +91,7 @@ class ResumeHandler:
         auto_resume: bool | str = False,
         ckpt_dir: str | os.PathLike | None = None,
     ) -> None:
-        objects = read_to_save(to_save, "ResumeHandler")
+        self.objects = read_to_save(to_save, "ResumeHandler")
         auto_resume = as_bool(auto_resume, "auto_resume")
         if auto_resume and optional_path(ckpt_dir) is None:
             raise ConfigError("ResumeHandler: auto_resume needs ckpt_dir (the folder to look for checkpoint.pt in).")
@@ -99,13 +99,6 @@ class ResumeHandler:
         path = resolve_resume(given, ckpt_dir, auto_resume) if auto_resume else given
         self.path = None if path is None else Path(path)
         self.auto = given is None and path is not None  # found by auto_resume, not asked for
-        self.network = objects["model"]
-        self.optimizer = objects["optimizer"]
-        self.lr_scheduler = objects["lr_scheduler"]
-        self.scaler = objects["scaler"]
-        self.evaluator = objects["evaluator"]
-        self.sampler = objects["sampler"]
-        self.recipe = objects["recipe"]
         self.map_location = map_location
         self.missing_ok = missing_ok
         self.resumed = False
@@ -158,11 +151,11 @@ class ResumeHandler:
 
     def _restore_optimizer(self, saved: Any) -> dict[str, str]:
         """Optimizer state from the file, hyperparameters from this run's config; returns those that changed."""
-        assert self.optimizer is not None
-        configured = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        self.optimizer.load_state_dict(saved)
+        assert self.objects.optimizer is not None
+        configured = [{k: v for k, v in g.items() if k != "params"} for g in self.objects.optimizer.param_groups]
+        self.objects.optimizer.load_state_dict(saved)
         changed: dict[str, str] = {}
-        for i, (group, own) in enumerate(zip(self.optimizer.param_groups, configured)):
+        for i, (group, own) in enumerate(zip(self.objects.optimizer.param_groups, configured)):
             for key, value in own.items():
                 if key not in ("lr", "initial_lr") and key in group and _differs(group[key], value):
                     changed[f"param_groups[{i}].{key}"] = f"{group[key]!r} -> {value!r}"
@@ -175,18 +168,19 @@ class ResumeHandler:
         state = ckpt.get("sampler")
         if state is None:
             batch_size = _batch_size(engine) or 1
-            state = {**self.sampler.state_dict(), "epoch": iteration // epoch_len + 1 if epoch_len else 0,
+            state = {**self.objects.sampler.state_dict(), "epoch": iteration // epoch_len + 1 if epoch_len else 0,
                      "position": in_epoch * batch_size}  # fmt: skip
             logger.info("ResumeHandler: %s has no sampler entry; position taken from the iteration count", self.path)
         elif in_epoch == 0 and int(state.get("position", 0)):
             raise self._fail(f"entry 'sampler' is at position {state.get('position')} but the trainer at an epoch end.")
         try:
-            self.sampler.load_state_dict(state)
+            self.objects.sampler.load_state_dict(state)
         except ValueError as err:
             raise self._fail(str(err)) from err
         return int(state.get("position", 0))
 
     def __call__(self, engine: Engine) -> None:
+        objects = self.objects
         if self.path is None:
             logger.debug("ResumeHandler: no checkpoint path, starting from scratch")
             return
@@ -204,13 +198,13 @@ class ResumeHandler:
             raise self._fail(f"expected a dict written by ResumableCheckpointSaver, got {type(ckpt).__name__}.")
 
         engine_scaler = _engine_scaler(engine)
-        scaler = self.scaler if self.scaler is not None else (engine_scaler if "scaler" in ckpt else None)
+        scaler = objects.scaler if objects.scaler is not None else (engine_scaler if "scaler" in ckpt else None)
         needed = ["model", "trainer"]
-        needed += [n for n, o in (("optimizer", self.optimizer), ("lr_scheduler", self.lr_scheduler)) if o is not None]
-        needed += ["recipe"] if self.recipe is not None else []
-        if self.scaler is not None:
+        needed += [n for n, o in (("optimizer", objects.optimizer), ("lr_scheduler", objects.lr_scheduler)) if o is not None]
+        needed += ["recipe"] if objects.recipe is not None else []
+        if objects.scaler is not None:
             needed.append("scaler")
-        if self.evaluator is not None:
+        if objects.evaluator is not None:
             needed += ["best_metric", "best_metric_epoch"]
         absent = [n for n in needed if n not in ckpt]
         if absent:
@@ -219,42 +213,42 @@ class ResumeHandler:
                 "Was it written by ResumableCheckpointSaver with the same objects (optimizer, lr_scheduler, scaler, "
                 "evaluator)?"
             )
-        if engine_scaler is not None and self.scaler is None and "scaler" not in ckpt:
+        if engine_scaler is not None and objects.scaler is None and "scaler" not in ckpt:
             logger.warning(
                 "ResumeHandler: %s has no scaler state (AMP off before?); the scaler starts fresh", self.path
             )
 
         iteration, epoch_len = self._check_loop(engine, ckpt["trainer"])
         epoch = iteration // epoch_len if epoch_len else int(ckpt["trainer"].get("epoch", 0))
-        module = unwrap(self.network)
+        module = unwrap(objects.model)
         model_state = self._check_model(module, ckpt["model"])
-        recipe_state = self._check_model(self.recipe, ckpt["recipe"], "recipe") if self.recipe is not None else None
-        if self.optimizer is not None:
+        recipe_state = self._check_model(objects.recipe, ckpt["recipe"], "recipe") if objects.recipe is not None else None
+        if objects.optimizer is not None:
             groups = ckpt["optimizer"].get("param_groups", []) if isinstance(ckpt["optimizer"], Mapping) else []
-            own = self.optimizer.state_dict()["param_groups"]
+            own = objects.optimizer.state_dict()["param_groups"]
             if [len(g["params"]) for g in groups] != [len(g["params"]) for g in own]:
                 raise self._fail(
                     "entry 'optimizer' has parameter groups of sizes "
                     f"{[len(g['params']) for g in groups]}, the optimizer {[len(g['params']) for g in own]}."
                 )
-        position = self._restore_sampler(ckpt, engine, iteration, epoch_len) if self.sampler is not None else None
+        position = self._restore_sampler(ckpt, engine, iteration, epoch_len) if objects.sampler is not None else None
 
         # everything checked: restore
         module.load_state_dict(model_state, strict=True)
         if recipe_state is not None:
-            self.recipe.load_state_dict(recipe_state, strict=True)
+            objects.recipe.load_state_dict(recipe_state, strict=True)
         report: dict[str, Any] = {"path": str(self.path), "auto": self.auto, "epoch": epoch, "iteration": iteration}
         report["written_with"] = _written_with(ckpt)
-        if self.optimizer is not None:
+        if objects.optimizer is not None:
             report["optimizer_changed"] = self._restore_optimizer(ckpt["optimizer"])
-        if self.lr_scheduler is not None:
-            report["lr_schedule"] = restore_schedule(self.lr_scheduler, ckpt["lr_scheduler"])
+        if objects.lr_scheduler is not None:
+            report["lr_schedule"] = restore_schedule(objects.lr_scheduler, ckpt["lr_scheduler"])
         if scaler is not None and "scaler" in ckpt:
             scaler.load_state_dict(ckpt["scaler"])
-        if self.evaluator is not None:
+        if objects.evaluator is not None:
             for key in ("best_metric", "best_metric_epoch", "best_metric_iteration"):
                 if ckpt.get(key) is not None:
-                    setattr(self.evaluator.state, key, ckpt[key])
+                    setattr(objects.evaluator.state, key, ckpt[key])
             report.update({k: ckpt.get(k) for k in ("best_metric", "best_metric_epoch", "best_metric_iteration")})
         if engine.state.epoch_length is None and epoch_len is not None:
             engine.state.epoch_length = epoch_len
@@ -273,8 +267,8 @@ class ResumeHandler:
             "resumed from %s (%s) at epoch %d, iteration %d; it was written with %s",
             self.path, how, epoch, iteration, settings or "no recorded settings",
         )  # fmt: skip
-        if self.evaluator is not None:
-            name = getattr(self.evaluator.state, "key_metric_name", None) or "key metric"
+        if self.objects.evaluator is not None:
+            name = getattr(self.objects.evaluator.state, "key_metric_name", None) or "key metric"
             if report.get("best_metric_epoch") in (None, -1):
                 logger.info("ResumeHandler: no validation in the checkpoint yet: no best %s restored", name)
             else:
@@ -283,13 +277,13 @@ class ResumeHandler:
                     "until a strictly better validation",
                     name, report["best_metric"], report["best_metric_epoch"], report.get("best_metric_iteration"),
                 )  # fmt: skip
-        if self.lr_scheduler is not None:
-            optimizer = getattr(self.lr_scheduler, "optimizer", self.optimizer)
+        if self.objects.lr_scheduler is not None:
+            optimizer = getattr(self.objects.lr_scheduler, "optimizer", self.objects.optimizer)
             lrs = [group["lr"] for group in optimizer.param_groups] if optimizer is not None else None
-            step = getattr(self.lr_scheduler, "last_epoch", None)
+            step = getattr(self.objects.lr_scheduler, "last_epoch", None)
             if report["lr_schedule"] == "position":
-                names = [k for k in ("warmup_steps", "t_total") if hasattr(self.lr_scheduler, k)]
-                settings = {k: getattr(self.lr_scheduler, k) for k in names}
+                names = [k for k in ("warmup_steps", "t_total") if hasattr(self.objects.lr_scheduler, k)]
+                settings = {k: getattr(self.objects.lr_scheduler, k) for k in names}
                 logger.info(
                     "ResumeHandler: LR schedule continues at step %s with this run's settings %s: lr %s",
                     step, settings, lrs,
@@ -301,7 +295,7 @@ class ResumeHandler:
         in_epoch = iteration % epoch_len if epoch_len else 0
         if in_epoch:
             left = epoch_len - in_epoch  # type: ignore[operator]
-            if self.sampler is not None:
+            if self.objects.sampler is not None:
                 logger.info(
                     "ResumeHandler: the checkpoint is mid-epoch (iteration %d of epoch %d): the remaining %d "
                     "iterations continue the epoch's order from sample %d",

@@ -112,7 +112,7 @@ class ResumableCheckpointSaver:
         time_interval_s: float | None = None,
         calibration_iterations: int = 10,
     ) -> None:
-        objects = read_to_save(to_save, "ResumableCheckpointSaver")
+        self.objects = read_to_save(to_save, "ResumableCheckpointSaver")
         if not filename or Path(filename).name != filename:
             raise ValueError(f"ResumableCheckpointSaver: filename must be a plain file name, got {filename!r}.")
         self.epoch_interval = _check_interval("epoch_interval", epoch_interval)
@@ -123,19 +123,12 @@ class ResumableCheckpointSaver:
             raise ValueError(f"time_interval_s must be a positive number of seconds or None, got {time_interval_s!r}.")
         self.time_interval_s = None if time_interval_s is None else float(time_interval_s)
         intervals = (self.epoch_interval, self.iteration_interval, self.time_interval_s)
-        if all(i is None for i in intervals) and not save_final and objects["evaluator"] is None:
+        if all(i is None for i in intervals) and not save_final and self.objects.evaluator is None:
             raise ValueError(
                 "ResumableCheckpointSaver: nothing to do (no epoch_interval, iteration_interval, time_interval_s, "
                 "save_final or evaluator)."
             )
         self.path = Path(ckpt_dir) / filename
-        self.network = objects["model"]
-        self.optimizer = objects["optimizer"]
-        self.lr_scheduler = objects["lr_scheduler"]
-        self.scaler = objects["scaler"]
-        self.evaluator = objects["evaluator"]
-        self.sampler = objects["sampler"]
-        self.recipe = objects["recipe"]
         self.save_final = save_final
         self._last_saved: tuple | None = None
         self._trainer: Engine | None = None
@@ -148,8 +141,9 @@ class ResumableCheckpointSaver:
         self._trainer = engine
         register_checkpoint_events(engine)
         engine.add_event_handler(Events.STARTED, self._remove_stale_temps)
-        if self.evaluator is not None:  # after the evaluator's own best-metric update (attached when it was built)
-            self.evaluator.add_event_handler(Events.EPOCH_COMPLETED, self._note_best_iteration)
+        evaluator = self.objects.evaluator
+        if evaluator is not None:  # after the evaluator's own best-metric update (attached when it was built)
+            evaluator.add_event_handler(Events.EPOCH_COMPLETED, self._note_best_iteration)
         if self.epoch_interval is not None:
             engine.add_event_handler(Events.EPOCH_COMPLETED(every=self.epoch_interval), self.save)
         if self.iteration_interval is not None:
@@ -206,7 +200,7 @@ class ResumableCheckpointSaver:
             self.save(self._trainer)
 
     def _best(self) -> tuple[Any, Any, Any]:
-        state = self.evaluator.state  # type: ignore[union-attr]
+        state = self.objects.evaluator.state  # type: ignore[union-attr]
         return (
             _plain(getattr(state, "best_metric", None)),
             _plain(getattr(state, "best_metric_epoch", None)),
@@ -229,10 +223,11 @@ class ResumableCheckpointSaver:
 
     def checkpoint_dict(self, engine: Engine) -> dict[str, Any]:
         """The dict that :meth:`save` writes for the current state of ``engine``."""
+        objects = self.objects
         state = engine.state
         ckpt: dict[str, Any] = {
             "format": RESUME_FORMAT,
-            "model": unwrap(self.network).state_dict(),
+            "model": unwrap(objects.model).state_dict(),
             "trainer": {
                 "epoch": int(state.epoch),
                 "iteration": int(state.iteration),
@@ -241,15 +236,15 @@ class ResumableCheckpointSaver:
                 "batch_size": _batch_size(engine),
             },
         }
-        scaler = self.scaler if self.scaler is not None else _engine_scaler(engine)
-        for name, obj in (("optimizer", self.optimizer), ("lr_scheduler", self.lr_scheduler), ("scaler", scaler)):
+        scaler = objects.scaler if objects.scaler is not None else _engine_scaler(engine)
+        for name, obj in (("optimizer", objects.optimizer), ("lr_scheduler", objects.lr_scheduler), ("scaler", scaler)):
             if obj is not None:
                 ckpt[name] = obj.state_dict()
-        if self.sampler is not None:
-            ckpt["sampler"] = self.sampler.state_dict(position=self._position(engine))
-        if self.recipe is not None:
-            ckpt["recipe"] = self.recipe.state_dict()
-        if self.evaluator is not None:
+        if objects.sampler is not None:
+            ckpt["sampler"] = objects.sampler.state_dict(position=self._position(engine))
+        if objects.recipe is not None:
+            ckpt["recipe"] = objects.recipe.state_dict()
+        if objects.evaluator is not None:
             ckpt["best_metric"], ckpt["best_metric_epoch"], ckpt["best_metric_iteration"] = self._best()
         return ckpt
 
@@ -260,7 +255,7 @@ class ResumableCheckpointSaver:
         engine.fire_event(CheckpointEvents.BEFORE_SAVE)
         if idist.get_rank() > 0:
             return None
-        marker = (engine.state.iteration, *(self._best() if self.evaluator is not None else ()))
+        marker = (engine.state.iteration, *(self._best() if self.objects.evaluator is not None else ()))
         if marker == self._last_saved and self.path.exists():
             return None  # same iteration and best metric already on disk (e.g. EPOCH_COMPLETED then COMPLETED)
         save_atomic(self.checkpoint_dict(engine), self.path)

@@ -8,6 +8,7 @@ import logging
 import os
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +43,23 @@ def save_atomic(obj: Any, path: str | os.PathLike) -> Path:
 TO_SAVE_KEYS = ("model", "optimizer", "lr_scheduler", "scaler", "evaluator", "sampler", "recipe")
 
 
-def read_to_save(to_save: Mapping[str, Any], owner: str) -> dict[str, Any]:
-    """The objects of one ``to_save`` dict (as ignite's ``Checkpoint`` and MONAI's ``CheckpointSaver`` take them), one
-    per :data:`TO_SAVE_KEYS` entry, None where absent: what :class:`~.saver.ResumableCheckpointSaver` saves and
-    :class:`~.resume.ResumeHandler` restores, written once in a config for both.
+@dataclass(frozen=True)
+class TrainingObjects:
+    """The objects of one ``to_save`` dict, one per :data:`TO_SAVE_KEYS` entry (None where absent): what
+    :class:`~.saver.ResumableCheckpointSaver` saves and :class:`~.resume.ResumeHandler` restores."""
+
+    model: torch.nn.Module
+    optimizer: Any = None
+    lr_scheduler: Any = None
+    scaler: Any = None
+    evaluator: Engine | None = None
+    sampler: Any = None
+    recipe: torch.nn.Module | None = None
+
+
+def read_to_save(to_save: Mapping[str, Any], owner: str) -> TrainingObjects:
+    """The checked objects of one ``to_save`` dict (as ignite's ``Checkpoint`` and MONAI's ``CheckpointSaver`` take
+    them), written once in a config for the saver and the resume handler both.
 
     Raises:
         ConfigError: ``to_save`` is not a mapping, has a key outside :data:`TO_SAVE_KEYS`, or no ``model``.
@@ -69,7 +83,7 @@ def read_to_save(to_save: Mapping[str, Any], owner: str) -> dict[str, Any]:
         if obj is not None and not all(callable(getattr(obj, m, None)) for m in ("state_dict", "load_state_dict")):
             raise TypeError(f"{owner}: to_save[{key!r}] has no state_dict() / load_state_dict() "
                             f"({type(obj).__name__}).")
-    return objects
+    return TrainingObjects(**objects)
 
 
 def _plain(value: Any) -> Any:
