@@ -200,8 +200,11 @@ def test_a_stopped_demo_ends_its_bundle_run(tmp_path, sig):
     """`python -m components demo` stopped by SIGTERM or SIGINT (sent to it alone, as `kill` does) once its SSL
     pretraining bundle has started training: the demo exits, and within seconds no process it started is left."""
     with open(tmp_path / "demo.log", "w") as log:  # a file: a pipe would stay open while the bundle run holds it
+        # SIGINT at its default in the demo: a suite started as a background job (`pytest &`) inherits it ignored,
+        # and Python then never raises KeyboardInterrupt, as a backgrounded demo ignores Ctrl-C
         demo = subprocess.Popen([sys.executable, "-m", "components", "demo", "--out", str(tmp_path / "out"), "--budget",
-                                 "quick", "--seed", "0"], stdout=log, stderr=log)  # fmt: skip
+                                 "quick", "--seed", "0"], stdout=log, stderr=log,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     train_log = tmp_path / "out" / "ssl_pretrain" / "train.log"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and "Engine run starting" not in (train_log.read_text() if train_log.is_file() else ""):
