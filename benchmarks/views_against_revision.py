@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--before", help="the revision to compare with (its views.py through git show)")
     source.add_argument("--before-file", type=Path, help="the views.py to compare with")
-    parser.add_argument("--size", type=crop_size, default=(96, 96, 96), help="crop side N or HxWxD (the SSL bundle: 96)")
+    parser.add_argument("--size", type=crop_size, default=(96, 96, 96), help="crop side N or HxWxD (SSL bundle: 96)")
     parser.add_argument("--batch", type=int, default=4, help="crops per step (the SSL bundle: 2 volumes x 2 crops)")
     parser.add_argument("--reps", type=int, default=12, help="timed repetitions per side and path")
     parser.add_argument("--seed", type=int, default=0)

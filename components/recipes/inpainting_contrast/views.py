@@ -2,9 +2,10 @@
 
 Tensor operations on batched ``(B, C, H, W, D)`` tensors on any device. All randomness comes from one optional
 ``torch.Generator`` (``None``: torch's default generator of the tensor's device), drawn batch-wide in a fixed
-order, so a seeded generator reproduces the views exactly. The cutout boxes are then applied sample by sample and
-box by box, reading their corners on the host: the trainer draws them on the host on accelerators
-(``box_generator``), so that reading them costs no synchronisation.
+order, so a seeded generator reproduces the views exactly. The cutout boxes are then applied sample by sample,
+the noise boxes one by one in drawing order and the pasted ones through one mask per sample, reading their corners
+on the host: the trainer draws them on the host on accelerators (``box_generator``), so that reading them costs no
+synchronisation.
 
 Public functions:
 
@@ -385,8 +386,8 @@ def aug_rand(
 
     All boxes of a pass are drawn for the whole batch at once (``_draw_boxes``: a chunk of box slots per sample,
     enough with probability ``1 - 1e-12``, of which a prefix is active), so that one generator state gives one
-    result whatever the device; the noise is one block per slot; then each sample's active boxes are written in
-    drawing order (``_fill_noise``, ``_paste``).
+    result whatever the device; the noise is one block per slot; then each sample's noise boxes are written in
+    drawing order (``_fill_noise``) and its pasted boxes, whose order does not matter, through one mask (``_paste``).
 
     Args:
         x: ``(B, C, H, W, D)`` floating tensor; not modified. Treated as data (the result is detached).
