@@ -7,7 +7,7 @@ repetition checks that the two results are equal tensor for tensor. Paths: ``cpu
 and trimmed where the crops are) and ``host_boxes`` (the bundle on an accelerator: boxes from a CPU generator; here
 the crops are on CPU too). Figures: median and minimum seconds of each side, and the median over repetitions of
 this checkout's time over the other's (below 1: faster). Default size: the SSL bundle's step, 2 volumes x 2 crops
-of 96^3.
+of 96^3; ``--size 64x32x32`` times a non-cubic crop (the demo's).
 
     python benchmarks/views_against_revision.py --before 05e2a50 --threads 1 --conditions "idle 8-core workstation"
     python benchmarks/views_against_revision.py --small --before-file old_views.py   # CI: 32^3, 2 repetitions
@@ -62,10 +62,18 @@ def _timed(fn) -> tuple[float, tuple]:
     return time.perf_counter() - start, out
 
 
-def compare(before: ModuleType, size: int, batch: int, reps: int, seed: int) -> dict:
+def crop_size(text: str) -> tuple[int, int, int]:
+    """``"96"`` (a cube) or ``"64x32x32"`` (H x W x D) as three sides."""
+    sides = tuple(int(side) for side in text.lower().split("x"))
+    if len(sides) not in (1, 3):
+        raise argparse.ArgumentTypeError(f"--size takes N or HxWxD, got {text!r}")
+    return sides * 3 if len(sides) == 1 else sides
+
+
+def compare(before: ModuleType, size: tuple[int, int, int], batch: int, reps: int, seed: int) -> dict:
     """Per path: both sides' times over ``reps`` interleaved repetitions, their ratio, and whether every pair of
     results was equal."""
-    x = torch.rand(batch, 1, size, size, size, generator=torch.Generator().manual_seed(seed))
+    x = torch.rand(batch, 1, *size, generator=torch.Generator().manual_seed(seed))
     paths = {
         "cpu": lambda views, rep: views.ssl_views(x, torch.Generator().manual_seed(seed + rep)),
         "host_boxes": lambda views, rep: views.ssl_views(x, torch.Generator().manual_seed(seed + rep),
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--before", help="the revision to compare with (its views.py through git show)")
     source.add_argument("--before-file", type=Path, help="the views.py to compare with")
-    parser.add_argument("--size", type=int, default=96, help="crop side (the SSL bundle: 96)")
+    parser.add_argument("--size", type=crop_size, default=(96, 96, 96), help="crop side N or HxWxD (SSL bundle: 96)")
     parser.add_argument("--batch", type=int, default=4, help="crops per step (the SSL bundle: 2 volumes x 2 crops)")
     parser.add_argument("--reps", type=int, default=12, help="timed repetitions per side and path")
     parser.add_argument("--seed", type=int, default=0)
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--small", action="store_true", help="CI: 32^3, 2 repetitions")
     args = parser.parse_args(argv)
     if args.small:
-        args.size, args.reps = 32, 2
+        args.size, args.reps = (32, 32, 32), 2
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -117,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
         "conditions": args.conditions,
         "before": str(args.before_file) if args.before_file else args.before,
         "after": git_commit(),
-        "size": args.size,
+        "size": args.size[0] if len(set(args.size)) == 1 else list(args.size),
         "batch": args.batch,
         "reps": args.reps,
         "paths": compare(load_views(text), args.size, args.batch, args.reps, args.seed),

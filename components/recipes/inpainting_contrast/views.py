@@ -2,9 +2,10 @@
 
 Tensor operations on batched ``(B, C, H, W, D)`` tensors on any device. All randomness comes from one optional
 ``torch.Generator`` (``None``: torch's default generator of the tensor's device), drawn batch-wide in a fixed
-order, so a seeded generator reproduces the views exactly. The cutout boxes are then applied sample by sample and
-box by box, reading their corners on the host: the trainer draws them on the host on accelerators
-(``box_generator``), so that reading them costs no synchronisation.
+order, so a seeded generator reproduces the views exactly. The cutout boxes are then applied sample by sample,
+the noise boxes one by one in drawing order and the pasted ones through one mask per sample, reading their corners
+on the host: the trainer draws them on the host on accelerators (``box_generator``), so that reading them costs no
+synchronisation.
 
 Public functions:
 
@@ -259,7 +260,9 @@ def _normalised_noise(noise: torch.Tensor, boxes: _Boxes) -> torch.Tensor:
 
     Box m of sample b reads ``noise[b, m, :, :sh, :sw, :sd]`` for its clipped sides (sh, sw, sd), so the minimum and
     maximum are taken there and the box attains exactly 0 and 1; a box whose noise is one value gets 0. All slots at
-    once, so that an accelerator runs a few kernels per pass here rather than a few per box.
+    once, so that an accelerator runs a few kernels per pass here rather than a few per box. Outside its box a block
+    is read as its first value, which lies in the box (every side is at least 1), so one copy serves both the minimum
+    and the maximum, each reduced over one flattened axis.
 
     Args:
         noise: (B, M, C, Lh, Lw, Ld) standard normal blocks, L the largest side per axis.
@@ -271,11 +274,12 @@ def _normalised_noise(noise: torch.Tensor, boxes: _Boxes) -> torch.Tensor:
     sides = (boxes.stop - boxes.start).to(noise.device, non_blocking=True)  # (B, M, 3) clipped sides
     within = [torch.arange(n, device=noise.device) < sides[..., a, None] for a, n in enumerate(noise.shape[-3:])]
     inside = within[0][..., :, None, None] & within[1][..., None, :, None] & within[2][..., None, None, :]
-    outside = ~inside[:, :, None]  # (B, M, 1, Lh, Lw, Ld), the same for every channel
-    low = noise.masked_fill(outside, math.inf).amin(dim=(2, 3, 4, 5), keepdim=True)
-    high = noise.masked_fill(outside, -math.inf).amax(dim=(2, 3, 4, 5), keepdim=True)
+    in_box = torch.where(inside[:, :, None], noise, noise[:, :, :1, :1, :1, :1]).flatten(2)  # (B, M, C*Lh*Lw*Ld)
+    low, high = in_box.amin(-1), in_box.amax(-1)
     span = high - low
-    return (noise - low) / torch.where(span > 0, span, torch.ones_like(span))
+    span = torch.where(span > 0, span, torch.ones_like(span))
+    per_slot = (*span.shape, 1, 1, 1, 1)
+    return torch.sub(noise, low.view(per_slot)).div_(span.view(per_slot))
 
 
 def _fill_noise(x: torch.Tensor, boxes: _Boxes, noise: torch.Tensor) -> torch.Tensor:
@@ -283,19 +287,28 @@ def _fill_noise(x: torch.Tensor, boxes: _Boxes, noise: torch.Tensor) -> torch.Te
     :func:`_normalised_noise`), sample by sample and box by box, so a later box overwrites an earlier one."""
     out = x.clone()
     normed = _normalised_noise(noise, boxes)
-    for i, regions in enumerate(_regions(boxes)):
+    for out_i, normed_i, regions in zip(out, normed, _regions(boxes)):
         for m, (h, w, d) in regions:
-            out[i, :, h, w, d] = normed[i, m, :, : h.stop - h.start, : w.stop - w.start, : d.stop - d.start]
+            out_i[:, h, w, d] = normed_i[m, :, : h.stop - h.start, : w.stop - w.start, : d.stop - d.start]
     return out
 
 
 def _paste(inner: torch.Tensor, partner: torch.Tensor, boxes: _Boxes) -> torch.Tensor:
     """Paste pass: a copy of ``inner`` where each active box of sample ``i`` holds sample ``partner[i]``'s voxels
-    (all channels, same place), always read from ``inner`` so that the result does not depend on the sample order."""
-    out = inner.clone()
+    (all channels, same place), always read from ``inner`` so that the result does not depend on the sample order.
+
+    All boxes of a sample copy from the same partner at the same place, so where they overlap they write the same
+    values and their order does not matter: a sample's boxes are marked in one boolean mask, then copied at once.
+    """
+    out = torch.empty_like(inner)
     for i, (j, regions) in enumerate(zip(partner.tolist(), _regions(boxes))):
-        for _, (h, w, d) in regions:
-            out[i, :, h, w, d] = inner[j, :, h, w, d]
+        if not regions:
+            out[i] = inner[i]
+            continue
+        covered = torch.zeros(inner.shape[2:], dtype=torch.bool, device=inner.device)
+        for _, box in regions:
+            covered[box] = True
+        torch.where(covered, inner[j], inner[i], out=out[i])
     return out
 
 
@@ -373,8 +386,8 @@ def aug_rand(
 
     All boxes of a pass are drawn for the whole batch at once (``_draw_boxes``: a chunk of box slots per sample,
     enough with probability ``1 - 1e-12``, of which a prefix is active), so that one generator state gives one
-    result whatever the device; the noise is one block per slot; then each sample's active boxes are written in
-    drawing order (``_fill_noise``, ``_paste``).
+    result whatever the device; the noise is one block per slot; then each sample's noise boxes are written in
+    drawing order (``_fill_noise``) and its pasted boxes, whose order does not matter, through one mask (``_paste``).
 
     Args:
         x: ``(B, C, H, W, D)`` floating tensor; not modified. Treated as data (the result is detached).
