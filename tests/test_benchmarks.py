@@ -288,6 +288,42 @@ def test_demo_seeds_resumes_at_the_same_commit_and_tabulates(tmp_path, monkeypat
         demo_seeds.peak_rss_kb("nothing")
 
 
+# a stand-in for a bundle run: writes the health report where --output_dir points, its rotation loss from --rotation
+_FAKE_PRETRAINING = """
+import json, sys
+from pathlib import Path
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+(Path(args["--output_dir"])).mkdir(parents=True)
+signal = {"value": float(args.get("--rotation", "1.39")), "baseline": 1.386, "verdict": "at baseline"}
+report = {"iteration": 1003, "crops": 256, "verdict": "at baseline", "signals": {"rotation_loss": signal}}
+(Path(args["--output_dir"]) / "health.json").write_text(json.dumps({"reports": [report]}))
+"""
+
+
+def test_demo_ssl_lever_reruns_the_demo_pretraining_with_its_overrides_only(tmp_path, monkeypatch):
+    sys.path.insert(0, str(REPO))
+    from benchmarks import demo_ssl_lever
+
+    for seed in (3, 4):
+        command = [sys.executable, "-c", _FAKE_PRETRAINING, "--output_dir", "/demo/eval", "--ckpt_dir", "/demo/models"]
+        steps = [{"step": "synthesise", "command": []}, {"step": "SSL pretraining", "command": command}]
+        (tmp_path / f"seed{seed}").mkdir()
+        (tmp_path / f"seed{seed}" / "summary.json").write_text(json.dumps({"steps": steps}))
+    out = tmp_path / "levers.json"
+    monkeypatch.setattr(demo_ssl_lever, "git_commit", lambda: "abc")
+    args = ["--work", str(tmp_path), "--seeds", "3", "--name", "lower", "--set", "rotation=1.25", "--out", str(out)]
+    demo_ssl_lever.main(args)
+    seed3 = json.loads(out.read_text())["levers"]["lower"]["seeds"]["3"]
+    assert seed3["signals"]["rotation_loss"]["value"] == 1.25 and seed3["overrides"] == {"rotation": "1.25"}
+    assert (tmp_path / "levers" / "lower" / "seed3" / "eval" / "health.json").is_file()  # not the demo's own folder
+    assert not Path("/demo/eval").exists()
+    (tmp_path / "levers" / "lower" / "seed3" / "eval" / "health.json").unlink()  # a rerun of seed 3 would fail now
+    demo_ssl_lever.main([*args[:3], "3,4", *args[4:]])  # seed 3 is recorded: only seed 4 runs
+    assert set(json.loads(out.read_text())["levers"]["lower"]["seeds"]) == {"3", "4"}
+    with pytest.raises(ValueError, match="no pretraining step"):
+        demo_ssl_lever.lever_command({"steps": [{"step": "synthesise", "command": []}]}, tmp_path, {})
+
+
 # the signals each recipe's health report reads (components' recipes: pretext signals, then the embedding's)
 HEALTH_SIGNALS = {
     "ssl": {"rotation_accuracy", "rotation_loss", "contrast_accuracy", "contrast_loss", "inpainting_l1", "embedding_std"},
