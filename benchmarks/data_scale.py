@@ -461,8 +461,8 @@ def _crop_sources(settings: Settings, corpus: Path, store: Path, recipe: str,
             print(f"data_scale: {store} written again: {err}", file=sys.stderr, flush=True)
         preprocess(datalist, store, transforms, workers=settings.workers, channels=parser["in_channels"],
                    patch_size=bundle_crop_size(parser), overwrite=True)  # as the preprocess command writes it
-    parsers = {"disk": parser, "memory": recipe_parser(settings, recipe, datalist, "full", store)}
-    return {name: parsers[name].get_parsed_content("train#dataset") for name in names}
+    sources = {"disk": lambda: parser, "memory": lambda: recipe_parser(settings, recipe, datalist, "full", store)}
+    return {name: sources[name]().get_parsed_content("train#dataset") for name in names}
 
 
 def _per_crop(total: list) -> float | None:

@@ -87,7 +87,7 @@ def _cut(array: StoredArray | torch.Tensor, padded: Sequence[int], before: Seque
     crop_shape = [e - s for s, e in zip(start, end)]
     target = (slice(None), *(slice(l + b - s, h + b - s) for l, h, b, s in zip(lo, hi, before, start)))
     if isinstance(array, StoredArray) and [h - l for l, h in zip(lo, hi)] == crop_shape:
-        values = torch.from_numpy(np.ascontiguousarray(array[region]))  # no padding: no array to copy it into
+        values = array.read(region)  # no padding: no array to copy it into
     elif isinstance(array, StoredArray):
         out = np.empty((array.shape[0], *crop_shape), array.dtype)
         _zero_outside(out, target)
