@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -251,8 +250,13 @@ def ct_list(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("ct"), num=4, seed=0)
 
 
-def _health_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "components", "health", *args], capture_output=True, text=True, timeout=300)
+def _health_cli(capsys, *args: str) -> SimpleNamespace:
+    """``python -m components health ARGS`` in this process (the process's own exit path: tests/test_cli.py)."""
+    from components.__main__ import main
+
+    code = main(["health", *args])
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
 
 
 def _published_swinvit(path: Path, feature_size: int = 12) -> None:
@@ -263,35 +267,35 @@ def _published_swinvit(path: Path, feature_size: int = 12) -> None:
     torch.save({"state_dict": state}, path)
 
 
-def test_the_command_reports_the_pretext_signals_of_our_checkpoints_and_the_embedding_of_a_published_one(ct_list, tmp_path):
+def test_the_command_reports_the_pretext_signals_of_our_checkpoints_and_the_embedding_of_a_published_one(ct_list, tmp_path, capsys):
     torch.manual_seed(0)
     torch.save(components.SSLHead(feature_size=12, window_size=4).state_dict(), tmp_path / "ssl.pt")
     torch.save({"model": _mim()[0].state_dict()}, tmp_path / "mim.pt")  # a checkpoint file holding the model
     _published_swinvit(tmp_path / "model_swinvit.pt")
     common = ["--datalist", str(ct_list), "--roi_size", "64,32,32", "--crops", "8"]
-    ssl = _health_cli(str(tmp_path / "ssl.pt"), *common, "--out", str(tmp_path / "ssl.json"))
+    ssl = _health_cli(capsys, str(tmp_path / "ssl.pt"), *common, "--out", str(tmp_path / "ssl.json"))
     assert ssl.returncode == 0, ssl.stderr
     assert "SSL heads" in ssl.stdout and "health: at baseline | rotation_accuracy " in ssl.stdout
     report = json.loads((tmp_path / "ssl.json").read_text())
     assert report["heads"] == "ssl" and report["verdict"] == AT_BASELINE and report["embedded"] == 8
     assert set(report["signals"]) == {"rotation_accuracy", "rotation_loss", "contrast_accuracy", "contrast_loss", "inpainting_l1", "embedding_std"}
-    mim = _health_cli(str(tmp_path / "mim.pt"), *common)
+    mim = _health_cli(capsys, str(tmp_path / "mim.pt"), *common)
     assert mim.returncode == 0 and "masked image heads" in mim.stdout and "masked_l1 " in mim.stdout, mim.stderr
-    published = _health_cli(str(tmp_path / "model_swinvit.pt"), *common)
+    published = _health_cli(capsys, str(tmp_path / "model_swinvit.pt"), *common)
     assert published.returncode == 0, published.stderr
     assert "an encoder without pretext heads" in published.stdout and "health: not collapsed | embedding_std " in published.stdout
 
 
-def test_the_command_exits_1_for_a_collapsed_encoder_and_names_a_bad_list_in_one_line(ct_list, tmp_path):
+def test_the_command_exits_1_for_a_collapsed_encoder_and_names_a_bad_list_in_one_line(ct_list, tmp_path, capsys):
     network = components.SSLHead(feature_size=12, window_size=4)
     with torch.no_grad():
         for parameter in network.parameters():
             parameter.zero_()
     torch.save(network.state_dict(), tmp_path / "constant.pt")
     common = ["--datalist", str(ct_list), "--roi_size", "64,32,32", "--crops", "8"]
-    collapsed = _health_cli(str(tmp_path / "constant.pt"), *common)
+    collapsed = _health_cli(capsys, str(tmp_path / "constant.pt"), *common)
     assert collapsed.returncode == 1 and "health: collapsed" in collapsed.stdout
-    empty = _health_cli(str(tmp_path / "constant.pt"), *common[:-2], "--list_name", "nothing")
+    empty = _health_cli(capsys, str(tmp_path / "constant.pt"), *common[:-2], "--list_name", "nothing")
     assert empty.returncode == 2 and empty.stderr.count("\n") == 1 and "has no 'nothing' l" in empty.stderr
 
 
