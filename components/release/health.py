@@ -6,6 +6,10 @@ the pretext signals are computed beside their trivial answers), and any encoder-
 bundle's teacher encoder, the published ``model_swinvit.pt``, MONAI's, VoCo's, ...), for which the embedding signals
 alone are computed. The crops are those the pretraining bundles draw (the pretraining transforms of the bundles, at
 ``roi_size``), from the datalist's ``list_name`` list.
+
+:func:`checkpoint_health` is two steps, each public so that a measurement can read a network on crops it chose:
+:func:`checkpoint_network` (the network holding a checkpoint's weights, and its recipe) and :func:`datalist_crops`
+(the crops).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from ..training.health import HealthReport
 from ..training.health_handler import recipe_health
 from ..training.rankme import draw_crops
 
-__all__ = ["checkpoint_health", "recipe_of"]
+__all__ = ["checkpoint_health", "checkpoint_network", "datalist_crops", "recipe_of"]
 
 def recipe_of(state: dict[str, Any]) -> str:
     """Which pretext heads a state dict holds: ``"mim"`` (a mask token and a decoder), ``"ssl"`` (rotation and
@@ -50,40 +54,81 @@ def recipe_of(state: dict[str, Any]) -> str:
     return "encoder"
 
 
-def _network(kind: str, state: dict[str, Any], checkpoint: Any, architecture: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
-    """The network holding the checkpoint's weights and its recipe (None for an encoder)."""
+def checkpoint_network(checkpoint: str | os.PathLike) -> tuple[str, torch.nn.Module, Any]:
+    """The network of a saved encoder, built from the architecture its weights show and holding them.
+
+    Args:
+        checkpoint: a checkpoint of any layout the loaders read (read once, with ``weights_only=True``).
+
+    Returns:
+        ``(kind, network, recipe)``: which heads the checkpoint holds (:func:`recipe_of`); a
+        :class:`~components.MaskedImageModel`, :class:`~components.SSLHead` or, for an encoder alone, a
+        :class:`~components.recipes.self_distillation.SwinViTEmbedding`, on the CPU; the recipe whose ``views`` and
+        ``forward`` the heads answer (None for an encoder alone).
+
+    Raises:
+        FileNotFoundError / CheckpointLoadError: an unreadable checkpoint or an unknown layout; RuntimeError: this
+            collection's weights that do not fit the architecture read from them.
+    """
+    source = os.fspath(checkpoint)
+    raw = read_checkpoint(source)  # read once: the layout, the architecture and the weights all come from it
+    state = without_wrappers(extract_state_dict(raw, source)[0], source)
+    kind = recipe_of(state)
+    architecture = {name: value for name, value in infer_architecture(raw).as_dict().items() if name != "patch_size"}
     keys = set(state)
     if kind == "mim":
         decoder = "deconv" if "decoder.0.weight" in keys else "linear"
         network = MaskedImageModel(decoder=decoder, **architecture)
         network.load_state_dict(state, strict=True)
-        return network, MaskedImageRecipe(MaskedReconstructionLoss(), mask_block=16)
+        return kind, network, MaskedImageRecipe(MaskedReconstructionLoss(), mask_block=16)
     if kind == "ssl":
         upsample = "vae" if "conv.20.weight" in keys else "large_kernel_deconv" if "conv.weight" in keys else "deconv"
         network = SSLHead(upsample=upsample, **architecture)
         network.load_state_dict(state, strict=True)
-        return network, InpaintingContrastRecipe(SSLLoss())
+        return kind, network, InpaintingContrastRecipe(SSLLoss())
     network = SwinViTEmbedding(**architecture)
-    load_pretrained(network, checkpoint)
-    return network, None
+    load_pretrained(network, raw)
+    return kind, network, None
 
 
-def _crops(datalist: str, list_name: str, roi_size: Sequence[int], intensity_range: Sequence[float], count: int, seed: int) -> list[torch.Tensor]:
-    """``count`` crops of the list, drawn with the pretraining bundles' transforms (two crops per visit)."""
+def datalist_crops(
+    datalist: str | os.PathLike,
+    list_name: str,
+    roi_size: Sequence[int],
+    intensity_range: Sequence[float],
+    count: int,
+    seed: int,
+) -> list[torch.Tensor]:
+    """Crops of a datalist's volumes as the pretraining bundles draw them (two crops per visit of a volume).
+
+    Args:
+        datalist: a Decathlon-style datalist; ``list_name`` names its list of volumes (``validation``, ``training``).
+        roi_size: the crop size.
+        intensity_range: the Hounsfield units mapped to [0, 1], clipped (the bundles' ``intensity_range``).
+        count: how many crops; seed: the seed of the draw (the global random state is left as it was).
+
+    Returns:
+        ``count`` crops, each ``(C, *roi_size)``, scaled to [0, 1].
+
+    Raises:
+        ConfigError: an empty list.
+    """
     from monai.data import Dataset
 
-    items = load_split(datalist, list_name)
+    source = os.fspath(datalist)
+    items = load_split(source, list_name)
     if not items:
-        raise ConfigError(f"{datalist}: its {list_name!r} list is empty: give --list_name a list that holds volumes.")
+        raise ConfigError(f"{source}: its {list_name!r} list is empty: give --list_name a list that holds volumes.")
+    roi = list(roi_size)
     keys = ["image"]
     transform = Compose([
         LoadImaged(keys), EnsureChannelFirstd(keys), Orientationd(keys, axcodes="RAS"),
         ScaleIntensityRanged(keys, a_min=intensity_range[0], a_max=intensity_range[1], b_min=0.0, b_max=1.0, clip=True),
-        SpatialPadd(keys, spatial_size=roi_size), CropForegroundd(keys, source_key="image", k_divisible=roi_size, allow_smaller=True),
-        RandSpatialCropSamplesd(keys, roi_size=roi_size, num_samples=2, random_size=False),
+        SpatialPadd(keys, spatial_size=roi), CropForegroundd(keys, source_key="image", k_divisible=roi, allow_smaller=True),
+        RandSpatialCropSamplesd(keys, roi_size=roi, num_samples=2, random_size=False),
     ])  # fmt: skip
     with torch.random.fork_rng(devices=[]):
-        return list(draw_crops(Dataset([{"image": item["image"]} for item in items], transform), count, seed))
+        return list(draw_crops(Dataset([{"image": item["image"]} for item in items], transform), int(count), int(seed)))
 
 
 def checkpoint_health(
@@ -114,12 +159,7 @@ def checkpoint_health(
         FileNotFoundError / CheckpointLoadError: an unreadable checkpoint or an unknown layout; ValueError: an empty
             list; RuntimeError: this collection's weights that do not fit the architecture read from them.
     """
-    source = os.fspath(checkpoint)
-    raw = read_checkpoint(source)  # read once: the layout, the architecture and the weights all come from it
-    state = without_wrappers(extract_state_dict(raw, source)[0], source)
-    kind = recipe_of(state)
-    architecture = {name: value for name, value in infer_architecture(raw).as_dict().items() if name != "patch_size"}
-    network, recipe = _network(kind, state, raw, architecture)
+    kind, network, recipe = checkpoint_network(checkpoint)
     network.to(device)
-    drawn = _crops(os.fspath(datalist), list_name, list(roi_size), list(intensity_range), int(crops), int(seed))
+    drawn = datalist_crops(datalist, list_name, roi_size, intensity_range, crops, seed)
     return kind, recipe_health(recipe, network, drawn, batch_size, seed)
