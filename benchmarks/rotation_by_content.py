@@ -13,8 +13,8 @@ validation list), drawn as the pretraining bundles draw them (:func:`components.
   has scaled them to [0, 1]; the crops sorted by it and split into 4 quartiles of equal count; for each quartile and
   for all crops, the health report (:func:`components.recipe_health`: rotation accuracy and loss, contrastive
   accuracy and loss, inpainting L1, the embedding's spread), each signal beside its trivial answer on those crops;
-- **settings**: ``--crops`` crops a list (256 by default, a multiple of 4), the demo's SSL crop size
-  (``components.demo.recipes.SSL_ROI_SIZE``), the pretraining bundles' window (HU [-1000, 1000]), the seed N as the
+- **settings**: ``--crops`` crops a list (256 by default, a multiple of 4), the crop size the runs pretrained with
+  (their ``summary.json``: ``settings.pretraining_roi_size``, ``ssl_roi_size`` before 0.5.0), the pretraining bundles' window (HU [-1000, 1000]), the seed N as the
   crops' and the views' seed, 4 crops a batch, on the CPU.
 
     python benchmarks/rotation_by_content.py --work /tmp/demo_seeds --seeds 0,1,2,3,4
@@ -48,10 +48,26 @@ QUARTILES = 4
 BATCH_SIZE = 4
 
 
-def seed_paths(work: Path, seed: int) -> tuple[Path, Path]:
-    """The SSL checkpoint and the unlabeled datalist of the demo run of ``seed`` under ``work``."""
+def seed_paths(work: Path, seed: int) -> tuple[Path, Path, Path]:
+    """The SSL checkpoint, the unlabeled datalist and the summary of the demo run of ``seed`` under ``work``."""
     run = work / f"seed{seed}"
-    return run / "ssl_pretrain" / "models" / "model.pt", run / "data" / "unlabeled" / "dataset.json"
+    return run / "ssl_pretrain" / "models" / "model.pt", run / "data" / "unlabeled" / "dataset.json", run / "summary.json"
+
+
+def pretraining_roi_size(work: Path, seeds: list[int]) -> list[int]:
+    """The crop size the demo runs of ``seeds`` pretrained with, read from their summaries.
+
+    Raises:
+        ConfigError: the runs pretrained with different crop sizes (one results file holds one).
+    """
+    sizes = {}
+    for seed in seeds:
+        settings = json.loads(seed_paths(work, seed)[2].read_text())["settings"]
+        sizes[seed] = settings.get("pretraining_roi_size", settings.get("ssl_roi_size"))
+    if len({tuple(size) for size in sizes.values()}) > 1:
+        raise ConfigError(f"the demo runs under {work} pretrained with different crop sizes ({sizes}); read them into "
+                          "different --out files")  # fmt: skip
+    return list(next(iter(sizes.values())))
 
 
 def scaled_threshold(hu: float, intensity_range: Sequence[float]) -> float:
@@ -91,11 +107,9 @@ def health_by_content(recipe: Any, network: torch.nn.Module, crops: list[torch.T
     return {"quartiles": quartiles, "all": entry(order)}
 
 
-def settings(crops: int) -> dict:
+def settings(crops: int, roi_size: list[int]) -> dict:
     """What the measurement is made with (a results file holds one set of them)."""
-    from components.demo.recipes import SSL_ROI_SIZE
-
-    return {"crops": crops, "roi_size": list(SSL_ROI_SIZE), "intensity_range": list(INTENSITY_RANGE),
+    return {"crops": crops, "roi_size": roi_size, "intensity_range": list(INTENSITY_RANGE),
             "body_hu": BODY_HU, "body_threshold": scaled_threshold(BODY_HU, INTENSITY_RANGE), "quartiles": QUARTILES,
             "batch_size": BATCH_SIZE, "lists": list(LISTS)}  # fmt: skip
 
@@ -132,15 +146,14 @@ def load_networks(work: Path, seeds: list[int]) -> dict[int, tuple[torch.nn.Modu
     return networks
 
 
-def run_seed(work: Path, seed: int, network: torch.nn.Module, recipe: Any, crops: int) -> dict:
-    """One seed: each list's crops, by body-fraction quartile."""
+def run_seed(work: Path, seed: int, network: torch.nn.Module, recipe: Any, crops: int, roi_size: list[int]) -> dict:
+    """One seed: each list's crops of ``roi_size``, by body-fraction quartile."""
     from components.release.health import datalist_crops
 
     datalist = seed_paths(work, seed)[1]
-    chosen = settings(crops)
     record = {"commit": git_commit(), "machine": machine_info()}
     for list_name in LISTS:
-        drawn = datalist_crops(datalist, list_name, chosen["roi_size"], INTENSITY_RANGE, crops, seed)
+        drawn = datalist_crops(datalist, list_name, roi_size, INTENSITY_RANGE, crops, seed)
         record[list_name] = health_by_content(recipe, network, drawn, seed)
     return record
 
@@ -157,14 +170,15 @@ def main(argv: list[str] | None = None) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else demo_seeds(args.work)
     if not seeds:
         raise MissingFileError(f"{args.work} holds no seed<N> folder of benchmarks/demo_seeds.py")
-    fresh = {"benchmark": "rotation_by_content", "settings": settings(args.crops), "seeds": {}}
-    results = json.loads(args.out.read_text()) if args.out.is_file() else fresh
-    if results["settings"] != settings(args.crops):
-        raise ConfigError(f"{args.out} was written with other settings ({results['settings']}); give another --out")
-    todo = [seed for seed in seeds if str(seed) not in results["seeds"]]
+    recorded = json.loads(args.out.read_text()) if args.out.is_file() else {"seeds": {}}
+    todo = [seed for seed in seeds if str(seed) not in recorded["seeds"]]
     networks = load_networks(args.work, todo)
+    roi_size = pretraining_roi_size(args.work, todo) if todo else recorded["settings"]["roi_size"]
+    results = {"benchmark": "rotation_by_content", "settings": settings(args.crops, roi_size), **recorded}
+    if results["settings"] != settings(args.crops, roi_size):
+        raise ConfigError(f"{args.out} was written with other settings ({results['settings']}); give another --out")
     for seed in todo:
-        results["seeds"][str(seed)] = run_seed(args.work, seed, *networks[seed], args.crops)
+        results["seeds"][str(seed)] = run_seed(args.work, seed, *networks[seed], args.crops, roi_size)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
         quartiles = results["seeds"][str(seed)]["training"]["quartiles"]

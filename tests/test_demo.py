@@ -71,6 +71,7 @@ def test_summary_json_and_pictures(quick_demo):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["device"] == "cpu" and summary["seed"] == 3
     assert summary["settings"]["organs"] == list(DEMO_ORGANS) and summary["settings"]["budget"]["finetune_epochs"] == 1
+    assert summary["settings"]["pretraining_roi_size"] == [32, 64, 64]  # the SSL run's crop, as its command gave it
     assert set(summary["arms"]) == {"SSL init", "random init"}
     # the held-out and validation bodies lie inside the training sizes, and the datalist the runs read says so
     areas = summary["settings"]["body_area_mm2"]

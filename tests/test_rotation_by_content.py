@@ -21,12 +21,15 @@ from components.data import synthetic  # noqa: E402
 from components.release.health import datalist_crops  # noqa: E402
 
 
-def _demo_seed(work: Path, seed: int, state: dict) -> Path:
-    """A demo run's two files the benchmark reads: the unlabeled datalist and the SSL bundle's ``model.pt``."""
+def _demo_seed(work: Path, seed: int, state: dict, settings: dict | None = None) -> Path:
+    """A demo run's three files the benchmark reads: the unlabeled datalist, the SSL bundle's ``model.pt`` and the
+    summary whose ``settings`` name the pretraining crop."""
     datalist = synthetic.write_dataset(work / f"seed{seed}" / "data" / "unlabeled", num=3, seed=seed, varied=True, labels=False)
     checkpoint = work / f"seed{seed}" / "ssl_pretrain" / "models" / "model.pt"
     checkpoint.parent.mkdir(parents=True)
     torch.save(state, checkpoint)  # the bundle's BestModelSaver writes the network's state dict alone
+    summary = {"settings": settings or {"pretraining_roi_size": [64, 32, 32]}}
+    (work / f"seed{seed}" / "summary.json").write_text(json.dumps(summary))
     return datalist
 
 
@@ -76,4 +79,16 @@ def test_a_missing_checkpoint_or_one_without_ssl_heads_is_refused_naming_it(tmp_
     assert not out.exists()
     with pytest.raises(ValueError, match=r"demo seed 0: .*seed0/ssl_pretrain/models/model\.pt holds no SSL heads \(its heads: 'encoder'\)"):
         bench.main(["--work", str(tmp_path), "--seeds", "0", "--crops", "8", "--out", str(out)])
+    assert not out.exists()
+
+
+def test_the_crop_is_each_runs_own_and_runs_of_different_crops_are_refused(tmp_path):
+    state = components.SSLHead(feature_size=12, window_size=4, depths=(1, 1, 1, 1)).state_dict()
+    _demo_seed(tmp_path, 0, state, {"ssl_roi_size": [64, 32, 32]})  # a summary written before 0.5.0
+    _demo_seed(tmp_path, 1, state, {"pretraining_roi_size": [32, 64, 64]})
+    assert bench.pretraining_roi_size(tmp_path, [0]) == [64, 32, 32]
+    assert bench.pretraining_roi_size(tmp_path, [1]) == [32, 64, 64]
+    out = tmp_path / "by_content.json"
+    with pytest.raises(ValueError, match=r"pretrained with different crop sizes \(\{0: \[64, 32, 32\], 1: \[32, 64, 64\]\}\)"):
+        bench.main(["--work", str(tmp_path), "--crops", "8", "--out", str(out)])
     assert not out.exists()

@@ -31,7 +31,7 @@ from .runner import BUNDLES_DIR
 
 __all__ = [
     "DemoBudget", "DemoRecipe", "RECIPES", "SSL_BUNDLE", "DINO_BUNDLE", "MIM_BUNDLE", "CT_BUNDLE", "ROI_SIZE",
-    "SPACING", "SSL_ROI_SIZE", "SSL_LOSS_WEIGHTS", "WINDOW_SIZE", "NO_MIRRORING", "LABEL_NAMES", "dino_overrides",
+    "SPACING", "MASKED_IMAGE_ROI_SIZE", "SSL_ROI_SIZE", "SSL_LOSS_WEIGHTS", "WINDOW_SIZE", "NO_MIRRORING", "LABEL_NAMES", "dino_overrides",
     "finetune_overrides", "inference_overrides", "masked_image_overrides", "pretraining_overrides", "ssl_overrides",
     "training_class_weights",
 ]
@@ -66,7 +66,12 @@ class DemoBudget:
 
 ROI_SIZE = [64, 64, 32]
 SPACING = [1.0, 1.0, 2.0]
-SSL_ROI_SIZE = [64, 32, 32]  # the smallest SSLHead input: the rotation views need the last two axes equal
+# the masked image crop: the smallest SwinUNETR input at window 4, tiled by the bundle's 16^3 mask blocks
+MASKED_IMAGE_ROI_SIZE = [64, 32, 32]
+# the SSL crop (the rotation views need the last two axes equal): at 64x32x32 the rotation head learned only on crops
+# showing the body's edge and ended near its line in every seed; a 64x64 rotation plane shows the edge more often and
+# learned in all five demo seeds (benchmarks/results/demo_ssl_levers.json, docs/measuring.md)
+SSL_ROI_SIZE = [32, 64, 64]
 # a 4^3 attention window tiles the first stage's 32x32x16 (and the SSL crops' 32x16x16) tokens without padding;
 # the recipe's 7^3 pads them to 35x35x21 and costs about twice the time per iteration here
 WINDOW_SIZE = 4
@@ -87,10 +92,10 @@ _FRESH_RUN = {"checkpointing#auto_resume": False}
 
 def masked_image_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
     """Command-line overrides of a demo-sized pretraining run, every one an id of the SSL and of the masked image
-    bundle (whose 16^3 mask blocks tile the 64x32x32 crop): data, device, sizes, schedule, health crops, folders."""
+    bundle: data, device, sizes, schedule, health crops, folders."""
     return {
         "dataset_dir": str(data_dir), "device": device, "feature_size": budget.feature_size, "network_def#window_size": WINDOW_SIZE,
-        "roi_size": SSL_ROI_SIZE,
+        "roi_size": MASKED_IMAGE_ROI_SIZE,
         "batch_size": budget.ssl_batch, "training#num_samples": 1, "loader#num_workers": 0, "speed#amp": device == "cuda",
         "speed#use_checkpoint": False, "training#seed": seed, "training#log_interval": 1, "max_epochs": budget.ssl_epochs,
         "learning_rate": budget.ssl_learning_rate, "training#warmup_iterations": budget.ssl_warmup_iterations,
@@ -100,9 +105,10 @@ def masked_image_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, de
 
 
 def ssl_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:
-    """Command-line overrides of the SSL pretraining bundle for a demo-sized run: :func:`masked_image_overrides` and
-    the rotation term weighted :data:`SSL_LOSS_WEIGHTS`."""
-    return {**masked_image_overrides(budget, data_dir, run_dir, device, seed), "train#loss#alpha": list(SSL_LOSS_WEIGHTS)}
+    """Command-line overrides of the SSL pretraining bundle for a demo-sized run: :func:`masked_image_overrides` with
+    crops of :data:`SSL_ROI_SIZE` and the rotation term weighted :data:`SSL_LOSS_WEIGHTS`."""
+    overrides = masked_image_overrides(budget, data_dir, run_dir, device, seed)
+    return {**overrides, "roi_size": SSL_ROI_SIZE, "train#loss#alpha": list(SSL_LOSS_WEIGHTS)}
 
 
 def dino_overrides(budget: DemoBudget, data_dir: Path, run_dir: Path, device: str, seed: int) -> dict[str, Any]:

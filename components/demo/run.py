@@ -29,7 +29,7 @@ import torch
 from ..data import synthetic
 from .plots import last_image, plot_dice_curves, plot_losses, plot_segmentations, plot_views
 from .recipes import (
-    CT_BUNDLE, LABEL_NAMES, NO_MIRRORING, RECIPES, ROI_SIZE, SPACING, SSL_ROI_SIZE, WINDOW_SIZE, DemoBudget,
+    CT_BUNDLE, LABEL_NAMES, NO_MIRRORING, RECIPES, ROI_SIZE, SPACING, WINDOW_SIZE, DemoBudget,
     finetune_overrides, inference_overrides, pretraining_overrides, training_class_weights,
 )  # fmt: skip
 from .runner import bundle_command, fresh_run_dir, read_scalars, run_bundle
@@ -185,8 +185,8 @@ def run_demo(
 
     pretrain_dir = fresh_run_dir(out_dir / f"{recipe}_pretrain")
     announce(f"{chosen.name} pretraining ({chosen.bundle}), {budget.ssl_epochs} epochs on {device} -> {pretrain_dir}")
-    bundle_step(f"{chosen.name} pretraining", chosen.bundle, ("train.json",),
-                pretraining_overrides(recipe, budget, unlabeled, pretrain_dir, device, seed), pretrain_dir / "train.log")
+    pretraining = pretraining_overrides(recipe, budget, unlabeled, pretrain_dir, device, seed)
+    bundle_step(f"{chosen.name} pretraining", chosen.bundle, ("train.json",), pretraining, pretrain_dir / "train.log")
 
     # one finetuning seed for both arms: the same decoder initialisation, crops and order; only the encoder's
     # starting weights differ (and it differs from the seed that initialised the pretrained encoder)
@@ -235,7 +235,7 @@ def run_demo(
         "pretraining_health": health,
         "total_seconds": round(time.perf_counter() - started, 1),
         "settings": {"budget": asdict(budget), "organs": list(synthetic.DEMO_ORGANS), "roi_size": ROI_SIZE,
-                     "spacing": SPACING, "ssl_roi_size": SSL_ROI_SIZE, "window_size": WINDOW_SIZE,
+                     "spacing": SPACING, "pretraining_roi_size": pretraining["roi_size"], "window_size": WINDOW_SIZE,
                      "class_weights": class_weights, **NO_MIRRORING, "finetune_seed": finetune_seed,
                      "held_out": "the datalist's test list, inside the training body sizes (split_by_body_size)",
                      "body_area_mm2": body_areas},
