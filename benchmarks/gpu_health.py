@@ -18,7 +18,7 @@ Each recipe runs in its own process (a recipe that hangs or crashes costs only i
 
 Only data paths, output folders, ``max_epochs``, the schedule and the validation interval are overridden: crop sizes,
 feature size 48, batch, AMP, attention, checkpointing and loader workers are the bundle's own. With ``--small`` the
-runs take the demo's CPU sizes instead (``components.demo.recipes``: 64x32x32 crops, feature size 12, no workers, no
+runs take the demo's CPU sizes instead (``components.demo.recipes``: its crops, feature size 12, no workers, no
 AMP, 8 health crops) and at most a few epochs.
 
 A recipe that fails, does not fit its share, or is still running at its end is recorded with its status and reason
@@ -339,7 +339,7 @@ def run_all(recipes: list[str], started: float, small: bool, path: Path, log: Pa
 
 def main(argv: list[str] | None = None) -> dict | None:
     parser = budget_parser(__doc__.split("\n\n")[0], "recipe", RECIPES,
-                           "the demo's CPU sizes (64x32x32, feature 12), a few epochs",
+                           "the demo's CPU sizes (its crops, feature 12), a few epochs",
                            "the runs' output (default: beside the JSON)")  # fmt: skip
     parser.add_argument("--_work", dest="work", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
