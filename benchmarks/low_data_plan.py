@@ -26,7 +26,7 @@ import numpy as np
 from components.data import synthetic
 from components.demo.recipes import CT_BUNDLE, RECIPES as DEMO_RECIPES, SPACING, DemoBudget
 from components.demo.runner import BUNDLES_DIR
-from low_data_protocol import SHIFTED_SEED_OFFSET, Data, write_text
+from low_data_protocol import SHIFTED_SEED_OFFSET, Data, DatalistError, user_data, write_text
 
 #: the recipes of the plan: each demo recipe, and ``ssl_matched``, SSL pretrained in the finetuning's window and
 #: spacing (the arm that measures the mismatch between pretraining and finetuning)
@@ -69,7 +69,8 @@ class Plan:
 
     ``finetune_seeds`` finetuning seeds run at every k in ``ks``; each recipe is pretrained with seeds 0, 1, ... until
     ``pretrainings`` of them passed the health gate (their last report's verdict in ``passing``) or
-    ``max_pretrainings`` were tried. ``finetune_iterations`` (one volume per iteration, validated every ``val_every``,
+    ``max_pretrainings`` were tried; ``health_crops``: the validation crops of that report (None: the demo's).
+    ``finetune_iterations`` (one volume per iteration, validated every ``val_every``,
     at least ``min_validations`` times) is None until the pilot (``pilot_iterations``, scratch and probe_random only) fixes it; a run refuses an unfixed
     budget. ``num_validation`` volumes select the model; each seed draws ``held_out`` volumes from each of the fixed
     ``in_domain_pool`` and ``shifted_pool``. ``convergence_gain``: the largest last-quarter gain of a converged
@@ -82,6 +83,7 @@ class Plan:
     pretrainings: int = 3
     max_pretrainings: int = 5
     passing: tuple[str, ...] = ("learning",)
+    health_crops: int | None = None
     num_validation: int = 2
     in_domain_pool: int = 8
     shifted_pool: int = 8
@@ -105,7 +107,7 @@ PLANS = {
     # the CPU plan: its finetuning budget is fixed from the pilot (low_data.py --pilot) before the pre-registration
     "cpu": Plan(),
     # CI: the mechanics on tiny sizes; it learns nothing, so its gate admits every verdict (never a real plan's)
-    "small": Plan(ks=(1,), finetune_seeds=1, pretrainings=1, max_pretrainings=1, passing=HEALTH_VERDICTS, num_validation=1,
+    "small": Plan(ks=(1,), finetune_seeds=1, pretrainings=1, max_pretrainings=1, passing=HEALTH_VERDICTS, health_crops=8, num_validation=1,
                   in_domain_pool=2, shifted_pool=2, held_out=1, finetune_iterations=4, val_every=1, min_validations=4,
                   pilot_iterations=(4,), budget=replace(PROTOCOL_BUDGET, num_unlabeled=6, ssl_epochs=1)),
 }  # fmt: skip
@@ -247,6 +249,20 @@ def synthetic_data(root: Path, plan: Plan, seed: int) -> Data:
                 ["background", *synthetic.DEMO_ORGANS], root / "unlabeled" / "dataset.json")  # fmt: skip
 
 
+def users_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path, shifted: Path | None) -> Data:
+    """The plan on a user's datalists (``low_data_protocol.user_data``, the same checks that no validation or held-out
+    volume is pretrained on or in another split): the labeled entries permuted by ``seed`` give the in-domain pool,
+    the validation volumes and the training pool; ``shifted`` (needed: the shifted pool) gives the shifted pool.
+
+    Raises:
+        DatalistError: as ``user_data``, and without ``shifted``; before any run.
+    """
+    if shifted is None:
+        raise DatalistError("protocol v3 scores every run on a shifted held-out set too: --shifted names its labeled list.")
+    return user_data(root, plan, seed, labeled, unlabeled, shifted, (plan.in_domain_pool, plan.num_validation, plan.training_pool),
+                     plan.shifted_pool)  # fmt: skip
+
+
 def check_data(data: Data, plan: Plan) -> None:
     """Raises :class:`PlanError` when the data has fewer volumes in a split than the plan needs."""
     needed = {"training pool": (len(data.pool), plan.training_pool), "validation": (len(data.validation), plan.num_validation),
@@ -273,9 +289,9 @@ def matched_corpus(data: Data, spacing: list[float] = SPACING) -> Path:
                         Spacing(pixdim=spacing, mode="bilinear")])  # fmt: skip
     lists: dict[str, list[dict]] = {}
     for key in ("training", "validation"):
-        for item in source.get(key, []):
+        for index, item in enumerate(source.get(key, [])):
             image = resample(str(data.unlabeled.parent / item["image"]))
-            name = f"images/{Path(item['image']).name}"
+            name = f"images/{key}_{index:04d}_{Path(item['image']).name}"  # a user's corpus may repeat a file name
             (out / "images").mkdir(parents=True, exist_ok=True)
             nib.save(nib.Nifti1Image(image[0].numpy().astype(np.float32), image.affine.numpy()), str(out / name))
             lists.setdefault(key, []).append({"image": name})

@@ -21,7 +21,7 @@ from components.demo.recipes import CT_BUNDLE, RECIPES as DEMO_RECIPES, SPACING,
 from low_data_arms import PROBE_NETWORK
 from low_data_plan import (
     MATCHED, MATCHED_OVERRIDES, PROBE_RANDOM, RECIPE_NAMES, SCRATCH, Plan, check_data, check_plan, matched_corpus,
-    seed_data, synthetic_data, training_volumes, write_seed_datalist,
+    seed_data, synthetic_data, training_volumes, users_data, write_seed_datalist,
 )
 from low_data_protocol import HELD_OUT_SETS, Data, code_state, digest, run_code
 from low_data_runs import _portable, run_finetuning, run_numerics, run_pretraining
@@ -67,7 +67,8 @@ def pretraining_job(recipe: str, seed: int, plan: Plan, corpus: Path, out: Path,
     folder is ``out/pretrain/<recipe>_s<seed>_<key>``."""
     demo = DEMO_RECIPES[MATCHED.get(recipe, recipe)]
     overrides = {**demo.overrides(plan.budget, corpus.parent, Path("."), numerics["device"], seed), "datalist": str(corpus),
-                 **(MATCHED_OVERRIDES if recipe in MATCHED else {})}  # fmt: skip
+                 **(MATCHED_OVERRIDES if recipe in MATCHED else {}),
+                 **({"training#rankme_crops": plan.health_crops} if plan.health_crops else {})}  # fmt: skip
     key = digest({"protocol": 3, "recipe": recipe, "pretraining_seed": seed, "overrides": _portable(overrides, out),
                   "corpus": corpus.read_text(), "corpus_spacing": SPACING if recipe in MATCHED else "native",
                   "code": run_code(code, demo.bundle), "numerics": numerics})  # fmt: skip
@@ -162,10 +163,15 @@ class _Clock:
         return round(time.perf_counter() - self.started, 1)
 
 
-def _prepare(plan: Plan, out: Path, device: str, data_seed: int, parallel: int, results: Path | None, pilot: bool):
+def _prepare(plan: Plan, out: Path, device: str, data_seed: int, parallel: int, results: Path | None, pilot: bool, lists: dict):
     check_plan(plan, pilot=pilot)
     out = out.resolve()
-    data = synthetic_data(out / "data", plan, data_seed)
+    if lists.get("labeled") or lists.get("unlabeled"):
+        if not (lists.get("labeled") and lists.get("unlabeled")):
+            raise ValueError("--labeled and --unlabeled go together (a labeled list and an unlabeled corpus).")
+        data = users_data(out / "data", plan, data_seed, lists["labeled"], lists["unlabeled"], lists.get("shifted"))
+    else:
+        data = synthetic_data(out / "data", plan, data_seed)
     check_data(data, plan)
     return out, (results or out / "results").resolve(), data, max(1, (os.cpu_count() or 1) // parallel), run_numerics(device), code_state()
 
@@ -190,7 +196,8 @@ def _finetune(job: tuple, plan: Plan, data: Data, data_seed: int, out: Path, res
 
 def run(
     plan: Plan, out: Path, device: str, data_seed: int = 0, parallel: int = 1, results: Path | None = None,
-    report_only: bool = False, stop_after_s: float | None = None,
+    report_only: bool = False, stop_after_s: float | None = None, labeled: Path | None = None, unlabeled: Path | None = None,
+    shifted: Path | None = None,
 ) -> dict:
     """Runs (or completes) protocol v3's plan and returns its summary. Pretrainings run round by round
     (:func:`seeds_to_run`) behind the gate (:func:`passes`); then ``scratch`` and ``probe_random`` per finetuning seed
@@ -198,11 +205,16 @@ def run(
     nothing runs; with ``stop_after_s`` no run starts after that many seconds: the summary lists the missing runs
     (``complete`` false) and the same command continues.
 
+    ``labeled`` / ``unlabeled`` / ``shifted``: a user's datalists instead of the synthetic sets
+    (:func:`~low_data_plan.users_data`).
+
     Raises:
         PlanError: a plan or data that cannot serve the rules (:func:`~low_data_plan.check_plan`), before any run.
+        DatalistError: a user's list that cannot serve it, before any run.
     """
     clock = _Clock(stop_after_s)
-    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, pilot=False)
+    lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
+    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, False, lists)
     corpora = {r: matched_corpus(data) if r in MATCHED else data.unlabeled for r in plan.recipes}
     missing: list[str] = []
     pretrainings: dict[str, dict[int, dict]] = {r: {} for r in plan.recipes}
@@ -243,7 +255,7 @@ def run(
             return record
 
         runs = [r for r in pool.map(one, jobs) if r is not None]
-    settings = plan_settings(plan, data_seed, numerics, code)
+    settings = plan_settings(plan, data_seed, numerics, code, "user datalists" if labeled else "synthetic")
     return {
         "benchmark": "low_data", "protocol": 3, "settings": settings, "settings_hash": digest(settings),
         "data": {**data.files(), "per_seed": draws(data, plan, data_seed)},
@@ -257,14 +269,16 @@ def run(
 
 def pilot(
     plan: Plan, out: Path, device: str, data_seed: int = 0, parallel: int = 1, results: Path | None = None,
-    report_only: bool = False, stop_after_s: float | None = None,
+    report_only: bool = False, stop_after_s: float | None = None, labeled: Path | None = None, unlabeled: Path | None = None,
+    shifted: Path | None = None,
 ) -> dict:
     """The pilot that fixes the finetuning budget before the pre-registration: ``scratch`` and ``probe_random`` only (no
     pretrained encoder is read) at every k and finetuning seed, for each budget of ``plan.pilot_iterations``. Returns
     per budget the convergence table of both arms (:func:`~low_data_verdicts.convergence`) and the smallest budget at
     which both converged at every k (None if none did). Its runs' keys are marked: the plan never reuses them."""
     clock = _Clock(stop_after_s)
-    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, pilot=True)
+    lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
+    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, True, lists)
     missing: list[str] = []
     table, runs = {}, []
     with ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -283,7 +297,7 @@ def pilot(
             runs += done
             table[str(iterations)] = {arm: convergence(done, arm, plan.ks, plan.convergence_gain) for arm in (SCRATCH, PROBE_RANDOM)}
     converged = [int(b) for b, arms in table.items() if all(e["converged"] for per_k in arms.values() for e in per_k.values())]
-    settings = plan_settings(plan, data_seed, numerics, code)
+    settings = plan_settings(plan, data_seed, numerics, code, "user datalists" if labeled else "synthetic")
     return {
         "benchmark": "low_data_pilot", "protocol": 3, "settings": settings, "settings_hash": digest(settings),
         "rule": f"converged: the last quarter of the validations gains less than {plan.convergence_gain} over the quarter before",

@@ -312,3 +312,51 @@ def test_the_pilot_runs_only_scratch_and_probe_random_at_each_budget(fake_runs, 
     schedule.run(replace(CPU, finetune_iterations=40, val_every=4, recipes=("ssl",)), tmp_path, "cpu")
     pilot_keys = {c["key"] for c in result["runs"]}
     assert pilot_keys and not pilot_keys & {c["key"] for c in calls["finetune"]}
+
+
+# ------------------------------------------------------------------------------------------------------ the docs
+
+def test_the_docs_blocks_say_not_run_yet_without_a_summary(tmp_path):
+    import low_data_docs as docs
+
+    summary = tmp_path / "low_data_cpu_protocol3.json"
+    doc = tmp_path / "README.md"
+    answers, tables = (docs.BLOCKS[kind].format(summary=summary.as_posix()) for kind in ("answers", "protocol3"))
+    doc.write_text(f"## What pretraining buys\n\n{answers}\nold\n{docs.block_end('answers')}\n\n{tables}\nold\n{docs.block_end('protocol3')}\n")
+    assert docs.write_doc_tables(doc, summary)
+    text = doc.read_text()
+    assert text.count(f"\n\n{docs.not_run_yet(summary.as_posix())}\n\n") == 2 and "old" not in text
+    assert docs.not_run_yet("x.json").startswith("Protocol v3 has not run yet:")
+    for path in ("README.md", "docs/measuring.md"):  # the shipped docs: blocks of the CPU plan's summary, not run yet
+        shipped = (REPO / path).read_text()
+        assert docs.ANSWERS_BLOCK.format(summary="benchmarks/results/low_data_cpu_protocol3.json") in shipped, path
+        assert docs.not_run_yet("benchmarks/results/low_data_cpu_protocol3.json") in shipped, path
+
+
+def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path):
+    import low_data_docs as docs
+
+    _, health = fake_runs
+    health.update({("dino", 0): "at baseline", ("dino", 1): "collapsed", ("dino", 3): "at baseline", ("dino", 4): "learning"})
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(schedule.run(PLAN, tmp_path / "out", "cpu")))
+    doc = tmp_path / "README.md"
+    begin = docs.ANSWERS_BLOCK.format(summary=summary.as_posix())
+    doc.write_text(f"{begin}\n{docs.not_run_yet('x')}\n{docs.block_end('answers')}\n")
+    assert docs.write_doc_tables(doc, summary)
+    lines = doc.read_text().splitlines()
+    g = [2 * (0.035 + 0.002 * p) for p in (0, 1, 2)]  # masked image: the pretraining means of its gain over scratch
+    half = T_975_DF2 * statistics.stdev(g) / math.sqrt(3)
+    mean = statistics.fmean(g)
+    mim = next(line for line in lines if line.startswith("- masked image:"))
+    assert mim.startswith(f"- masked image: +{mean:.3f} [+{mean - half:.3f}, +{mean + half:.3f}] over scratch (better) on 3 "
+                          "pretrainings x 3 finetuning seeds x 2 k x 2 held-out sets; its linear probe +0.074 [")  # fmt: skip
+    assert "over a random encoder's (secondary, 99.71 % Bonferroni interval: better)" in mim
+    assert "- self-distillation: not evaluated: 2 of 5 encoders passed health." in lines
+    matched = next(line for line in lines if line.startswith("- SSL in the finetuning's window and spacing:"))
+    assert "; against SSL +0.018 [" in matched  # 1.5 x - 1 x the ssl gain of 0.035 + 0.002 p, p = 0-2
+    assert lines[-3].startswith(f"Data, budgets and machine: [summary.json]({summary.as_posix()}) (pretraining 1,003 iterations, "
+                                "finetuning 40;")  # fmt: skip
+    tables = docs.protocol3_markdown(json.loads(summary.read_text()))
+    assert "| self-distillation | 1 | collapsed | no | - |" in tables and "| masked image | evaluated | +0.074 [" in tables
+    assert "Secondary cells of masked image (17 cells, Bonferroni: each interval at 99.71 %):" in tables
