@@ -143,7 +143,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
     parser.add_argument("--shifted", default=None, help="with --labeled: a labeled datalist of another site (the shifted pool)")
     parser.add_argument("--report_only", action="store_true", help="run nothing: summarise the finished runs, list the missing")
     parser.add_argument("--stop_after_s", type=float, default=None, help="start no run after this many seconds; run again to continue")
-    parser.add_argument("--markdown", default=None, help="print the generated blocks of this summary JSON and exit")
+    parser.add_argument("--markdown", default=None, help="print the generated blocks of this summary (or the pilot's table) and exit")
     parser.add_argument("--write_docs", nargs="+", default=None, help="with --markdown: rewrite these files' blocks of it")
     parser.add_argument("--coverage", default=None,
                         help="protocol 1-2 history: add the intervals' coverage to this summary JSON from its records in --results")
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     parser, args = parse_args(argv)
     import torch
 
-    from low_data_docs import block_content, write_doc_tables
+    from low_data_docs import block_content, pilot_markdown, write_doc_tables
     from low_data_plan import PLANS, PlanError
     from low_data_protocol import DatalistError
     from low_data_schedule import pilot, run
@@ -185,8 +185,11 @@ def main(argv: list[str] | None = None) -> None:
             for doc in args.write_docs or ():
                 print(f"{doc}: {'updated' if write_doc_tables(Path(doc), path) else 'unchanged'}")
             if not args.write_docs:
-                protocol3 = not path.is_file() or json.loads(path.read_text()).get("protocol") == 3
-                kinds = ("answers", "protocol3") if protocol3 else ("findings", "tables")
+                result = json.loads(path.read_text()) if path.is_file() else {"protocol": 3}
+                if result.get("benchmark") == "low_data_pilot":
+                    print(pilot_markdown(result), end="")
+                    return
+                kinds = ("answers", "protocol3") if result.get("protocol") == 3 else ("findings", "tables")
                 print("\n".join(block_content(kind, path, args.markdown).rstrip("\n") for kind in kinds))
         except ValueError as err:
             parser.error(str(err))

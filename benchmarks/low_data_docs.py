@@ -296,6 +296,22 @@ def protocol3_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pilot_markdown(result: dict) -> str:
+    """The pilot's convergence table (``low_data.py --pilot``): per budget, arm and k the last-quarter gain of the
+    mean validation curve and whether it converged, then the smallest budget at which both arms converged at every k."""
+    lines = [f"Pilot ({result['rule']}; scratch and the random encoder's probe, mean curve over the finetuning seeds):", "",
+             "| iterations | arm | k | last-quarter gain | converged |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for budget, arms in result["convergence"].items():
+        for arm, per_k in arms.items():
+            for k, e in per_k.items():
+                gain = "-" if e["last_quarter_gain"] is None else f"{e['last_quarter_gain']:+.4f}"
+                lines.append(f"| {budget} | {arm} | {k} | {gain} | {'-' if e['converged'] is None else 'yes' if e['converged'] else 'no'} |")
+    smallest = result["smallest_converged_budget"]
+    lines += ["", f"Smallest budget at which both converged at every k: {smallest if smallest else 'none of those run'}"
+                  f"{'' if result['complete'] else ' (the pilot is not complete)'}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 TABLES_BLOCK = "<!-- low_data tables: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
 COVERAGE_BLOCK = "<!-- low_data coverage: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
 FINDINGS_BLOCK = "<!-- low_data findings: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"

@@ -40,10 +40,10 @@ def verdict(interval: Sequence[float], margin: float) -> str:
 
 
 def t_interval(values: Sequence[float], level: float) -> dict:
-    """The mean of ``values`` and its Student t-interval at ``level`` (n - 1 degrees of freedom); no interval for
-    fewer than 2 values."""
+    """The mean of ``values`` (None without any) and its Student t-interval at ``level`` (n - 1 degrees of freedom);
+    no interval for fewer than 2 values."""
     n = len(values)
-    mean = statistics.fmean(values) if n else float("nan")
+    mean = statistics.fmean(values) if n else None
     entry = {"mean": mean, "n": n, "df": n - 1 if n > 1 else None, "level": level, "interval": None, "half_width": None}
     if n > 1:
         half = t_quantile(level, n - 1) * statistics.stdev(values) / math.sqrt(n)
@@ -89,10 +89,11 @@ def contrast(matrix: np.ndarray, pretrainings: Sequence[int], level: float, marg
 
 
 def welch(first: Sequence[float], second: Sequence[float], level: float, margin: float) -> dict:
-    """mean(first) - mean(second) of two independent samples of pretraining means with Welch's t-interval (the
-    Welch-Satterthwaite degrees of freedom, rounded down: conservative), and its :func:`verdict`."""
+    """mean(first) - mean(second) of two independent samples of pretraining means (None when one is empty) with
+    Welch's t-interval (the Welch-Satterthwaite degrees of freedom, rounded down: conservative) from 2 values each,
+    and its :func:`verdict`."""
     n1, n2 = len(first), len(second)
-    mean = (statistics.fmean(first) - statistics.fmean(second)) if n1 and n2 else float("nan")
+    mean = (statistics.fmean(first) - statistics.fmean(second)) if n1 and n2 else None
     entry = {"mean": mean, "n": [n1, n2], "df": None, "level": level, "interval": None, "half_width": None, "verdict": None}
     if n1 > 1 and n2 > 1:
         v1, v2 = statistics.variance(first) / n1, statistics.variance(second) / n2

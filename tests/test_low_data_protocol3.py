@@ -70,6 +70,7 @@ def test_held_out_sets_are_drawn_per_seed_from_the_fixed_pools_and_differ_across
         assert all(set(s) <= {i["image"] for i in pool} for s in sets)  # from the fixed pool
         assert len(set(sets)) == PLAN.finetune_seeds  # every seed draws another set
     assert [d.validation for d in drawn] == [data.validation] * 3 and len(data.validation) == 2  # 2 volumes select
+    assert sorted(plan_module.held_out_draws(3, 2, 3, [0, 4000])) == [[0, 1], [0, 2], [1, 2]]  # a repeated draw is drawn again
     # a seed's draw does not depend on how many seeds follow it
     assert plan_module.held_out_draws(8, 4, 5, [0, 4000])[:3] == plan_module.held_out_draws(8, 4, 3, [0, 4000])
     datalist = json.loads(plan_module.write_seed_datalist(data, 2, 1, PLAN, 0).read_text())
@@ -339,7 +340,7 @@ def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path
     _, health = fake_runs
     health.update({("dino", 0): "at baseline", ("dino", 1): "collapsed", ("dino", 3): "at baseline", ("dino", 4): "learning"})
     summary = tmp_path / "summary.json"
-    summary.write_text(json.dumps(schedule.run(PLAN, tmp_path / "out", "cpu")))
+    summary.write_text(json.dumps(schedule.run(PLAN, tmp_path / "out", "cpu"), allow_nan=False))  # strict JSON
     doc = tmp_path / "README.md"
     begin = docs.ANSWERS_BLOCK.format(summary=summary.as_posix())
     doc.write_text(f"{begin}\n{docs.not_run_yet('x')}\n{docs.block_end('answers')}\n")
@@ -360,3 +361,21 @@ def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path
     tables = docs.protocol3_markdown(json.loads(summary.read_text()))
     assert "| self-distillation | 1 | collapsed | no | - |" in tables and "| masked image | evaluated | +0.074 [" in tables
     assert "Secondary cells of masked image (17 cells, Bonferroni: each interval at 99.71 %):" in tables
+
+
+def test_the_pilots_table_names_the_smallest_converged_budget(fake_runs, tmp_path):
+    import low_data_docs as docs
+
+    result = schedule.pilot(replace(CPU, pilot_iterations=(40,), val_every=4), tmp_path, "cpu")
+    text = docs.pilot_markdown(json.loads(json.dumps(result)))
+    assert "| 40 | scratch | 2 | +0.0000 | yes |" in text and "| 40 | probe_random | 1 | +0.0000 | yes |" in text
+    assert text.rstrip().endswith("Smallest budget at which both converged at every k: 40.")
+
+
+def test_a_matched_recipe_without_its_demo_recipe_has_no_comparison_with_it():
+    runs = _records(PLAN, {"ssl_matched": [0, 1, 2]})
+    family = verdicts.family(runs, "ssl_matched", {"ssl_matched": [0, 1, 2]}, PLAN, range(3))
+    against = family["secondary"]["cells"]["ssl_matched - ssl | pooled | selected"]
+    assert (against["mean"], against["interval"], against["verdict"]) == (None, None, None)
+    assert family["primary"]["verdict"] == "better"
+    json.dumps(family, allow_nan=False)  # strict JSON: no NaN anywhere
