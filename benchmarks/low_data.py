@@ -48,8 +48,9 @@ stay in benchmarks/results/ as history.
   still gained +0.039 to +0.075 in the last quarter of 200 iterations), so the budget is fixed by a pilot before the
   pre-registration: ``--pilot`` runs ``scratch`` and ``probe_random`` only, at k = 1 and 2 and the finetuning seeds,
   for each budget of ``pilot_iterations`` (200, 400, 800), and writes the convergence table and the smallest budget at
-  which both arms converged at every k. The pilot reads no pretrained encoder, and the plan never reuses a pilot run
-  (their keys are marked). Until the budget is fixed in ``PLANS["cpu"]`` the plan refuses to run.
+  which both arms converged at every k. The pilot reads no pretrained encoder (its records hold scratch's held-out
+  Dice too, which the rule does not read), and the plan never reuses a pilot run (their keys are marked). Until the
+  budget is fixed in ``PLANS["cpu"]`` the plan refuses to run.
 - **Data.** Labeled synthetic CT (five organs), split by index: a training pool, 2 validation volumes (model
   selection on their mean Dice, the same for every run), an in-domain pool of 8; a shifted pool of 8 volumes of
   another scanner contrast, noise, fields of view and lesions. Each finetuning seed trains on a block of its own:

@@ -164,6 +164,7 @@ class _Clock:
 
 
 def _prepare(plan: Plan, out: Path, device: str, data_seed: int, parallel: int, results: Path | None, pilot: bool, lists: dict):
+    """Checks the plan and builds its data before any run; returns (out, results, data, threads per run, numerics, code)."""
     check_plan(plan, pilot=pilot)
     out = out.resolve()
     if lists.get("labeled") or lists.get("unlabeled"):

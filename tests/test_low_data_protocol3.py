@@ -379,3 +379,23 @@ def test_a_matched_recipe_without_its_demo_recipe_has_no_comparison_with_it():
     assert (against["mean"], against["interval"], against["verdict"]) == (None, None, None)
     assert family["primary"]["verdict"] == "better"
     json.dumps(family, allow_nan=False)  # strict JSON: no NaN anywhere
+
+
+def test_the_matched_corpus_is_the_corpus_at_the_finetunings_spacing(tmp_path):
+    """ssl_matched's corpus: every training and validation volume of the unlabeled corpus, resampled to 1 x 1 x 2 mm
+    (RAS, as the finetuning resamples), listed alike; written once."""
+    import nibabel as nib
+
+    from components import write_dataset
+
+    corpus = write_dataset(tmp_path / "unlabeled", num=3, seed=0, varied=True, labels=False)
+    data = protocol.Data(tmp_path, [], [], [], [], [], corpus)
+    datalist = plan_module.matched_corpus(data)
+    source, matched = json.loads(corpus.read_text()), json.loads(datalist.read_text())
+    assert [len(matched[key]) for key in ("training", "validation")] == [len(source[key]) for key in ("training", "validation")]
+    for item in matched["training"] + matched["validation"]:
+        image = nib.load(str(datalist.parent / item["image"]))
+        assert np.allclose(image.header.get_zooms()[:3], [1.0, 1.0, 2.0]) and nib.aff2axcodes(image.affine) == ("R", "A", "S")
+    first = (datalist.parent / matched["training"][0]["image"]).stat().st_mtime_ns
+    assert plan_module.matched_corpus(data) == datalist
+    assert (datalist.parent / matched["training"][0]["image"]).stat().st_mtime_ns == first  # not written again
