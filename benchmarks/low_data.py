@@ -18,7 +18,8 @@ stay in benchmarks/results/ as history.
 - **Health gate, fixed in advance.** A pretraining enters the comparison only if the last health report of its run
   (``eval/health.json``, written by the bundle's ``components.HealthHandler`` on 256 validation crops at its end)
   has the verdict ``learning``: every pretext signal beyond its trivial answer by its margin and no collapse signal
-  crossed (``components.training.health``). A failing pretraining is recorded with its report and shown in the summary
+  crossed (``components.training.health``); a run that the self-distillation bundle's collapse guard stopped fails
+  it as "collapsed". A failing pretraining is recorded with its report and shown in the summary
   and the docs' table, never dropped silently; the plan then pretrains the next seed (3, then 4) until 3 have passed
   or 5 have been tried. Only the passing pretrainings are finetuned. A recipe with fewer than 3 passing is "not
   evaluated: N of M encoders passed health".

@@ -262,6 +262,8 @@ def protocol3_markdown(result: dict) -> str:
         for p in entry["pretrainings"]:
             failing = [f"{n} {v['value']:.3g} vs {v['baseline']:.3g}" for n, v in ((p["health"] or {}).get("signals") or {}).items()
                        if v.get("verdict") in ("at baseline", "collapsed")]  # fmt: skip
+            if (p["health"] or {}).get("stopped_by"):
+                failing.append(f"stopped by {p['health']['stopped_by']}: {p['health']['message']}")
             lines.append(f"| {entry['name']} | {p['seed']} | {p['verdict']} | {'yes' if p['passed'] else 'no'} | {'; '.join(failing) or '-'} |")
     lines += ["", f"Primary contrasts (recipe - scratch, selected models, pooled over k and both held-out sets; "
                   f"{100 * s['level']:.0f} % t-interval over the pretrainings' means; margin +-{s['margin']}):", "",

@@ -115,13 +115,15 @@ def _per_image_dice(csv: Path, data_root: Path) -> dict[str, float]:
 
 def run_pretraining(
     recipe: str, key: str, overrides: dict, results: Path, threads: int | None, report_only: bool = False, *,
-    bundle: str | None = None, stem: str | None = None,
+    bundle: str | None = None, stem: str | None = None, collapse_fails: bool = False,
 ) -> dict:
     """Runs (or reuses) one pretraining; returns its record (model path and sha256, final losses, last RankMe, the
     run's last health report, ``eval/health.json``, None when the bundle wrote none). With ``report_only`` the
     recorded run is used as it is (its weights may be absent: no RankMe then). ``bundle``: the bundle to run (default:
     the recipe's, :data:`PRETRAINING`); ``stem``: the record's file name without ``_<key>.json`` (default
-    ``pretrain_<recipe>``).
+    ``pretrain_<recipe>``). With ``collapse_fails``, a run that the self-distillation bundle's collapse guard stopped
+    (``TeacherCollapseError`` in its log) is recorded as a failed pretraining: no weights, ``failed`` its message and a
+    health report of verdict ``collapsed`` (the gate of protocol v3 reports it and runs the next seed).
 
     The weights are kept beside the record, ``<results>/pretrain_<recipe>_<key>.pt``, and reused from there when the
     run's folder is gone: a piece of the plan on a fresh machine (a GPU lent for one call) continues from the results
@@ -137,6 +139,8 @@ def run_pretraining(
     model = run_dir / "models" / "model.pt"
     if record_path.is_file():
         record = json.loads(record_path.read_text())
+        if record.get("failed"):
+            return {**record, "model": None}
         for weights in (model, kept):
             if weights.is_file() and sha256_file(weights) == record["sha256"]:
                 return {**record, "model": str(weights)}
@@ -145,7 +149,17 @@ def run_pretraining(
     if report_only:
         raise FileNotFoundError(f"no record of the {recipe} pretraining with these settings ({record_path}): nothing to report.")
     fresh_run_dir(run_dir)  # a killed run's events or checkpoints must not mix into the new one
-    seconds = run_bundle(bundle or PRETRAINING[recipe][0], overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
+    try:
+        seconds = run_bundle(bundle or PRETRAINING[recipe][0], overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
+    except RuntimeError:
+        collapse = _collapse_message(run_dir / "train.log") if collapse_fails else None
+        if collapse is None:
+            raise
+        record = {"recipe": recipe, "key": key, "sha256": None, "seconds": None, "commit": git_commit(),
+                  "seed": overrides.get("training#seed"), "failed": collapse,
+                  "health": {"verdict": "collapsed", "stopped_by": "the bundle's collapse guard", "message": collapse, "signals": {}}}  # fmt: skip
+        write_json(record_path, record)
+        return {**record, "model": None}
     scalars = read_scalars(run_dir / "eval")
     health = run_dir / "eval" / "health.json"
     record = {"recipe": recipe, "key": key, "sha256": sha256_file(model), "seconds": round(seconds, 1), "commit": git_commit(),
@@ -161,6 +175,12 @@ def run_pretraining(
     write_json(record_path, record)
     return {**record, "model": str(model)}
 
+
+def _collapse_message(log: Path) -> str | None:
+    """The collapse guard's message in a run's log (the line after ``TeacherCollapseError:``), None without one."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    found = re.search(r"TeacherCollapseError: (.+)", text)
+    return found[1].strip() if found else None
 
 
 def run_finetuning(

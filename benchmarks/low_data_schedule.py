@@ -226,7 +226,7 @@ def run(
         key, overrides, bundle = pretraining_job(recipe, seed, plan, corpora[recipe], out, numerics, code)
         try:
             record = run_pretraining(recipe, key, overrides, results, threads, report_only or clock.late(), bundle=bundle,
-                                     stem=f"pretrain_{recipe}_s{seed}")  # fmt: skip
+                                     stem=f"pretrain_{recipe}_s{seed}", collapse_fails=True)  # fmt: skip
         except FileNotFoundError:
             missing.append(f"pretraining {recipe} seed {seed}")
             return None

@@ -232,9 +232,10 @@ def fake_runs(monkeypatch):
     monkeypatch.setattr(schedule, "matched_corpus", lambda data: data.unlabeled)
     monkeypatch.setattr(schedule, "training_class_weights", lambda datalist, names=None: [0.1, 1.0])
 
-    def pretrain(recipe, key, overrides, results, threads, report_only=False, *, bundle=None, stem=None):
+    def pretrain(recipe, key, overrides, results, threads, report_only=False, *, bundle=None, stem=None, collapse_fails=False):
         if report_only:
             raise FileNotFoundError(recipe)
+        assert collapse_fails  # a run the collapse guard stops is a failing pretraining, not the plan's end
         seed = overrides["training#seed"]
         calls["pretrain"].append((recipe, seed, key, bundle, overrides))
         report = {"verdict": health.get((recipe, seed), "learning"), "signals": {}}
@@ -399,3 +400,30 @@ def test_the_matched_corpus_is_the_corpus_at_the_finetunings_spacing(tmp_path):
     first = (datalist.parent / matched["training"][0]["image"]).stat().st_mtime_ns
     assert plan_module.matched_corpus(data) == datalist
     assert (datalist.parent / matched["training"][0]["image"]).stat().st_mtime_ns == first  # not written again
+
+
+def test_a_pretraining_stopped_by_the_collapse_guard_is_a_failed_pretraining(tmp_path, monkeypatch):
+    """A self-distillation run that its collapse guard stops is recorded as failed (verdict collapsed) and reused as
+    such; any other failure of a run still stops the plan."""
+    import low_data_runs as runner
+
+    calls = []
+
+    def collapsing(bundle, configs=("train.json",), overrides=None, log=None, echo=True, threads=None):
+        calls.append(bundle)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("ERROR StopOnCollapse: ...\ncomponents.recipes.self_distillation.collapse.TeacherCollapseError: the "
+                       "teacher has collapsed (the output is uniform): entropy 0.9998\n")  # fmt: skip
+        raise RuntimeError("bundle run failed (exit 1)")
+
+    monkeypatch.setattr(runner, "run_bundle", collapsing)
+    run_dir = tmp_path / "run"
+    overrides = {"output_dir": str(run_dir / "eval"), "ckpt_dir": str(run_dir / "models"), "training#seed": 1}
+    record = runner.run_pretraining("dino", "k", overrides, tmp_path / "results", None, stem="pretrain_dino_s1", collapse_fails=True)
+    assert record["failed"] == "the teacher has collapsed (the output is uniform): entropy 0.9998" and record["model"] is None
+    assert record["health"]["verdict"] == "collapsed" and not schedule.passes(record, PLAN)
+    assert json.loads((tmp_path / "results" / "pretrain_dino_s1_k.json").read_text())["failed"] == record["failed"]
+    assert runner.run_pretraining("dino", "k", overrides, tmp_path / "results", None, stem="pretrain_dino_s1", collapse_fails=True) == record
+    assert len(calls) == 1  # reused, not run again
+    with pytest.raises(RuntimeError, match="bundle run failed"):
+        runner.run_pretraining("dino", "other", overrides, tmp_path / "results", None)  # protocol 2: a failure stops the plan
