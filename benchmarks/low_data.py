@@ -32,8 +32,9 @@ stay in benchmarks/results/ as history.
   them the training volumes and held-out draws, are shared by every pretraining, so the interval is conditional on
   the drawn finetuning seeds; what the recipe x finetuning-seed interaction adds beyond it is what the coverage
   simulation below measures. Equivalence margin delta = 0.02 Dice. The verdict, in this order: "equivalent" if the
-  interval lies inside [-delta, +delta] (bounds included); "better" if its lower bound > 0; "worse" if its upper
-  bound < 0; otherwise "inconclusive".
+  interval lies inside [-delta, +delta] (bounds included; two one-sided tests at 2.5 % each, stricter than the usual
+  90 % interval); "better" if its lower bound > 0; "worse" if its upper bound < 0; otherwise "inconclusive". Each
+  recipe's primary contrast is its own pre-registered question: no correction across the four recipes.
 - **Secondary cells** (reported as secondary; named correction: Bonferroni, each interval at level 1 - 0.05 / m, m
   the number of the recipe's secondary cells): the recipe - scratch gain per k, held-out set and model (selected,
   last), the representation test ``probe_<recipe> - probe_random`` pooled as the primary and per k, set and model,
