@@ -233,13 +233,13 @@ def answers_markdown(result: dict, name: str) -> str:
             continue
         cells = entry["secondary"]["cells"]
         sentence = f"- {entry['name']}: {_gain(primary)} over scratch ({_verdict(primary)}) on {_units(result, primary['n'])}"
-        probe = cells[f"probe_{recipe} - probe_random | pooled | selected"]
+        probe = cells[f"probe_{recipe} - probe_random, pooled, selected"]
         level = f"{100 * entry['secondary']['level']:.2f} % {entry['secondary']['correction']} interval"
         if probe["interval"] is not None:
             sentence += f"; its linear probe {_gain(probe)} over a random encoder's (secondary, {level}: {_verdict(probe)})"
         for cell_name, cell in cells.items():
-            if cell_name.startswith(f"{recipe} - ") and "| pooled |" in cell_name and cell["interval"] is not None:
-                other = cell_name.split(" - ")[1].split(" |")[0]
+            if cell_name.startswith(f"{recipe} - ") and ", pooled," in cell_name and cell["interval"] is not None:
+                other = cell_name.split(" - ")[1].split(",")[0]
                 sentence += f"; against {result['recipes'][other]['name']} {_gain(cell)} (secondary, {level}: {_verdict(cell)})"
         lines.append(sentence + ".")
     commits = ", ".join(c[:7] + c[40:] for c in result["commits"]) or "none"

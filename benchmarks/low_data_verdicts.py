@@ -143,9 +143,9 @@ def secondary_cells(recipe: str, plan: Plan) -> list[tuple[str, str, str, tuple[
     ks, held-out sets, model) of ``recipe - scratch`` per k, set and model, ``probe_<recipe> - probe_random`` pooled
     as the primary (the representation test), and the probe per k, set and model."""
     probe = f"probe_{recipe}"
-    cells = [(f"{arm} - {base} | k={k} | {s} | {model}", arm, base, (k,), (s,), model)
+    cells = [(f"{arm} - {base}, k={k}, {s}, {model}", arm, base, (k,), (s,), model)
              for arm, base in ((recipe, SCRATCH), (probe, PROBE_RANDOM)) for k in plan.ks for s in HELD_OUT_SETS for model in MODELS]  # fmt: skip
-    cells.insert(len(cells) // 2, (f"{probe} - {PROBE_RANDOM} | pooled | selected", probe, PROBE_RANDOM, tuple(plan.ks), HELD_OUT_SETS, "selected"))
+    cells.insert(len(cells) // 2, (f"{probe} - {PROBE_RANDOM}, pooled, selected", probe, PROBE_RANDOM, tuple(plan.ks), HELD_OUT_SETS, "selected"))
     return cells
 
 
@@ -177,7 +177,7 @@ def family(runs: list[dict], recipe: str, passing: dict[str, list[int]], plan: P
         theirs = passing.get(other, [])
         mine = contrast(matrix, own, level, plan.margin)["per_pretraining"]
         base = contrast(unit_matrix(runs, other, SCRATCH, theirs, seeds, plan.ks), theirs, level, plan.margin)["per_pretraining"]
-        secondary[f"{recipe} - {other} | pooled | selected"] = {"kind": "finetune",
+        secondary[f"{recipe} - {other}, pooled, selected"] = {"kind": "finetune",
                                                                 **welch(list(mine.values()), list(base.values()), level, plan.margin)}  # fmt: skip
     return {"primary": primary, "secondary": {"correction": CORRECTION, "m": m, "level": level, "cells": secondary}}
 

@@ -162,14 +162,14 @@ def test_secondary_cells_get_the_bonferroni_level_of_their_recipes_family():
     ssl = verdicts.family(runs, "ssl", {"ssl": [0, 1, 2]}, PLAN, range(3))["secondary"]
     # per recipe: 2 k x 2 sets x 2 models for the finetuned arm and for the probe, and the probe pooled: 17
     assert (ssl["correction"], ssl["m"], ssl["level"]) == ("Bonferroni", 17, pytest.approx(1 - 0.05 / 17))
-    cell = ssl["cells"]["ssl - scratch | k=2 | shifted | last"]
+    cell = ssl["cells"]["ssl - scratch, k=2, shifted, last"]
     values = list(cell["per_pretraining"].values())
     half = verdicts.t_quantile(1 - 0.05 / 17, 2) * statistics.stdev(values) / math.sqrt(3)
     assert cell["interval"][1] - cell["mean"] == pytest.approx(half) and half > T_975_DF2 * statistics.stdev(values) / math.sqrt(3)
-    assert ssl["cells"]["probe_ssl - probe_random | pooled | selected"]["kind"] == "probe"
+    assert ssl["cells"]["probe_ssl - probe_random, pooled, selected"]["kind"] == "probe"
     matched = verdicts.family(runs, "ssl_matched", {"ssl": [0, 1, 2], "ssl_matched": [0, 1, 4]}, PLAN, range(3))["secondary"]
     assert matched["m"] == 18 and matched["level"] == pytest.approx(1 - 0.05 / 18)
-    against = matched["cells"]["ssl_matched - ssl | pooled | selected"]
+    against = matched["cells"]["ssl_matched - ssl, pooled, selected"]
     mine = [1.5 * (0.035 + 0.002 * p) for p in (0, 1, 4)]  # the pretraining means of ssl_matched - scratch
     theirs = [0.035 + 0.002 * p for p in (0, 1, 2)]  # and of ssl - scratch: their shared scratch runs cancel
     assert against["mean"] == pytest.approx(statistics.fmean(mine) - statistics.fmean(theirs))
@@ -191,7 +191,7 @@ def test_the_convergence_rule_compares_the_last_two_quarters_and_withholds_the_v
     mim = summary["recipes"]["mim"]
     assert mim["primary"]["verdict"] is None and mim["primary"]["withheld"] == "budget not converged at k=2"
     assert mim["primary"]["interval"] is not None  # the interval is still reported
-    assert mim["secondary"]["cells"]["probe_mim - probe_random | pooled | selected"]["verdict"] == "better"  # the probes converged
+    assert mim["secondary"]["cells"]["probe_mim - probe_random, pooled, selected"]["verdict"] == "better"  # the probes converged
     converged = schedule.summarise(PLAN, _records(PLAN, {"mim": [0, 1, 2]}), pretrainings, set())
     assert converged["recipes"]["mim"]["primary"]["verdict"] == "better" and converged["withheld"]["finetune"] is None
 
@@ -362,6 +362,10 @@ def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path
     tables = docs.protocol3_markdown(json.loads(summary.read_text()))
     assert "| self-distillation | 1 | collapsed | no | - |" in tables and "| masked image | evaluated | +0.074 [" in tables
     assert "Secondary cells of masked image (17 cells, Bonferroni: each interval at 99.71 %):" in tables
+    assert "| mim - scratch, k=2, shifted, last | +0.074 [" in tables
+    for block in tables.split("\n\n"):  # every row of a table has its header's columns
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        assert len({row.count("|") for row in rows}) <= 1, rows[:3]
 
 
 def test_the_pilots_table_names_the_smallest_converged_budget(fake_runs, tmp_path):
@@ -376,7 +380,7 @@ def test_the_pilots_table_names_the_smallest_converged_budget(fake_runs, tmp_pat
 def test_a_matched_recipe_without_its_demo_recipe_has_no_comparison_with_it():
     runs = _records(PLAN, {"ssl_matched": [0, 1, 2]})
     family = verdicts.family(runs, "ssl_matched", {"ssl_matched": [0, 1, 2]}, PLAN, range(3))
-    against = family["secondary"]["cells"]["ssl_matched - ssl | pooled | selected"]
+    against = family["secondary"]["cells"]["ssl_matched - ssl, pooled, selected"]
     assert (against["mean"], against["interval"], against["verdict"]) == (None, None, None)
     assert family["primary"]["verdict"] == "better"
     json.dumps(family, allow_nan=False)  # strict JSON: no NaN anywhere
