@@ -5,6 +5,7 @@ answers per recipe and tables (or "not run yet")."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from components.demo.plots import pyplot, save_plot
@@ -213,12 +214,12 @@ def _units(result: dict, n: int) -> str:
             f"{len(HELD_OUT_SETS)} held-out sets")
 
 
-def answers_markdown(result: dict, name: str) -> str:
+def answers_markdown(result: dict, name: str, link: str | None = None) -> str:
     """Protocol v3's answer per recipe, one sentence each, from its summary: the primary contrast (the mean gain in
     held-out Dice over scratch of the selected models, pooled over k and both held-out sets, with its t-interval over
     pretrainings and its verdict), the linear probe's gain over a random encoder's (secondary, its Bonferroni level),
     for a matched recipe its gain over its demo recipe; or the recipe's status (not evaluated: too few encoders passed
-    health; incomplete). Then where the data, budgets and machine are."""
+    health; incomplete). Then where the data, budgets and machine are, linked at ``link`` (default ``name``)."""
     s = result["settings"]
     lines = [f"Protocol v3 (pre-registered; selected models, gain in held-out Dice, {100 * s['level']:.0f} % t-interval over "
              f"pretrainings, equivalence margin +-{s['margin']}):", ""]  # fmt: skip
@@ -244,7 +245,7 @@ def answers_markdown(result: dict, name: str) -> str:
         lines.append(sentence + ".")
     commits = ", ".join(c[:7] + c[40:] for c in result["commits"]) or "none"
     done = "all its runs" if result["complete"] else f"{len(result['runs'])} finetuning runs, {len(result['missing_runs'])} still missing"
-    lines += ["", f"Data, budgets and machine: [{Path(name).name}]({name}) (pretraining {_pretraining_iterations(s):,} "
+    lines += ["", f"Data, budgets and machine: [{Path(name).name}]({Path(link or name).as_posix()}) (pretraining {_pretraining_iterations(s):,} "
                   f"iterations, finetuning {s['finetune_iterations']}; {result['machine']['cpu_model']}, "
                   f"{s['numerics']['device']}; commits {commits}; {done})."]  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -328,12 +329,13 @@ def block_end(kind: str) -> str:
     return f"<!-- /low_data {kind} -->"
 
 
-def block_content(kind: str, summary: Path, name: str) -> str:
+def block_content(kind: str, summary: Path, name: str, link: str | None = None) -> str:
     """What a block of ``kind`` shows for ``summary`` (called ``name`` in the docs): where it was measured
     (:func:`measured_markdown`) and its tables (both models), or its findings (:func:`findings_markdown`), either
     :func:`not_measured` while it does not exist; or its coverage table. Protocol v3's blocks: its answers
     (:func:`answers_markdown`) or its tables (:func:`protocol3_markdown`), either :func:`not_run_yet` while it does not
-    exist; a summary of a plan under way shows its finished units and says how many runs are missing.
+    exist; a summary of a plan under way shows its finished units and says how many runs are missing. ``link``: the
+    summary's path relative to the document (default ``name``).
 
     Raises:
         ValueError: for the tables or findings of a summary marked superseded (never shown as current) or not complete
@@ -345,7 +347,7 @@ def block_content(kind: str, summary: Path, name: str) -> str:
         result = json.loads(summary.read_text())
         if result.get("protocol") != 3:
             raise ValueError(f"{name} is no protocol v3 summary: its {kind} block cannot show it.")
-        return answers_markdown(result, name) if kind == "answers" else protocol3_markdown(result)
+        return answers_markdown(result, name, link) if kind == "answers" else protocol3_markdown(result)
     if kind in ("tables", "findings") and not summary.is_file():
         return not_measured(name)
     result = json.loads(summary.read_text())
@@ -376,7 +378,8 @@ def write_doc_tables(doc: Path, summary: Path) -> bool:
         if begin in text:
             head, rest = text.split(begin, 1)
             _, tail = rest.split(block_end(kind), 1)
-            text = f"{head}{begin}\n\n{block_content(kind, summary, name).rstrip()}\n\n{block_end(kind)}{tail}"
+            link = os.path.relpath(resolved, doc.resolve().parent)
+            text = f"{head}{begin}\n\n{block_content(kind, summary, name, link).rstrip()}\n\n{block_end(kind)}{tail}"
             found = True
     if not found:
         raise ValueError(f"{doc} has no block of {name} (a line {TABLES_BLOCK.format(summary=name)!r}).")

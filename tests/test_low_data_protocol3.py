@@ -357,8 +357,13 @@ def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path
     assert "- self-distillation: not evaluated: 2 of 5 encoders passed health." in lines
     matched = next(line for line in lines if line.startswith("- SSL in the finetuning's window and spacing:"))
     assert "; against SSL +0.018 [" in matched  # 1.5 x - 1 x the ssl gain of 0.035 + 0.002 p, p = 0-2
-    assert lines[-3].startswith(f"Data, budgets and machine: [summary.json]({summary.as_posix()}) (pretraining 1,003 iterations, "
-                                "finetuning 40;")  # fmt: skip
+    assert lines[-3].startswith("Data, budgets and machine: [summary.json](summary.json) (pretraining 1,003 iterations, "
+                                "finetuning 40;")  # fmt: skip  # linked relative to the document
+    nested = tmp_path / "docs" / "measuring.md"
+    nested.parent.mkdir()
+    nested.write_text(f"{begin}\n{docs.block_end('answers')}\n")
+    docs.write_doc_tables(nested, summary)
+    assert "[summary.json](../summary.json)" in nested.read_text()
     tables = docs.protocol3_markdown(json.loads(summary.read_text()))
     assert "| self-distillation | 1 | collapsed | no | - |" in tables and "| masked image | evaluated | +0.074 [" in tables
     assert "Secondary cells of masked image (17 cells, Bonferroni: each interval at 99.71 %):" in tables
