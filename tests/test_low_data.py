@@ -186,14 +186,16 @@ def test_the_default_plans_arms_and_contrasts(fake_protocol, tmp_path):
 
 
 def test_the_masked_image_pretraining_runs_like_the_ssl_one(tmp_path):
-    """Its overrides are the SSL pretraining's (the plan's budget: data, crop, batch, epochs, rate, warm-up, feature
-    size, window), every one an id of the masked image bundle, whose mask blocks tile the crop."""
+    """Its overrides are the SSL pretraining's (the plan's budget: data, batch, epochs, rate, warm-up, feature size,
+    window) but for the crop (SSL's is 32x64x64 since f016327, masked image's 64x32x32), every one an id of the masked
+    image bundle, whose mask blocks tile the crop."""
     plan = protocol.PLANS["cpu"]
     data = _fake_data(tmp_path / "data", plan, 0)
     numerics, code = runner.run_numerics("cpu"), protocol.code_state()
     jobs = {r: runner.pretraining_job(r, plan, data, tmp_path, numerics, code, 0) for r in ("ssl", "mim")}
-    own = {"output_dir", "ckpt_dir", "train#loss#alpha"}  # SSL's loss weights are SSL's own
+    own = {"output_dir", "ckpt_dir", "train#loss#alpha", "roi_size"}  # SSL's loss weights and crop are SSL's own
     assert jobs["ssl"][1]["train#loss#alpha"] == [3.0, 1.0, 1.0] and "train#loss#alpha" not in jobs["mim"][1]
+    assert (jobs["ssl"][1]["roi_size"], jobs["mim"][1]["roi_size"]) == ([32, 64, 64], [64, 32, 32])
     assert {k: v for k, v in jobs["mim"][1].items() if k not in own} == {k: v for k, v in jobs["ssl"][1].items() if k not in own}
     assert jobs["mim"][0] != jobs["ssl"][0] and Path(jobs["mim"][1]["ckpt_dir"]).parent.name == f"mim_{jobs['mim'][0]}"
     from monai.bundle import ConfigParser
