@@ -290,8 +290,17 @@ def test_baselines_run_once_per_seed_and_k_and_pair_with_every_pretraining(fake_
     assert all(c[3] == "swin_unetr_ssl_pretrain" and c[4]["intensity_range"] == [-175, 250] for c in pre)
     ssl = [c for c in calls["pretrain"] if c[0] == "ssl"]
     assert all("intensity_range" not in c[4] for c in ssl) and {c[2] for c in ssl}.isdisjoint({c[2] for c in pre})
-    arms = {c["arm"]: c["overrides"] for c in calls["finetune"] if (c["k"], c["seed"]) == (1, 0) and c["arm"] in ("scratch", "probe_ssl")}
-    assert arms["probe_ssl"]["network_def#network"] == "$components.LinearProbe" and "network_def#network" not in arms["scratch"]
+    own = {"output_dir", "ckpt_dir"}  # each run's own folders
+    arms = {(c["arm"], c["fields"]["pretraining_seed"]): {k: v for k, v in c["overrides"].items() if k not in own}
+            for c in calls["finetune"] if (c["k"], c["seed"]) == (2, 1)}  # fmt: skip
+
+    def differing(a: tuple, b: tuple) -> set[str]:
+        return {k for k in arms[a].keys() | arms[b].keys() if arms[a].get(k) != arms[b].get(k)}
+
+    assert differing(("ssl", 0), ("scratch", None)) == {"pretrained_path"} == differing(("ssl_matched", 2), ("ssl", 2))
+    assert differing(("probe_ssl", 1), ("probe_random", None)) == {"pretrained_path"}
+    assert differing(("probe_random", None), ("scratch", None)) == {"network_def#network"}
+    assert arms[("probe_ssl", 1)]["network_def#network"] == "$components.LinearProbe" and arms[("ssl", 1)]["pretrained_path"] == "/w/ssl1.pt"
 
 
 def test_a_time_limited_piece_lists_the_missing_runs_and_report_only_runs_nothing(fake_runs, tmp_path):
