@@ -1,92 +1,112 @@
-"""What each pretraining recipe buys when labels are few, by a protocol fixed before any of its runs.
+"""What each pretraining recipe buys when labels are few: protocol v3, fixed here before any of its runs.
 
-The protocol (fixed here and in ``low_data_protocol.PLANS`` in the commit that wrote it, before any run; decided by
-the plan and its data seed, never by ``--ks`` or ``--seeds``):
+Protocol v3 (issue 44) is stated here and in docs/measuring.md ("Protocol v3 (pre-registered)"), and fixed by
+``low_data_plan.PLANS["cpu"]``. The pre-registration commit (the one that fixes the finetuning budget from the pilot
+below) precedes every record of the plan: every record names the commit that made it. Protocol 2 (one pretraining
+per recipe, 204 pretraining iterations at which no encoder had learned) is superseded; its summaries and records
+stay in benchmarks/results/ as history.
 
-- **Data.** A labeled pool of ``pool_size`` candidate volumes, one validation volume (model selection) and two
-  held-out sets: *in-domain* (drawn like the labeled volumes) and *shifted* (the scanner contrast, noise, fields of
-  view and lesions of the unlabeled corpus, on subjects of their own). The unlabeled corpus is larger and varied
-  (``components.write_dataset(varied=True)``). With ``--labeled`` / ``--unlabeled`` (and optionally ``--shifted``)
-  the same protocol runs on a user's datalists: the held-out, validation and pool volumes are drawn from the labeled
-  list by the data seed, and no validation or held-out volume may be in the unlabeled corpus or the shifted list, nor
-  a pool volume in the shifted list, by path or by content (sha256): otherwise one line names both lists and the
-  file, before any run.
-- **Pools.** For seed ``s`` the k training volumes are the first k of one permutation of the pool drawn from
-  (data seed, s): nested (the k = 1 volume is among the k = 2 volumes, and so on) and the same whatever ``--ks``.
-- **Pretraining.** Once per recipe on the unlabeled corpus, sized by the plan's budget: ``ssl`` (the SSL bundle),
-  ``dino`` (the self-distillation bundle: the SSL run's data, epochs, batch and network, 32^3 crops), ``mim`` (the
-  masked image bundle with the SSL run's overrides and its own masking defaults).
-- **Arms.** Finetuned: ``scratch``, ``ssl``, ``dino``, ``mim`` (from each recipe's encoder). The representation test,
-  linear probes: ``probe_random``, ``probe_ssl``, ``probe_dino``, ``probe_mim`` (the CT bundle with
-  ``network_def#network`` = ``$components.LinearProbe``: ``swinViT`` frozen, one 1x1x1 convolution per multi-scale
-  feature trains). Optional, in no plan unless ``--arms`` names them: ``frozen_swinvit_random``, ``..._ssl``,
-  ``..._dino``, ``..._mim`` (``swinViT`` frozen for the whole run while the decoder and the convolutional encoder
-  blocks train). The arms of one kind and (k, seed) run the same command but for the encoder's starting weights.
-- **Budget.** ``finetune_iterations`` for every k and arm (one crop per iteration), validated every ``val_every``
-  iterations on the validation volume. Both the *last* model and the *selected* one (best validation Dice, the
-  earliest on ties) are scored on both held-out sets, and every table shows both. The scratch arm's validation
-  curves, in the JSON and ``curves.png``, show whether the budget lets it converge.
-- **Statistics.** Per contrast (each pretrained arm against its kind's random-encoder arm: ``ssl - scratch``,
-  ``dino - scratch``, ``mim - scratch``, ``probe_ssl - probe_random``, ``probe_dino - probe_random``,
-  ``probe_mim - probe_random``), k, held-out set and model: the paired differences over seeds, their mean and, from 5
-  pairs on, the 95 % Student t-interval of the mean (n - 1 degrees of freedom); below 5 pairs the range [min, max],
-  never called 95 %. Seeds are added at ``narrow_ks`` until every t-interval there is at most
-  ``target_half_width`` wide on either side, up to ``max_seeds``. The summary holds the intervals' coverage simulated
-  on its own pairs (``low_data_stats.coverage``); on the old protocol's 9-seed pairs the t-interval covered the mean
-  0.90, 0.91 and 0.93 of the time at n = 3, 5 and 9, the percentile bootstrap it replaces 0.71, 0.81 and 0.89.
-- **Records.** Every run writes its result as soon as it finishes, to ``<results>/<arm>_k<k>_seed<s>_<hash>.json``
-  where the hash covers every setting of the run (its overrides, its datalist, the pretrained weights' sha256), the
-  code that ran (the ``components`` package's source digest, less the demo's driver ``demo/run.py``, which no
-  process of the protocol imports, and the sha256 of every bundle config the run reads:
-  ``low_data_protocol.code_state``) and its numerics (device, torch and MONAI versions, the CPU's vector
-  instructions: ``low_data_runs.run_numerics``). A re-run skips finished runs and never reads a result of other
-  settings, code or numerics; a killed run leaves no result and is run again from its start. Each pretraining keeps
-  its weights beside its record (git-ignored), so the results folder alone, carried to another machine, continues
-  the plan there.
-- **RankMe.** The effective rank of each encoder's embeddings (random, SSL, self-distillation, masked image) of the
-  same ``rankme_crops`` held-out crops, the number every pretraining is told to log RankMe on
-  (``training#rankme_crops``): at most min(N, D), 192 at feature size 12 and 256 crops; the JSON says whether RankMe
-  orders the encoders as the probe arms do.
+- **The unit is the pretraining run.** Recipes ``ssl``, ``dino``, ``mim`` (each the demo's pretraining,
+  ``components.demo.recipes.RECIPES``: SSL on 32x64x64 crops with the rotation weighted 3, self-distillation with the
+  teacher at 0.04, masked image on 64x32x32) and ``ssl_matched`` (below), each at the demo's CPU pretraining budget
+  (``low_data_plan.PROTOCOL_BUDGET``: 59 epochs of 34 volumes, 2 per iteration: 1,003 iterations, on a 48-volume
+  varied synthetic corpus). Pretraining seeds 0, 1, 2 per recipe. Each pretraining is finetuned and probed over the
+  same finetuning seeds (``finetune_seeds``, 3) at k = 1 and 2 labeled volumes. ``scratch`` (finetuned from a random
+  encoder) and ``probe_random`` (the linear probe of a random encoder) run once per finetuning seed and k and are
+  shared by all pretrainings: every arm of a (finetuning seed, k) trains on the same volumes, selects on the same
+  validation volumes and is scored on the same held-out sets, with the same training seed.
+- **Health gate, fixed in advance.** A pretraining enters the comparison only if the last health report of its run
+  (``eval/health.json``, written by the bundle's ``components.HealthHandler`` on 256 validation crops at its end)
+  has the verdict ``learning``: every pretext signal beyond its trivial answer by its margin and no collapse signal
+  crossed (``components.training.health``); a run that the self-distillation bundle's collapse guard stopped fails
+  it as "collapsed". A failing pretraining is recorded with its report and shown in the summary
+  and the docs' table, never dropped silently; the plan then pretrains the next seed (3, then 4) until 3 have passed
+  or 5 have been tried. Only the passing pretrainings are finetuned. A recipe with fewer than 3 passing is "not
+  evaluated: N of M encoders passed health".
+- **One primary contrast per recipe.** For each passing pretraining p, g_p = the mean over finetuning seeds f,
+  k in {1, 2} and both held-out sets of Dice(recipe p, f, k, set) - Dice(scratch, f, k, set), selected models; then the
+  95 % Student t-interval over the P values g_p (P - 1 degrees of freedom). This is the mean over finetuning seeds per
+  pretraining, then an interval over pretrainings, not a mixed model: with 3 pretrainings a mixed model's variance
+  components are barely estimable, while the t-interval over pretraining means is exact (under normality of g_p) for
+  the mean of pretraining means and needs no variance-component estimate. Its scope: the finetuning seeds, and with
+  them the training volumes and held-out draws, are shared by every pretraining, so the interval is conditional on
+  the drawn finetuning seeds; what the recipe x finetuning-seed interaction adds beyond it is what the coverage
+  simulation below measures. Equivalence margin delta = 0.02 Dice. The verdict, in this order: "equivalent" if the
+  interval lies inside [-delta, +delta] (bounds included; two one-sided tests at 2.5 % each, stricter than the usual
+  90 % interval); "better" if its lower bound > 0; "worse" if its upper bound < 0; otherwise "inconclusive". Each
+  recipe's primary contrast is its own pre-registered question: no correction across the four recipes.
+- **Secondary cells** (reported as secondary; named correction: Bonferroni, each interval at level 1 - 0.05 / m, m
+  the number of the recipe's secondary cells): the recipe - scratch gain per k, held-out set and model (selected,
+  last), the representation test ``probe_<recipe> - probe_random`` pooled as the primary and per k, set and model,
+  each by the same machinery (means per pretraining, t-interval over pretrainings) and the same verdict rule; m = 17,
+  and 18 for ``ssl_matched`` with its comparison to ``ssl`` (Welch's t-interval of the two recipes' pretraining means,
+  degrees of freedom rounded down; their shared scratch runs cancel).
+- **Finetuning convergence.** The plan fixes the finetuning budget (``finetune_iterations``, one labeled volume per
+  iteration, validated every ``val_every`` = 20 iterations on the validation volumes) and a rule checked on
+  ``scratch`` at every k: the mean validation Dice (over the finetuning seeds) gains less than 0.01 in the last
+  quarter of the validations over the quarter before. If scratch has not converged at some k, the finetuning verdicts
+  (primary and secondary) are withheld ("budget not converged at k=.."), their intervals still reported; the same rule
+  on ``probe_random`` withholds the probe verdicts. Protocol 2's records do not give a budget that converges (its k = 2
+  still gained +0.039 to +0.075 in the last quarter of 200 iterations), so the budget is fixed by a pilot before the
+  pre-registration: ``--pilot`` runs ``scratch`` and ``probe_random`` only, at k = 1 and 2 and the finetuning seeds,
+  for each budget of ``pilot_iterations`` (200, 400, 800), and writes the convergence table and the smallest budget at
+  which both arms converged at every k. The pilot reads no pretrained encoder (its records hold scratch's held-out
+  Dice too, which the rule does not read), and the plan never reuses a pilot run (their keys are marked). Until the
+  budget is fixed in ``PLANS["cpu"]`` the plan refuses to run.
+- **Data.** Labeled synthetic CT (five organs), split by index: a training pool, 2 validation volumes (model
+  selection on their mean Dice, the same for every run), an in-domain pool of 8; a shifted pool of 8 volumes of
+  another scanner contrast, noise, fields of view and lesions. Each finetuning seed trains on a block of its own:
+  no two seeds share a training volume at any k, and within a seed the k = 1 volume is among its k = 2 volumes (so the
+  training pool holds finetune_seeds x max(k) = 6 volumes). Each seed draws 4 of the 8 in-domain and 4 of the 8 shifted
+  volumes as its held-out sets, no two seeds the same set, so the spread over seeds covers the held-out draw. The
+  sizes these rules need are checked before any run (``low_data_plan.check_plan``), with one line naming the rule.
+  With ``--labeled`` / ``--unlabeled`` / ``--shifted`` the same splits are drawn from a user's lists, none of whose
+  validation or held-out volumes may be pretrained on or be in another split.
+- **Window and spacing.** Pretraining reads HU [-1000, 1000] at native spacing, finetuning HU [-175, 250] at
+  1 x 1 x 2 mm: a mismatch, stated and measured as the arm ``ssl_matched``: the SSL pretraining with the finetuning's
+  window (``intensity_range``) on the corpus resampled to 1 x 1 x 2 mm (the pretraining bundle has no spacing
+  transform: ``low_data_plan.matched_corpus`` resamples it as the finetuning does), the same seeds and health gate; its
+  own primary contrast against scratch and a secondary one against ``ssl``.
+- **Coverage.** The summary states, per cell kind (primary: intervals over P pretraining means at 95 %; secondary:
+  the Bonferroni cells at their level), the simulated coverage of its interval on this plan's own structure: each
+  recipe's (pretraining x finetuning seed) matrix of gains is a population; 2,000 times its pretrainings and,
+  independently, its finetuning seeds are resampled with replacement (crossed, as the seeds are shared), and the share
+  of intervals covering the population's mean is reported (``low_data_verdicts.crossed_coverage``).
+- **Records and resumability.** Every run writes its record when it finishes, under a key of its settings (overrides,
+  datalist or corpus, for a finetuning the pretraining's recipe, seed, key and weights' sha256), the code that ran
+  (``low_data_protocol.code_state``) and its numerics (``low_data_runs.run_numerics``): pretrainings as
+  ``pretrain_<recipe>_s<seed>_<key>.json`` (with their weights and last health report), finetunings as
+  ``<arm>_k<k>_f<seed>_<key>.json`` and ``<arm>_p<pretraining seed>_k<k>_f<seed>_<key>.json``. A re-run reuses
+  finished runs only; a killed run leaves no record and runs again; ``--stop_after_s`` starts no run after its limit,
+  and the same command continues. The summary's tables and one-sentence answers per recipe are generated from its JSON
+  (``--markdown``/``--write_docs``) into README's "What pretraining buys" and docs/measuring.md.
 
-**The CPU plan** (``PLANS["cpu"]``): k = 1 and 2; the eight finetuned and probe arms; seeds 0-8 at both k (the seed
-rule adds none: the target half-width is reported, not pursued); 200 iterations validated every 40; the demo's
-pretraining budget (48 unlabeled volumes, 12 epochs): 144 finetuning runs and 3 pretrainings, two runs side by side.
-Time, estimated before any run for the 2-vCPU AVX-512 VM of the old records (benchmarks/README.md has the details):
-a finetuned run took a median 199 s there, two side by side (72 runs: 7,160 s); a probe run, which backpropagates
-through nothing but its 1x1x1 convolutions, took 0.35 of a finetuned run's CPU time at the plan's own settings
-(measured on a 2-vCPU AVX-512 AMD EPYC VM like it: 52.8 s against 150.2 s, two interleaved pairs, one thread each, with a stand-in built to the
-LinearProbe interface; 72 runs: 2,510 s); the pretrainings take about 150 s side by side (SSL 87 s and
-self-distillation 146 s in the records, the masked image run measured at 0.71 of the SSL run's time); RankMe of four
-encoders at most 190 s. About 10,000 s (2.8 h) in all: within 6 hours of the VM, in resumable pieces
-(``--stop_after_s``) that run in the background. The frozen-swinViT arms would add about 6,400 s.
+**Time of the CPU plan, an estimate** from existing records (not a measurement of this plan), two runs side by side
+with one thread each on a 2-vCPU VM: a finetuned run of protocol 2 took a median of about 150 s for 200 iterations and
+a probe run about 48 s (``benchmarks/results/low_data_cpu_protocol2/``); scaled by iterations (the validations, now
+twice as frequent on twice the volumes, make this an underestimate), 78 finetuned and 78 probe runs at 400 iterations
+(3 pretrainings of 4 recipes, 3 finetuning seeds, 2 k, plus the baselines) take about 30,900 s of run time. A
+pretraining at 1,003 iterations took a median of about 1,380 s for SSL on 64x32x32 crops, 456 s for masked image and
+509 s for self-distillation with the teacher at 0.04 (``benchmarks/results/pretrain_curve/``, a shared VM); SSL now
+crops 32x64x64, twice the voxels, assumed twice the time: 12 pretrainings take about 19,500 s of run time, each seed
+beyond the third adds its recipe's time. About 25,000 s (7 h) of wall time in all, two side by side; the pilot adds
+about 4,200 s (1.2 h). In resumable pieces (``--stop_after_s``) in the background.
 
-**The GPU plan** (``PLANS["cuda"]``): k = 1, 2, 4, 8; the eight arms; 9 seeds, up to 20 at k = 1, 2 by the seed rule;
-400 iterations of 2 crops; pretraining on 64 volumes for 60 epochs; 4 runs side by side, in pieces that start no run
-after 7 minutes. Its first piece (``--ks 1 --seeds 1 --parallel 8``) pretrains the three recipes side by side and
-finetunes (k = 1, seed 0) of all eight arms at once: 297 s on an H100 (benchmarks/README.md); its records are the
-GPU plan's, which later pieces continue. The device tool returns a few files a call: write the results folder, with
-the pretrained weights, into one archive under ``$OUT``.
+    python benchmarks/low_data.py --pilot --stop_after_s 3000 --out runs/low_data_pilot \\
+        --results benchmarks/results/low_data_cpu_protocol3_pilot --json benchmarks/results/low_data_cpu_protocol3_pilot.json
+                                            # before the pre-registration: fixes finetune_iterations
+    python benchmarks/low_data.py --stop_after_s 3000 --out runs/low_data_cpu_protocol3 \\
+        --results benchmarks/results/low_data_cpu_protocol3 --json benchmarks/results/low_data_cpu_protocol3.json
+                                            # a CPU piece: repeat (nohup ... &) until "complete"
+    python benchmarks/low_data.py --report_only ...   # the summary of the finished runs, running nothing
+    python benchmarks/low_data.py --small             # CI: one k, one seed, a few iterations; its gate admits any verdict
+    python benchmarks/low_data.py --markdown SUMMARY.json --write_docs README.md docs/measuring.md  # the docs' blocks
+    python benchmarks/low_data.py --coverage SUMMARY.json --results RECORDS/  # protocol 1-2 history: add its coverage
 
-Every training and evaluation step is a real ``python -m monai.bundle run`` with command-line overrides.
-
-    python benchmarks/low_data.py --device cpu --stop_after_s 3000 --out runs/low_data_cpu_protocol2 \\
-        --results benchmarks/results/low_data_cpu_protocol2 --json benchmarks/results/low_data_cpu_protocol2.json
-                                                         # a CPU piece of ~1 h: repeat (nohup ... &) until "complete"
-    python benchmarks/low_data.py --device cuda --ks 1 --seeds 1 --parallel 8 --results benchmarks/results/low_data_cuda_protocol2
-                                                         # the GPU plan's first piece: every arm in 9 minutes
-    python benchmarks/low_data.py --device cuda --results benchmarks/results/low_data_cuda_protocol2  # the next pieces
-    python benchmarks/low_data.py --report_only          # the summary of the finished runs, running nothing
-    python benchmarks/low_data.py --small                # CI: one k, one seed, a few iterations (learns nothing)
-    python benchmarks/low_data.py --labeled my_labeled.json --unlabeled my_corpus.json [--shifted other_site.json]
-    python benchmarks/low_data.py --markdown SUMMARY.json --write_docs docs/measuring.md ...  # the docs' generated blocks
-    python benchmarks/low_data.py --coverage SUMMARY.json --results RECORDS/  # add the intervals' coverage to a summary
-
-Prints one JSON object (also written to ``--json``): the settings (with the code and numerics) and their hash, the
-data (every file of every split), per run its training and held-out files and Dice, the tables, the paired
-differences and their intervals, the intervals' coverage, RankMe, the machine and the commits; writes
-``low_data.png`` and ``curves.png`` under ``--out``. The code: ``low_data_arms`` (arms, contrasts),
-``low_data_protocol`` (plans, data, keys), ``low_data_runs`` (the bundle runs and :func:`run`), ``low_data_stats``,
-``low_data_rankme``, ``low_data_docs`` (tables, the docs' blocks, plots).
+Prints one JSON object (also written to ``--json``). The code: ``low_data_plan`` (plan, data, draws),
+``low_data_schedule`` (gate, runs, pilot, summary), ``low_data_verdicts`` (statistics), ``low_data_runs`` (the bundle
+runs), ``low_data_docs`` (the docs' blocks); ``low_data_protocol``, ``low_data_arms``, ``low_data_stats`` and
+``low_data_rankme`` also hold protocol 2's parts, which ``low_data_lever.py`` still runs.
 """
 
 from __future__ import annotations
@@ -97,7 +117,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's components, without PYTHONPATH
-from low_data_arms import ARMS  # noqa: E402 (standard library only: --help imports neither torch nor MONAI)
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -107,35 +126,31 @@ class _OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+ARMS_HELP = ("arms: scratch, probe_random, and per recipe (ssl, dino, mim, ssl_matched) the finetuned arm and its "
+             "probe_<recipe>, e.g. probe_mim")
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     """The parser and the parsed arguments; nothing heavy is imported here, so ``--help`` answers at once."""
-    parser = _OneLineParser(prog="low_data.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--small", action="store_true", help="the CI size: one k, one seed, a few iterations")
+    parser = _OneLineParser(prog="low_data.py", description=__doc__.split("\n\n")[0], epilog=ARMS_HELP)
+    parser.add_argument("--small", action="store_true", help="the CI plan: one k, one seed, a few iterations (learns nothing)")
+    parser.add_argument("--pilot", action="store_true", help="scratch and probe_random only, at each pilot budget: the convergence table")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: CUDA where present")
-    parser.add_argument("--ks", default=None, help="label counts, comma-separated (a subset of the plan's pool)")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds at every k (min and max; default: the plan's)")
-    parser.add_argument("--arms", nargs="+", default=None, help=f"default: the plan's; any of {', '.join(ARMS)}")
-    parser.add_argument("--seed", type=int, default=0, help="the data seed: fixes the data, pools and held-out sets")
-    parser.add_argument("--out", default="runs/low_data", help="folder for the data, the runs and the plots")
-    parser.add_argument("--results", default=None, help="folder of the per-run result files (default: <out>/results)")
+    parser.add_argument("--seed", type=int, default=0, help="the data seed: fixes the data, the training volumes and held-out draws")
+    parser.add_argument("--out", default="runs/low_data", help="folder for the data and the runs")
+    parser.add_argument("--results", default=None, help="folder of the per-run records (default: <out>/results)")
     parser.add_argument("--json", default=None, help="also write the summary to this file")
     parser.add_argument("--parallel", type=int, default=None, help="runs side by side (default: 2 on CPU, 1 on CUDA)")
     parser.add_argument("--labeled", default=None, help="a user's labeled datalist (Decathlon style)")
     parser.add_argument("--unlabeled", default=None, help="a user's unlabeled corpus (Decathlon style, labels not needed)")
-    parser.add_argument("--shifted", default=None, help="optional: a labeled datalist of another site (shifted held-out set)")
-    parser.add_argument("--pretrain_overrides", type=json.loads, default={}, help="JSON overrides of the pretraining runs")
-    parser.add_argument("--finetune_overrides", type=json.loads, default={}, help="JSON overrides of every finetuning run")
+    parser.add_argument("--shifted", default=None, help="with --labeled: a labeled datalist of another site (the shifted pool)")
     parser.add_argument("--report_only", action="store_true", help="run nothing: summarise the finished runs, list the missing")
-    parser.add_argument("--stop_after_s", type=float, default=None,
-                        help="start no run after this many seconds (default: the cuda plan's 420, none on CPU); run again to continue")
-    parser.add_argument("--markdown", default=None, help="print the findings and Markdown tables of this summary JSON and exit")
+    parser.add_argument("--stop_after_s", type=float, default=None, help="start no run after this many seconds; run again to continue")
+    parser.add_argument("--markdown", default=None, help="print the generated blocks of this summary (or the pilot's table) and exit")
     parser.add_argument("--write_docs", nargs="+", default=None, help="with --markdown: rewrite these files' blocks of it")
     parser.add_argument("--coverage", default=None,
-                        help="add the intervals' simulated coverage to this summary JSON, from its records in --results, and exit")
+                        help="protocol 1-2 history: add the intervals' coverage to this summary JSON from its records in --results")
     args = parser.parse_args(argv)
-    unknown = [arm for arm in args.arms or () if arm not in ARMS]
-    if unknown:
-        parser.error(f"unknown arms {unknown}: the arms are {', '.join(ARMS)}.")
     if (args.labeled is None) != (args.unlabeled is None):
         parser.error("--labeled and --unlabeled go together (a labeled list and an unlabeled corpus).")
     if args.shifted is not None and args.labeled is None:
@@ -146,15 +161,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Runs the plan (or prints or writes a summary's tables, or adds its coverage) and prints the summary."""
+    """Runs the plan or its pilot (or prints or writes a summary's blocks, or adds an old summary's coverage) and prints
+    the summary."""
     parser, args = parse_args(argv)
-    from dataclasses import replace
-
     import torch
 
-    from low_data_docs import block_content, write_doc_tables
-    from low_data_protocol import PLANS, DatalistError
-    from low_data_runs import run
+    from low_data_docs import block_content, pilot_markdown, write_doc_tables
+    from low_data_plan import PLANS, PlanError
+    from low_data_protocol import DatalistError
+    from low_data_schedule import pilot, run
     from low_data_stats import coverage, summary_populations
 
     if args.coverage:
@@ -173,27 +188,24 @@ def main(argv: list[str] | None = None) -> None:
             for doc in args.write_docs or ():
                 print(f"{doc}: {'updated' if write_doc_tables(Path(doc), path) else 'unchanged'}")
             if not args.write_docs:
-                kinds = ("findings", "tables") if path.is_file() else ("tables",)  # else one not-measured line
-                print("\n".join(block_content(kind, path, args.markdown) for kind in kinds), end="")
+                result = json.loads(path.read_text()) if path.is_file() else {"protocol": 3}
+                if result.get("benchmark") == "low_data_pilot":
+                    print(pilot_markdown(result), end="")
+                    return
+                kinds = ("answers", "protocol3") if result.get("protocol") == 3 else ("findings", "tables")
+                print("\n".join(block_content(kind, path, args.markdown).rstrip("\n") for kind in kinds))
         except ValueError as err:
             parser.error(str(err))
         return
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    plan = PLANS["small" if args.small else device]
-    if args.ks:
-        plan = replace(plan, ks=tuple(int(k) for k in args.ks.split(",")))
-    if args.seeds:
-        plan = replace(plan, min_seeds=args.seeds, max_seeds=args.seeds)
-    if args.arms:
-        plan = replace(plan, arms=tuple(args.arms))
-    plan = replace(plan, pretrain_overrides=args.pretrain_overrides, finetune_overrides=args.finetune_overrides)
-    parallel = args.parallel or (2 if device == "cpu" else 4)
-    paths = {name: Path(getattr(args, name)).resolve() if getattr(args, name) else None for name in ("labeled", "unlabeled", "shifted")}
-    stop_after_s = args.stop_after_s if args.stop_after_s is not None else (420.0 if device == "cuda" else None)
+    plan = PLANS["small" if args.small else "cpu"]
+    parallel = args.parallel or (2 if device == "cpu" else 1)
+    lists = {name: Path(getattr(args, name)).resolve() if getattr(args, name) else None for name in ("labeled", "unlabeled", "shifted")}
     try:
-        result = run(plan, Path(args.out), device, args.seed, parallel, Path(args.results) if args.results else None, **paths,
-                     report_only=args.report_only, stop_after_s=stop_after_s)
-    except DatalistError as err:
+        result = (pilot if args.pilot else run)(plan, Path(args.out), device, args.seed, parallel,
+                                                Path(args.results) if args.results else None, args.report_only,
+                                                args.stop_after_s, **lists)  # fmt: skip
+    except (PlanError, DatalistError) as err:
         parser.error(str(err))
     text = json.dumps(result, indent=2)
     if args.json:

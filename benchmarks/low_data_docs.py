@@ -1,9 +1,11 @@
 """The low-data protocol's Markdown tables (both models) and findings, the docs' generated blocks (the tables, the
-findings, the intervals' coverage, or a sentence while a summary is not measured), and the plots."""
+findings, the intervals' coverage, or a sentence while a summary is not measured), and the plots; protocol v3's
+answers per recipe and tables (or "not run yet")."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from components.demo.plots import pyplot, save_plot
@@ -183,10 +185,143 @@ def not_measured(name: str) -> str:
     return f"The new protocol has not been measured at this commit: its summary {name} does not exist yet."
 
 
+# ---------------------------------------------------------------------------------------------------- protocol v3
+
+def not_run_yet(name: str) -> str:
+    """What a protocol v3 block says while its summary does not exist: one sentence."""
+    return f"Protocol v3 has not run yet: no record of its plan exists at this commit ({name} is written by its first piece)."
+
+
+def _gain(entry: dict) -> str:
+    low, high = entry["interval"]
+    return f"{entry['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def _verdict(entry: dict) -> str:
+    return entry["verdict"] if entry.get("verdict") else f"verdict withheld: {entry.get('withheld') or 'no interval'}"
+
+
+def _pretraining_iterations(settings: dict) -> int:
+    from components.data.synthetic import split_sizes
+
+    budget = settings["budget"]
+    return budget["ssl_epochs"] * (split_sizes(budget["num_unlabeled"])[0] // budget["ssl_batch"])
+
+
+def _units(result: dict, n: int) -> str:
+    s = result["settings"]
+    return (f"{_count(n, 'pretraining')} x {_count(s['finetune_seeds'], 'finetuning seed')} x {len(s['ks'])} k x "
+            f"{len(HELD_OUT_SETS)} held-out sets")
+
+
+def answers_markdown(result: dict, name: str, link: str | None = None) -> str:
+    """Protocol v3's answer per recipe, one sentence each, from its summary: the primary contrast (the mean gain in
+    held-out Dice over scratch of the selected models, pooled over k and both held-out sets, with its t-interval over
+    pretrainings and its verdict), the linear probe's gain over a random encoder's (secondary, its Bonferroni level),
+    for a matched recipe its gain over its demo recipe; or the recipe's status (not evaluated: too few encoders passed
+    health; incomplete). Then where the data, budgets and machine are, linked at ``link`` (default ``name``)."""
+    s = result["settings"]
+    lines = [f"Protocol v3 (pre-registered; selected models, gain in held-out Dice, {100 * s['level']:.0f} % t-interval over "
+             f"pretrainings, equivalence margin +-{s['margin']}):", ""]  # fmt: skip
+    for recipe, entry in result["recipes"].items():
+        primary = entry.get("primary")
+        if primary is None or not primary["n"]:
+            lines.append(f"- {entry['name']}: {entry['status']}{'' if primary is None else ', no pretraining finetuned yet'}.")
+            continue
+        if primary["interval"] is None:
+            lines.append(f"- {entry['name']}: {primary['mean']:+.3f} over scratch from {_count(primary['n'], 'pretraining')}, "
+                         f"no interval below 2 ({entry['status']}).")  # fmt: skip
+            continue
+        cells = entry["secondary"]["cells"]
+        sentence = f"- {entry['name']}: {_gain(primary)} over scratch ({_verdict(primary)}) on {_units(result, primary['n'])}"
+        probe = cells[f"probe_{recipe} - probe_random, pooled, selected"]
+        level = f"{100 * entry['secondary']['level']:.2f} % {entry['secondary']['correction']} interval"
+        if probe["interval"] is not None:
+            sentence += f"; its linear probe {_gain(probe)} over a random encoder's (secondary, {level}: {_verdict(probe)})"
+        for cell_name, cell in cells.items():
+            if cell_name.startswith(f"{recipe} - ") and ", pooled," in cell_name and cell["interval"] is not None:
+                other = cell_name.split(" - ")[1].split(",")[0]
+                sentence += f"; against {result['recipes'][other]['name']} {_gain(cell)} (secondary, {level}: {_verdict(cell)})"
+        lines.append(sentence + ".")
+    commits = ", ".join(c[:7] + c[40:] for c in result["commits"]) or "none"
+    done = "all its runs" if result["complete"] else f"{len(result['runs'])} finetuning runs, {len(result['missing_runs'])} still missing"
+    lines += ["", f"Data, budgets and machine: [{Path(name).name}]({Path(link or name).as_posix()}) (pretraining {_pretraining_iterations(s):,} "
+                  f"iterations, finetuning {s['finetune_iterations']}; {result['machine']['cpu_model']}, "
+                  f"{s['numerics']['device']}; commits {commits}; {done})."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def protocol3_markdown(result: dict) -> str:
+    """Protocol v3's tables: every pretraining and its health gate, the primary contrasts, each recipe's secondary
+    cells, the convergence of the finetuning (``scratch``) and of the probe heads (``probe_random``), and the
+    simulated coverage per cell kind."""
+    s = result["settings"]
+    lines = ["Pretrainings and the health gate (the last health report of each run; passing: "
+             f"{', '.join(s['passing'])}):", "", "| recipe | seed | verdict | passed | signals at baseline or collapsed |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for entry in result["recipes"].values():
+        for p in entry["pretrainings"]:
+            failing = [f"{n} {v['value']:.3g} vs {v['baseline']:.3g}" for n, v in ((p["health"] or {}).get("signals") or {}).items()
+                       if v.get("verdict") in ("at baseline", "collapsed")]  # fmt: skip
+            if (p["health"] or {}).get("stopped_by"):
+                failing.append(f"stopped by {p['health']['stopped_by']}: {p['health']['message']}")
+            lines.append(f"| {entry['name']} | {p['seed']} | {p['verdict']} | {'yes' if p['passed'] else 'no'} | {'; '.join(failing) or '-'} |")
+    lines += ["", f"Primary contrasts (recipe - scratch, selected models, pooled over k and both held-out sets; "
+                  f"{100 * s['level']:.0f} % t-interval over the pretrainings' means; margin +-{s['margin']}):", "",
+              "| recipe | status | gain [interval] | pretrainings | verdict |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for entry in result["recipes"].values():
+        primary = entry.get("primary")
+        gain = _gain(primary) if primary and primary["interval"] else "-"
+        lines.append(f"| {entry['name']} | {entry['status']} | {gain} | {primary['n'] if primary else 0} | "
+                     f"{_verdict(primary) if primary else '-'} |")  # fmt: skip
+    for entry in result["recipes"].values():
+        if "secondary" not in entry:
+            continue
+        sec = entry["secondary"]
+        lines += ["", f"Secondary cells of {entry['name']} ({sec['m']} cells, {sec['correction']}: each interval at "
+                      f"{100 * sec['level']:.2f} %):", "", "| cell | gain [interval] | verdict |", "| --- | --- | --- |"]  # fmt: skip
+        lines += [f"| {cell} | {_gain(e) if e['interval'] else '-'} | {_verdict(e)} |" for cell, e in sec["cells"].items()]
+    lines += ["", f"Convergence (the last quarter of the validations gains less than {s['convergence_gain']} over the "
+                  "quarter before; mean curve over the finetuning seeds):", "", "| arm | k | last-quarter gain | converged |",
+              "| --- | --- | --- | --- |"]  # fmt: skip
+    for arm, per_k in result["convergence"].items():
+        for k, e in per_k.items():
+            gain = "-" if e["last_quarter_gain"] is None else f"{e['last_quarter_gain']:+.4f}"
+            lines.append(f"| {arm} | {k} | {gain} | {'-' if e['converged'] is None else 'yes' if e['converged'] else 'no'} |")
+    lines += ["", "Coverage of the intervals, simulated on this plan's structure:", "",
+              "| cell kind | nominal | covered (lowest) | populations | resampled |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for kind, c in result["coverage"].items():
+        if c is None:
+            lines.append(f"| {kind} | - | not simulated: no recipe with 2 passing pretrainings yet | 0 | - |")
+            continue
+        nominal = ", ".join(f"{v:.4f}" for v in c["nominal"])
+        lines.append(f"| {kind} | {nominal} | {c['mean']:.3f} ({c['min']:.3f}) | {c['populations']} | {c['resampled']} |")
+    return "\n".join(lines) + "\n"
+
+
+def pilot_markdown(result: dict) -> str:
+    """The pilot's convergence table (``low_data.py --pilot``): per budget, arm and k the last-quarter gain of the
+    mean validation curve and whether it converged, then the smallest budget at which both arms converged at every k."""
+    lines = [f"Pilot ({result['rule']}; scratch and the random encoder's probe, mean curve over the finetuning seeds):", "",
+             "| iterations | arm | k | last-quarter gain | converged |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for budget, arms in result["convergence"].items():
+        for arm, per_k in arms.items():
+            for k, e in per_k.items():
+                gain = "-" if e["last_quarter_gain"] is None else f"{e['last_quarter_gain']:+.4f}"
+                lines.append(f"| {budget} | {arm} | {k} | {gain} | {'-' if e['converged'] is None else 'yes' if e['converged'] else 'no'} |")
+    smallest = result["smallest_converged_budget"]
+    lines += ["", f"Smallest budget at which both converged at every k: {smallest if smallest else 'none of those run'}"
+                  f"{'' if result['complete'] else ' (the pilot is not complete)'}."]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 TABLES_BLOCK = "<!-- low_data tables: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
 COVERAGE_BLOCK = "<!-- low_data coverage: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
 FINDINGS_BLOCK = "<!-- low_data findings: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
-BLOCKS = {"tables": TABLES_BLOCK, "coverage": COVERAGE_BLOCK, "findings": FINDINGS_BLOCK}
+ANSWERS_BLOCK = "<!-- low_data answers: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
+PROTOCOL3_BLOCK = "<!-- low_data protocol3: python benchmarks/low_data.py --markdown {summary} --write_docs ... -->"
+BLOCKS = {"tables": TABLES_BLOCK, "coverage": COVERAGE_BLOCK, "findings": FINDINGS_BLOCK, "answers": ANSWERS_BLOCK,
+          "protocol3": PROTOCOL3_BLOCK}
 
 
 def block_end(kind: str) -> str:
@@ -194,15 +329,25 @@ def block_end(kind: str) -> str:
     return f"<!-- /low_data {kind} -->"
 
 
-def block_content(kind: str, summary: Path, name: str) -> str:
+def block_content(kind: str, summary: Path, name: str, link: str | None = None) -> str:
     """What a block of ``kind`` shows for ``summary`` (called ``name`` in the docs): where it was measured
     (:func:`measured_markdown`) and its tables (both models), or its findings (:func:`findings_markdown`), either
-    :func:`not_measured` while it does not exist; or its coverage table.
+    :func:`not_measured` while it does not exist; or its coverage table. Protocol v3's blocks: its answers
+    (:func:`answers_markdown`) or its tables (:func:`protocol3_markdown`), either :func:`not_run_yet` while it does not
+    exist; a summary of a plan under way shows its finished units and says how many runs are missing. ``link``: the
+    summary's path relative to the document (default ``name``).
 
     Raises:
         ValueError: for the tables or findings of a summary marked superseded (never shown as current) or not complete
             (a piece of its plan), or a coverage block of a summary without ``coverage``.
     """
+    if kind in ("answers", "protocol3"):
+        if not summary.is_file():
+            return not_run_yet(name)
+        result = json.loads(summary.read_text())
+        if result.get("protocol") != 3:
+            raise ValueError(f"{name} is no protocol v3 summary: its {kind} block cannot show it.")
+        return answers_markdown(result, name, link) if kind == "answers" else protocol3_markdown(result)
     if kind in ("tables", "findings") and not summary.is_file():
         return not_measured(name)
     result = json.loads(summary.read_text())
@@ -233,7 +378,8 @@ def write_doc_tables(doc: Path, summary: Path) -> bool:
         if begin in text:
             head, rest = text.split(begin, 1)
             _, tail = rest.split(block_end(kind), 1)
-            text = f"{head}{begin}\n\n{block_content(kind, summary, name).rstrip()}\n\n{block_end(kind)}{tail}"
+            link = os.path.relpath(resolved, doc.resolve().parent)
+            text = f"{head}{begin}\n\n{block_content(kind, summary, name, link).rstrip()}\n\n{block_end(kind)}{tail}"
             found = True
     if not found:
         raise ValueError(f"{doc} has no block of {name} (a line {TABLES_BLOCK.format(summary=name)!r}).")

@@ -183,11 +183,16 @@ def _entries(datalist: Path, require_label: bool) -> list[dict]:
     return out
 
 
-def user_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path, shifted: Path | None) -> Data:
+def user_data(
+    root: Path, plan: Any, seed: int, labeled: Path, unlabeled: Path, shifted: Path | None,
+    sizes: tuple[int, int, int] | None = None, shifted_size: int | None = None,
+) -> Data:
     """The protocol on a user's datalists. The labeled entries (every list, those with a label) are permuted by
     ``seed``: the first ``num_in_domain`` are the in-domain held-out set, the next one validates, the rest (at most
     ``pool_size``) are the pool; ``shifted`` entries are the shifted held-out set (none without it). The unlabeled
     corpus (every entry of every list) is split 85/15 into the pretraining bundles' training and validation lists.
+    ``sizes`` (protocol v3): (in-domain, validation, training pool) volumes instead of the plan's, all needed;
+    ``shifted_size``: that many shifted entries, drawn by ``seed``, all needed.
 
     Raises:
         DatalistError: a list that cannot be read, names missing files, or is too short for the plan; a validation or
@@ -195,19 +200,26 @@ def user_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path,
             list, by path or content (:func:`check_disjoint`). Before any run starts.
     """
     entries = _entries(labeled, require_label=True)
-    needed = plan.num_in_domain + 1 + max(plan.ks)
+    num_in, num_val, pool_size = sizes or (plan.num_in_domain, 1, plan.pool_size)
+    needed = num_in + num_val + (pool_size if sizes else max(plan.ks))
     if len(entries) < needed:
+        what = (f"{num_in} in-domain, {num_val} for validation, {pool_size} to train" if sizes else
+                f"{num_in} held out, 1 for validation, k up to {max(plan.ks)}")  # fmt: skip
         raise DatalistError(f"--labeled {str(labeled)!r} has {len(entries)} labeled volumes; the plan needs at least "
-                         f"{needed} ({plan.num_in_domain} held out, 1 for validation, k up to {max(plan.ks)}).")  # fmt: skip
+                            f"{needed} ({what}).")  # fmt: skip
     order = np.random.default_rng([seed, 1]).permutation(len(entries))
     entries = [entries[i] for i in order]
-    held, val, pool = entries[: plan.num_in_domain], entries[plan.num_in_domain : plan.num_in_domain + 1], entries[plan.num_in_domain + 1 :]
+    held, val, pool = entries[:num_in], entries[num_in : num_in + num_val], entries[num_in + num_val :]
     corpus = _entries(unlabeled, require_label=False)
     if len(corpus) < 2:
         raise DatalistError(f"--unlabeled {str(unlabeled)!r} has {len(corpus)} images; pretraining needs at least 2.")
     corpus = [{"image": item["image"]} for item in corpus]
     other_site = _entries(shifted, True) if shifted else []
-    pool = pool[: plan.pool_size]
+    if shifted_size is not None:
+        if len(other_site) < shifted_size:
+            raise DatalistError(f"--shifted {str(shifted)!r} has {len(other_site)} labeled volumes; the plan needs {shifted_size}.")
+        other_site = [other_site[i] for i in np.random.default_rng([seed, 3]).permutation(len(other_site))[:shifted_size]]
+    pool = pool[:pool_size]
     lists = {"pool": f"--labeled {str(labeled)!r} (training pool)", "val": f"--labeled {str(labeled)!r} (validation)",
              "held": f"--labeled {str(labeled)!r} (in-domain held-out)", "shifted": f"--shifted {str(shifted)!r}",
              "corpus": f"--unlabeled {str(unlabeled)!r}"}  # fmt: skip

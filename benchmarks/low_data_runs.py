@@ -113,9 +113,17 @@ def _per_image_dice(csv: Path, data_root: Path) -> dict[str, float]:
     return out
 
 
-def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threads: int | None, report_only: bool = False) -> dict:
-    """Runs (or reuses) one pretraining; returns its record (model path and sha256, final losses, last RankMe). With
-    ``report_only`` the recorded run is used as it is (its weights may be absent: no RankMe then).
+def run_pretraining(
+    recipe: str, key: str, overrides: dict, results: Path, threads: int | None, report_only: bool = False, *,
+    bundle: str | None = None, stem: str | None = None, collapse_fails: bool = False,
+) -> dict:
+    """Runs (or reuses) one pretraining; returns its record (model path and sha256, final losses, last RankMe, the
+    run's last health report, ``eval/health.json``, None when the bundle wrote none). With ``report_only`` the
+    recorded run is used as it is (its weights may be absent: no RankMe then). ``bundle``: the bundle to run (default:
+    the recipe's, :data:`PRETRAINING`); ``stem``: the record's file name without ``_<key>.json`` (default
+    ``pretrain_<recipe>``). With ``collapse_fails``, a run that the self-distillation bundle's collapse guard stopped
+    (``TeacherCollapseError`` in its log) is recorded as a failed pretraining: no weights, ``failed`` its message and a
+    health report of verdict ``collapsed`` (the gate of protocol v3 reports it and runs the next seed).
 
     The weights are kept beside the record, ``<results>/pretrain_<recipe>_<key>.pt``, and reused from there when the
     run's folder is gone: a piece of the plan on a fresh machine (a GPU lent for one call) continues from the results
@@ -126,11 +134,13 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
         FileNotFoundError: with ``report_only``, for a pretraining that has no record.
     """
     run_dir = Path(overrides["ckpt_dir"]).parent
-    record_path = results / f"pretrain_{recipe}_{key}.json"
+    record_path = results / f"{stem or f'pretrain_{recipe}'}_{key}.json"
     kept = record_path.with_suffix(".pt")
     model = run_dir / "models" / "model.pt"
     if record_path.is_file():
         record = json.loads(record_path.read_text())
+        if record.get("failed"):
+            return {**record, "model": None}
         for weights in (model, kept):
             if weights.is_file() and sha256_file(weights) == record["sha256"]:
                 return {**record, "model": str(weights)}
@@ -139,12 +149,24 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     if report_only:
         raise FileNotFoundError(f"no record of the {recipe} pretraining with these settings ({record_path}): nothing to report.")
     fresh_run_dir(run_dir)  # a killed run's events or checkpoints must not mix into the new one
-    seconds = run_bundle(PRETRAINING[recipe][0], overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
+    try:
+        seconds = run_bundle(bundle or PRETRAINING[recipe][0], overrides=overrides, log=run_dir / "train.log", echo=False, threads=threads)
+    except RuntimeError:
+        collapse = _collapse_message(run_dir / "train.log") if collapse_fails else None
+        if collapse is None:
+            raise
+        record = {"recipe": recipe, "key": key, "sha256": None, "seconds": None, "commit": git_commit(),
+                  "seed": overrides.get("training#seed"), "failed": collapse,
+                  "health": {"verdict": "collapsed", "stopped_by": "the bundle's collapse guard", "message": collapse, "signals": {}}}  # fmt: skip
+        write_json(record_path, record)
+        return {**record, "model": None}
     scalars = read_scalars(run_dir / "eval")
+    health = run_dir / "eval" / "health.json"
     record = {"recipe": recipe, "key": key, "sha256": sha256_file(model), "seconds": round(seconds, 1), "commit": git_commit(),
               "final_losses": {t: v[-1][1] for t, v in scalars.items() if t.startswith("loss")},
               "logged_rankme": scalars["val_rankme"][-1][1] if scalars.get("val_rankme") else None,
-              "logged_rankme_crops": overrides.get("training#rankme_crops")}  # fmt: skip
+              "logged_rankme_crops": overrides.get("training#rankme_crops"), "seed": overrides.get("training#seed"),
+              "health": json.loads(health.read_text())["reports"][-1] if health.is_file() else None}  # fmt: skip
     if record_path.is_file() and json.loads(record_path.read_text())["sha256"] != record["sha256"]:
         print(f"WARNING: pretraining {recipe} {key} gave other weights than its recorded run: the finetuning results "
               "of the recorded weights are not reused (their keys hold the weights' hash)", file=sys.stderr, flush=True)  # fmt: skip
@@ -154,13 +176,22 @@ def run_pretraining(recipe: str, key: str, overrides: dict, results: Path, threa
     return {**record, "model": str(model)}
 
 
+def _collapse_message(log: Path) -> str | None:
+    """The collapse guard's message in a run's log (the line after ``TeacherCollapseError:``), None without one."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    found = re.search(r"TeacherCollapseError: (.+)", text)
+    return found[1].strip() if found else None
+
 
 def run_finetuning(
     arm: str, k: int, seed: int, key: str, overrides: dict, data: Data, results: Path, threads: int | None, report_only: bool = False,
+    *, stem: str | None = None, fields: dict | None = None, pretrained: bool | None = None,
 ) -> dict | None:
-    """Runs (or reuses) one finetuning run and scores its selected and last models on both held-out sets; with
-    ``report_only`` a run without a result is not run (None)."""
-    record_path = results / f"{arm}_k{k}_seed{seed}_{key}.json"
+    """Runs (or reuses) one finetuning run and scores its selected and last models on both held-out sets (``data``'s
+    ``in_domain`` and ``shifted``); with ``report_only`` a run without a result is not run (None). ``stem``: the
+    record's file name without ``_<key>.json`` (default ``<arm>_k<k>_seed<seed>``); ``fields``: added to the record;
+    ``pretrained``: whether the arm starts from a pretrained encoder (default: the arm's in :data:`ARMS`)."""
+    record_path = results / f"{stem or f'{arm}_k{k}_seed{seed}'}_{key}.json"
     if record_path.is_file():
         return json.loads(record_path.read_text())
     if report_only:
@@ -190,7 +221,7 @@ def run_finetuning(
             scores = [per_image[f] for f in files]
             dice[name][held_out] = {"mean": _nanmean(scores), "per_image": dict(zip(files, scores))}
     log = (run_dir / "train.log").read_text()
-    loaded = _loaded_count(log) if ARMS[arm].recipe else None
+    loaded = _loaded_count(log) if (ARMS[arm].recipe if pretrained is None else pretrained) else None
     datalist = json.loads(Path(overrides["datalist"]).read_text())
     record = {
         "arm": arm, "k": k, "seed": seed, "key": key, "commit": git_commit(), "seconds": round(seconds, 1),
@@ -198,7 +229,7 @@ def run_finetuning(
         "validation_files": [_rel(item["image"], data.root) for item in data.validation],
         "held_out_files": {h: [_rel(item["image"], data.root) for item in getattr(data, h)] for h in HELD_OUT_SETS},
         "validation_curve": curve, "selected_iteration": selected_iteration, "dice": dice,
-        "encoder_tensors_loaded": loaded,
+        "encoder_tensors_loaded": loaded, **(fields or {}),
     }  # fmt: skip
     write_json(record_path, record)
     return record

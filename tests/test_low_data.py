@@ -30,8 +30,10 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import low_data_arms  # noqa: E402
 import low_data_docs as docs  # noqa: E402
 import low_data_lever  # noqa: E402
+import low_data_plan as plan_module  # noqa: E402
 import low_data_protocol as protocol  # noqa: E402
 import low_data_runs as runner  # noqa: E402
+import low_data_schedule as schedule  # noqa: E402
 
 import components  # noqa: E402
 from components import sha256_file, write_dataset  # noqa: E402
@@ -139,18 +141,32 @@ def test_arms_of_a_pair_differ_only_in_the_starting_weights(fake_protocol, tmp_p
     assert commands["scratch"]["pretrained_path"] is None and commands["probe_random"]["pretrained_path"] is None
 
 
-def test_the_cpu_plan_is_fixed_and_its_time_estimate_is_the_old_records():
-    """k = 1, 2, seeds 0-8 (the seed rule adds none), 200 iterations: 144 finetuning runs. The docstring's estimate
-    scales the old records' median run (scratch, ssl, dino: 199 s; the frozen arms 178 s) by their count."""
-    plan = protocol.PLANS["cpu"]
-    assert (plan.ks, plan.min_seeds, plan.max_seeds, plan.finetune_iterations, plan.val_every) == ((1, 2), 9, 9, 200, 40)
-    assert len(plan.ks) * plan.max_seeds * len(plan.arms) == 144
-    old = json.loads((REPO / "benchmarks/results/low_data_cpu_9seeds.json").read_text())["runs"]
-    finetuned = [r["seconds"] for r in old if r["arm"] in ("scratch", "ssl", "dino")]
-    frozen = [r["seconds"] for r in old if r["arm"].startswith("frozen_")]
-    assert (len(finetuned), round(float(np.median(finetuned)))) == (54, 199) and round(float(np.median(frozen))) == 178
-    docstring = (REPO / "benchmarks" / "low_data.py").read_text()
-    assert "k = 1 and 2" in docstring and "seeds 0-8" in docstring and "About 10,000 s (2.8 h)" in docstring
+def test_the_cpu_plans_time_estimate_is_the_records_it_names():
+    """Protocol v3's estimate (its docstring and docs/measuring.md): protocol 2's median finetuned run (about 150 s for
+    200 iterations) and probe run (about 48 s), and the pretraining curve's median run at 1,003 iterations of SSL
+    (1,380 s), masked image (456 s) and self-distillation with the teacher at 0.04 (509 s); 78 finetuned and 78 probe
+    runs at 400 iterations and 12 pretrainings (SSL's and ssl_matched's at twice the SSL time), two side by side."""
+    old = [json.loads(p.read_text()) for p in (REPO / "benchmarks/results/low_data_cpu_protocol2").glob("*_k*_seed*.json")]
+    finetuned = float(np.median([r["seconds"] for r in old if not r["arm"].startswith("probe_")]))
+    probe = float(np.median([r["seconds"] for r in old if r["arm"].startswith("probe_")]))
+    assert round(finetuned, -1) == 150 and round(probe) in (47, 48, 49)
+
+    def median(name: str) -> float:
+        return float(np.median([json.loads((REPO / f"benchmarks/results/pretrain_curve/{name}_1003_seed{s}.json").read_text())["seconds"]
+                                for s in range(3)]))  # fmt: skip
+
+    ssl, mim, dino = median("ssl"), median("mim"), median("dino+training.teacher_temperature=0.04")
+    assert (round(ssl, -1), round(mim), round(dino)) == (1380, 456, 509)
+    plan = plan_module.PLANS["cpu"]
+    recipes, baselines = len(plan.recipes) * plan.pretrainings, 1
+    runs = (recipes + baselines) * plan.finetune_seeds * len(plan.ks)  # per arm kind (finetuned, probe)
+    assert runs == 78
+    finetuning = runs * (150 * 400 / 200) + runs * (48 * 400 / 200)
+    pretraining = plan.pretrainings * (2 * 1380 * 2 + 456 + 509)
+    assert round(finetuning, -2) == 30900 and round(pretraining, -2) == 19500 and round((finetuning + pretraining) / 2, -3) == 25000
+    for doc in ("benchmarks/low_data.py", "docs/measuring.md"):
+        text = " ".join((REPO / doc).read_text().split())
+        assert "25,000 s (7 h)" in text and "4,200 s" in text and "1,380 s" in text, doc
 
 
 def test_the_default_plans_arms_and_contrasts(fake_protocol, tmp_path):
@@ -170,14 +186,16 @@ def test_the_default_plans_arms_and_contrasts(fake_protocol, tmp_path):
 
 
 def test_the_masked_image_pretraining_runs_like_the_ssl_one(tmp_path):
-    """Its overrides are the SSL pretraining's (the plan's budget: data, crop, batch, epochs, rate, warm-up, feature
-    size, window), every one an id of the masked image bundle, whose mask blocks tile the crop."""
+    """Its overrides are the SSL pretraining's (the plan's budget: data, batch, epochs, rate, warm-up, feature size,
+    window) but for the crop (SSL's is 32x64x64 since f016327, masked image's 64x32x32), every one an id of the masked
+    image bundle, whose mask blocks tile the crop."""
     plan = protocol.PLANS["cpu"]
     data = _fake_data(tmp_path / "data", plan, 0)
     numerics, code = runner.run_numerics("cpu"), protocol.code_state()
     jobs = {r: runner.pretraining_job(r, plan, data, tmp_path, numerics, code, 0) for r in ("ssl", "mim")}
-    own = {"output_dir", "ckpt_dir", "train#loss#alpha"}  # SSL's loss weights are SSL's own
+    own = {"output_dir", "ckpt_dir", "train#loss#alpha", "roi_size"}  # SSL's loss weights and crop are SSL's own
     assert jobs["ssl"][1]["train#loss#alpha"] == [3.0, 1.0, 1.0] and "train#loss#alpha" not in jobs["mim"][1]
+    assert (jobs["ssl"][1]["roi_size"], jobs["mim"][1]["roi_size"]) == ([32, 64, 64], [64, 32, 32])
     assert {k: v for k, v in jobs["mim"][1].items() if k not in own} == {k: v for k, v in jobs["ssl"][1].items() if k not in own}
     assert jobs["mim"][0] != jobs["ssl"][0] and Path(jobs["mim"][1]["ckpt_dir"]).parent.name == f"mim_{jobs['mim'][0]}"
     from monai.bundle import ConfigParser
@@ -255,7 +273,8 @@ def test_the_key_leaves_out_the_demo_driver_alone_which_no_protocol_process_impo
         assert (protocol.code_state(copy) == code) is kept, rel
         path.write_text(original)
     probe = ("import sys; sys.path[:0] = ['benchmarks', '.']; import low_data, low_data_runs, low_data_protocol, low_data_rankme, "
-             "low_data_lever; print(sorted(m for m in sys.modules if m.startswith('components.demo')))")
+             "low_data_lever, low_data_plan, low_data_schedule, low_data_verdicts, low_data_docs; "
+             "print(sorted(m for m in sys.modules if m.startswith('components.demo')))")
     imported = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert "'components.demo.recipes'" in imported and "'components.demo.run'" not in imported, imported
     configs = [p for p in (REPO / "bundles").glob("*/configs/*.json") if "components.demo" in p.read_text()]
@@ -488,11 +507,14 @@ def test_held_out_and_validation_volumes_never_in_the_corpus_or_the_shifted_list
 def _comparable(result: dict) -> dict:
     """The summary without what depends on the invocation: timings, the machine, the output folder and the checkout's
     state (a file edited while the test runs turns the commit into ``<sha>+changes``)."""
-    drop = {"machine", "total_seconds", "plots", "commits"}
+    drop = {"machine", "total_seconds", "commits"}
     per_run = {"seconds", "commit"}
     out = {k: v for k, v in result.items() if k not in drop}
     out["runs"] = [{k: v for k, v in r.items() if k not in per_run} for r in result["runs"]]
-    out["pretraining"] = {r: {k: v for k, v in p.items() if k not in per_run} for r, p in result["pretraining"].items()}
+    out["recipes"] = {name: {**entry, "pretrainings": [{**{k: v for k, v in p.items() if k not in per_run},
+                                                         "health": {k: v for k, v in p["health"].items() if k != "seconds"}}
+                                                        for p in entry["pretrainings"]]}
+                      for name, entry in result["recipes"].items()}  # fmt: skip
     return out
 
 
@@ -504,49 +526,56 @@ requires_probe = pytest.mark.skipif(not hasattr(components, "LinearProbe"), reas
 @pytest.mark.slow
 @requires_probe
 def test_a_killed_and_resumed_small_run_gives_the_uninterrupted_json(tmp_path):
-    """The real --small plan (the eight arms, three pretraining recipes, one k and seed): uninterrupted, and killed
-    once its first finetuning result is written, then run again into the same folder."""
+    """The real --small plan of protocol v3 (the four recipes' pretrainings with their health reports; scratch,
+    probe_random and each recipe's finetuned and probe arms at one k and finetuning seed): uninterrupted, and killed
+    once its first finetuning record is written, then run again into the same folder."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, str(REPO / "benchmarks" / "low_data.py"), "--small", "--device", "cpu", "--parallel", "1"]
-    whole = subprocess.run([*command, "--out", str(tmp_path / "whole")], capture_output=True, text=True, env=env, timeout=1800)
+    whole = subprocess.run([*command, "--out", str(tmp_path / "whole")], capture_output=True, text=True, env=env, timeout=2400)
     assert whole.returncode == 0, whole.stderr[-3000:]
     uninterrupted = json.loads(whole.stdout)
 
+    small = plan_module.PLANS["small"]
+    arms = ["scratch", "probe_random", *(a for r in small.recipes for a in (r, f"probe_{r}"))]
     out = tmp_path / "killed"
     proc = subprocess.Popen([*command, "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 1200
-    while not list((out / "results").glob("scratch_k1_seed0_*.json")) and time.monotonic() < deadline and proc.poll() is None:
+    deadline = time.monotonic() + 1800
+    while not list((out / "results").glob("scratch_k1_f0_*.json")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    finished = list((out / "results").glob("*_k1_seed0_*.json"))
-    assert 1 <= len(finished) < len(protocol.PLANS["small"].arms)  # killed part way: some runs done, some not
-    resumed = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, timeout=1800)
+    finished = list((out / "results").glob("*_k1_f0_*.json"))
+    assert 1 <= len(finished) < len(arms)  # killed part way: some runs done, some not
+    resumed = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, env=env, timeout=2400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     result = json.loads(resumed.stdout)
     assert _comparable(result) == _comparable(uninterrupted)
 
-    assert [r["arm"] for r in result["runs"]] == list(protocol.PLANS["small"].arms) and set(result["pretraining"]) == {"ssl", "dino", "mim"}
+    assert result["complete"] and sorted(r["arm"] for r in result["runs"]) == sorted(arms)
+    for recipe, entry in result["recipes"].items():
+        assert [p["seed"] for p in entry["pretrainings"]] == [0], recipe
+        assert entry["pretrainings"][0]["verdict"] in plan_module.HEALTH_VERDICTS  # the run's last health report was read
+        assert entry["status"] == "evaluated" and entry["primary"]["n"] == 1 and entry["primary"]["interval"] is None
+    drawn = result["data"]["per_seed"]["0"]
     for run in result["runs"]:
         loaded = run["encoder_tensors_loaded"]
-        assert loaded is None if low_data_arms.ARMS[run["arm"]].recipe is None else loaded[0] == loaded[1] > 0, run["arm"]
-        assert run["held_out_files"] == {"in_domain": result["data"]["in_domain"], "shifted": result["data"]["shifted"]}
+        assert loaded is None if run["recipe"] is None else loaded[0] == loaded[1] > 0, run["arm"]
+        assert run["held_out_files"] == {"in_domain": drawn["in_domain"], "shifted": drawn["shifted"]}
+        assert run["training_files"] == drawn["training"]["1"] and len(run["validation_files"]) == small.num_validation
         for model in protocol.MODELS:
             assert all(0.0 <= run["dice"][model][h]["mean"] <= 1.0 for h in protocol.HELD_OUT_SETS)
-    assert all(p["logged_rankme_crops"] == 8 for p in result["pretraining"].values())
-    rankme = result["rankme"]
-    assert set(rankme["encoders"]) == {"random", "ssl", "dino", "mim"} and (rankme["crops"], rankme["bound"]) == (8, 8)
-    assert list(result["paired"]["in_domain"]["last"]) == list(low_data_arms.plan_contrasts(protocol.PLANS["small"].arms))
+    assert set(result["convergence"]) == {"scratch", "probe_random"} and result["protocol"] == 3
     assert result["settings"]["code"] == protocol.code_state() and result["settings"]["numerics"]["monai"] == monai.__version__
-    assert Path(result["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 PROTOCOL_DOCS = ["README.md", "docs/measuring.md", "benchmarks/README.md", "bundles/swin_unetr_ssl_pretrain/docs/README.md",
                  "bundles/swin_unetr_dino_pretrain/docs/README.md", "bundles/swin_unetr_mim_pretrain/docs/README.md"]
-# protocol v3's summaries (issue 44), once measured on encoders that pass their health check: their plan and the
-# folder of their records
-SUMMARY_PLANS: dict[str, tuple[protocol.Plan, str]] = {}
+# protocol v3's summaries (issue 44), on encoders that pass their health check: their plan and the folder of their
+# records (none exists before the plan runs: the docs' blocks say "not run yet")
+SUMMARY_PLANS: dict[str, tuple[plan_module.Plan, str]] = {
+    "benchmarks/results/low_data_cpu_protocol3.json": (plan_module.PLANS["cpu"], "benchmarks/results/low_data_cpu_protocol3"),
+}
 OLD_PROTOCOL = {  # summaries of the earlier protocols: the folder of their records (None: no finetuning run)
     "benchmarks/results/low_data_cpu.json": "benchmarks/results/low_data_cpu",
     "benchmarks/results/low_data_cpu_9seeds.json": "benchmarks/results/low_data_cpu",
@@ -560,7 +589,7 @@ OLD_PROTOCOL = {  # summaries of the earlier protocols: the folder of their reco
     "benchmarks/results/low_data_cpu_protocol2_lever.json": "benchmarks/results/low_data_cpu_protocol2",
     "benchmarks/results/low_data_cuda_protocol2.json": "benchmarks/results/low_data_cuda_protocol2",
 }
-BLOCK = re.compile(r"<!-- low_data (tables|coverage|findings): python benchmarks/low_data.py --markdown (\S+) --write_docs \.\.\. -->")
+BLOCK = re.compile(r"<!-- low_data (tables|coverage|findings|answers|protocol3): python benchmarks/low_data.py --markdown (\S+) --write_docs \.\.\. -->")
 
 
 def _blocks(doc: str) -> list[tuple[str, str]]:
@@ -580,28 +609,34 @@ def test_every_generated_block_is_what_its_summary_gives(doc, tmp_path):
 
 @pytest.mark.parametrize("summary", SUMMARY_PLANS)
 def test_every_documented_run_is_the_run_the_shipped_code_makes(summary, tmp_path):
-    """The plan, the data, and the key of every run behind a documented table (its overrides, datalist, the code and
-    configs, the corpus, the pretrained weights' hash, the numerics it ran on) are what the shipped code gives today:
-    a change of the code that changes what a table measures fails here until the table is re-measured."""
+    """Protocol v3: the plan, the data and its draws, and the key of every pretraining and run behind a documented
+    table (its overrides, datalist, the code and configs, the corpus, the pretraining's weights, the numerics it ran
+    on) are what the shipped code gives today: a change of the code that changes what a table measures fails here
+    until the table is re-measured."""
     if not (REPO / summary).is_file():
-        pytest.skip(f"{summary}: the new protocol has not been measured at this commit (the docs say so)")
+        pytest.skip(f"{summary}: protocol v3 has not run at this commit (the docs say so)")
     result = json.loads((REPO / summary).read_text())
     (plan, records), seed = SUMMARY_PLANS[summary], result["settings"]["data_seed"]
     numerics, code = result["settings"]["numerics"], protocol.code_state()
-    assert result["complete"] and "superseded" not in result
-    assert protocol.digest(runner.plan_settings(plan, seed, numerics, code)) == result["settings_hash"], f"{summary}: the plan or code changed"
-    data = protocol.synthetic_data(tmp_path / "data", plan, seed)
-    assert data.files() == result["data"], f"{summary}: the synthetic data or its splits changed"
-    weights = {}
-    for recipe, record in result["pretraining"].items():
-        key, _ = runner.pretraining_job(recipe, plan, data, tmp_path, numerics, code, seed)
-        assert key == record["key"], f"{summary}: the settings of the {recipe} pretraining changed since it ran"
-        weights[recipe] = {**record, "model": "weights.pt"}
+    assert result["protocol"] == 3 and "superseded" not in result
+    assert protocol.digest(schedule.plan_settings(plan, seed, numerics, code)) == result["settings_hash"], f"{summary}: the plan or code changed"
+    data = plan_module.synthetic_data(tmp_path / "data", plan, seed)
+    assert {**data.files(), "per_seed": schedule.draws(data, plan, seed)} == result["data"], f"{summary}: the data or its draws changed"
+    pretrainings = {}
+    for recipe, entry in result["recipes"].items():
+        corpus = plan_module.matched_corpus(data) if recipe in plan_module.MATCHED else data.unlabeled
+        for p in entry["pretrainings"]:
+            key, _, _ = schedule.pretraining_job(recipe, p["seed"], plan, corpus, tmp_path, numerics, code)
+            assert key == p["key"], f"{summary}: the settings of the {recipe} pretraining seed {p['seed']} changed since it ran"
+            record = json.loads((REPO / records / f"pretrain_{recipe}_s{p['seed']}_{key}.json").read_text())
+            pretrainings[(recipe, p["seed"])] = {**record, "recipe": recipe, "seed": p["seed"], "model": "weights.pt"}
     for run in result["runs"]:
-        arm, k, s = run["arm"], run["k"], run["seed"]
-        key, _ = runner.finetune_job(arm, k, s, plan, data, protocol.write_datalist(data, k, s, seed), tmp_path, numerics, code, weights)
-        assert key == run["key"], f"{summary}: the settings of {arm} k={k} seed={s} changed since it ran"
-        assert (REPO / records / f"{arm}_k{k}_seed{s}_{key}.json").is_file()  # every run's record committed raw
+        arm, k, s, p = run["arm"], run["k"], run["seed"], run["pretraining_seed"]
+        datalist = plan_module.write_seed_datalist(data, k, s, plan, seed)
+        key, _ = schedule.finetune_job(arm, k, s, plan, data, datalist, tmp_path, numerics, code,
+                                       pretrainings[(run["recipe"], p)] if run["recipe"] else None)  # fmt: skip
+        assert key == run["key"], f"{summary}: the settings of {schedule.run_stem(arm, k, s, p)} changed since it ran"
+        assert (REPO / records / f"{schedule.run_stem(arm, k, s, p)}_{key}.json").is_file()  # every run's record committed raw
 
 
 @pytest.mark.parametrize("summary", OLD_PROTOCOL)
@@ -652,17 +687,19 @@ def test_the_small_plan_runs_on_a_users_msd_lists(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "low_data.py"), "--small", "--device", "cpu", "--parallel", "1",
          "--out", str(tmp_path / "out"), "--labeled", str(labeled), "--unlabeled", str(unlabeled), "--shifted", str(shifted)],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=1800,
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=2400,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
+    small = plan_module.PLANS["small"]
     assert result["settings"]["data"] == "user datalists" and result["complete"] is True
-    assert len(result["runs"]) == len(protocol.PLANS["small"].arms)
+    assert len(result["runs"]) == 2 + 2 * len(small.recipes)
     assert result["data"]["label_names"] == ["background", "spleen", "liver"]
-    assert len(result["data"]["shifted"]) == 3 and all("site_b" in f for f in result["data"]["shifted"])
+    assert len(result["data"]["shifted"]) == small.shifted_pool and all("site_b" in f for f in result["data"]["shifted"])
     for run in result["runs"]:
         assert all("site_a" in f for f in run["training_files"])
-        assert run["held_out_files"]["in_domain"] == result["data"]["in_domain"]
+        assert run["held_out_files"]["in_domain"] == result["data"]["per_seed"]["0"]["in_domain"]
+        assert all("site_b" in f for f in run["held_out_files"]["shifted"])
         assert 0.0 <= run["dice"]["selected"]["shifted"]["mean"] <= 1.0
 
 

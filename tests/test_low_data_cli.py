@@ -1,5 +1,5 @@
-"""benchmarks/low_data.py's command line: ``--help`` answers before torch or MONAI is imported, and a list that cannot
-serve the protocol is refused in one line, before any run."""
+"""benchmarks/low_data.py's command line: ``--help`` answers before torch or MONAI is imported, and a list or plan
+that cannot serve the protocol is refused in one line, before any run."""
 
 from __future__ import annotations
 
@@ -55,19 +55,26 @@ def test_a_list_that_cannot_be_read_or_names_missing_files_is_one_line(tmp_path)
     unreadable.write_text("{not json")
     corpus = tmp_path / "corpus.json"
     corpus.write_text(json.dumps({"training": [{"image": "u.nii.gz"}]}))
-    line = _one_line_error(["--labeled", str(unreadable), "--unlabeled", str(corpus)], tmp_path)
+    other_site = ["--shifted", str(tmp_path / "other_site.json")]  # read after the labeled list
+    line = _one_line_error(["--small", "--labeled", str(unreadable), "--unlabeled", str(corpus), *other_site], tmp_path)
     assert line.startswith("low_data.py: error: datalist") and "unreadable.json" in line and "cannot be read as JSON" in line
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps({"labels": {"0": "background"}, "training": [{"image": "nope.nii.gz", "label": "nope.nii.gz"}]}))
-    line = _one_line_error(["--labeled", str(missing), "--unlabeled", str(corpus)], tmp_path)
+    line = _one_line_error(["--small", "--labeled", str(missing), "--unlabeled", str(corpus), *other_site], tmp_path)
     assert "missing.json" in line and "nope.nii.gz" in line and "missing files" in line
 
 
-def test_an_unknown_arm_or_a_lone_labeled_list_is_one_line(tmp_path):
-    line = _one_line_error(["--arms", "scratch", "no_such_arm"], tmp_path)
-    assert "no_such_arm" in line and "scratch" in line  # the unknown name, and the names there are
+def test_a_lone_labeled_list_an_unfixed_budget_or_a_missing_shifted_list_is_one_line(tmp_path):
     line = _one_line_error(["--labeled", str(tmp_path / "x.json")], tmp_path)
     assert "--labeled and --unlabeled go together" in line
+    line = _one_line_error(["--arms", "scratch"], tmp_path)  # the pre-registered plan's arms are not chosen here
+    assert "unrecognized arguments: --arms scratch" in line
+    line = _one_line_error([], tmp_path)  # the CPU plan until its finetuning budget is fixed from the pilot
+    assert "the finetuning budget (finetune_iterations) is not fixed: run the pilot (low_data.py --pilot)" in line
+    write_dataset(tmp_path / "site_a", num=8, seed=3, organs=("spleen",))
+    labeled = tmp_path / "site_a" / "dataset.json"
+    line = _one_line_error(["--small", "--labeled", str(labeled), "--unlabeled", str(labeled)], tmp_path)
+    assert "protocol v3 scores every run on a shifted held-out set too: --shifted names its labeled list" in line
 
 
 def test_lists_that_share_a_held_out_volume_are_one_line(tmp_path):
@@ -77,6 +84,8 @@ def test_lists_that_share_a_held_out_volume_are_one_line(tmp_path):
     corpus = json.loads(labeled.read_text())
     everything = tmp_path / "site_a" / "corpus.json"
     everything.write_text(json.dumps({"training": [{"image": i["image"]} for key in ("training", "validation", "test") for i in corpus[key]]}))
-    line = _one_line_error(["--small", "--labeled", str(labeled), "--unlabeled", str(everything)], tmp_path)
+    write_dataset(tmp_path / "site_b", num=3, seed=5, organs=("spleen",), varied=True)
+    shifted = tmp_path / "site_b" / "dataset.json"
+    line = _one_line_error(["--small", "--labeled", str(labeled), "--unlabeled", str(everything), "--shifted", str(shifted)], tmp_path)
     assert f"--labeled {str(labeled)!r} (" in line and f"and --unlabeled {str(everything)!r} share a volume: " in line
     assert str(tmp_path / "site_a") in line.split("share a volume: ")[1]

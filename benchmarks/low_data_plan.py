@@ -1,0 +1,300 @@
+"""Protocol v3's fixed parts: the plan, its data and the draws of every finetuning seed, and the matched corpus.
+
+``low_data.py``'s docstring states the protocol; this module holds what it fixes before any run:
+
+- which volumes train each finetuning seed at each k (:func:`training_volumes`: disjoint blocks, one per seed, so no
+  two seeds share a training volume at any k, and within a seed the k = 1 volume is among its k = 2 volumes), which
+  two volumes select the model, and which held-out volumes score it (:func:`held_out_draws`: per seed, drawn from a
+  fixed in-domain pool and a fixed shifted pool, no two seeds drawing the same set);
+- the sizes those rules need (:func:`check_plan`, before any run);
+- the corpus of the ``ssl_matched`` arm: the unlabeled corpus resampled to the finetuning's spacing
+  (:func:`matched_corpus`), pretrained in the finetuning's intensity window (:data:`MATCHED_OVERRIDES`).
+
+Results are keyed by ``low_data_protocol.code_state`` and ``low_data_runs.run_numerics`` as in protocol 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from components.data import synthetic
+from components.demo.recipes import CT_BUNDLE, RECIPES as DEMO_RECIPES, SPACING, DemoBudget
+from components.demo.runner import BUNDLES_DIR
+from low_data_protocol import SHIFTED_SEED_OFFSET, Data, DatalistError, user_data, write_text
+
+#: the recipes of the plan: each demo recipe, and ``ssl_matched``, SSL pretrained in the finetuning's window and
+#: spacing (the arm that measures the mismatch between pretraining and finetuning)
+RECIPES = ("ssl", "dino", "mim", "ssl_matched")
+#: a matched recipe and the demo recipe whose bundle and overrides it runs
+MATCHED = {"ssl_matched": "ssl"}
+#: how the docs name each recipe
+RECIPE_NAMES = {"ssl": "SSL", "dino": "self-distillation", "mim": "masked image",
+                "ssl_matched": "SSL in the finetuning's window and spacing"}  # fmt: skip
+SCRATCH, PROBE_RANDOM = "scratch", "probe_random"
+#: the health verdicts a run's last report may have (components.training.health)
+HEALTH_VERDICTS = ("learning", "at baseline", "collapsed", "not collapsed")
+
+
+def _finetuning_window() -> list[float]:
+    """The CT bundle's intensity window (``intensity_range`` of its train.json), read from the bundle itself."""
+    return json.loads((BUNDLES_DIR / CT_BUNDLE / "configs" / "train.json").read_text())["intensity_range"]
+
+
+#: what ``ssl_matched`` adds to the SSL pretraining's overrides: the finetuning's window (its corpus is resampled to
+#: the finetuning's spacing by :func:`matched_corpus`, since the pretraining bundle has no spacing transform)
+MATCHED_OVERRIDES = {"intensity_range": _finetuning_window()}
+
+#: the pretraining and finetuning sizes, written out: the demo's CPU budget (``components.demo.run.BUDGETS["cpu"]``)
+#: when the protocol was fixed, so that tuning the demo later leaves the protocol as it is. Its pretraining is 59
+#: epochs of the 34 training volumes of the 48-volume corpus, 2 per iteration: 1,003 iterations. The finetuning's
+#: epochs and validation interval are replaced by the plan's budget (:attr:`Plan.finetune_iterations`).
+PROTOCOL_BUDGET = DemoBudget(num_labeled=24, num_unlabeled=48, ssl_epochs=59, ssl_batch=2, ssl_learning_rate=4e-4,
+                             ssl_warmup_iterations=20, finetune_epochs=36, finetune_crops=1, finetune_learning_rate=3e-3,
+                             val_interval=6, feature_size=12)  # fmt: skip
+
+
+class PlanError(ValueError):
+    """A plan whose sizes cannot serve protocol v3's rules, or data too small for it: raised before any run, one line."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Protocol v3's sizes (the defaults are the CPU plan's).
+
+    ``finetune_seeds`` finetuning seeds run at every k in ``ks``; each recipe is pretrained with seeds 0, 1, ... until
+    ``pretrainings`` of them passed the health gate (their last report's verdict in ``passing``) or
+    ``max_pretrainings`` were tried; ``health_crops``: the validation crops of that report (None: the demo's).
+    ``finetune_iterations`` (one volume per iteration, validated every ``val_every``,
+    at least ``min_validations`` times) is None until the pilot (``pilot_iterations``, scratch and probe_random only) fixes it; a run refuses an unfixed
+    budget. ``num_validation`` volumes select the model; each seed draws ``held_out`` volumes from each of the fixed
+    ``in_domain_pool`` and ``shifted_pool``. ``convergence_gain``: the largest last-quarter gain of a converged
+    validation curve; ``margin``: the equivalence margin (Dice); ``level``: the intervals' level before any
+    correction. ``budget`` sizes the pretraining and the finetuning's crop, rate and network."""
+
+    ks: tuple[int, ...] = (1, 2)
+    recipes: tuple[str, ...] = RECIPES
+    finetune_seeds: int = 3
+    pretrainings: int = 3
+    max_pretrainings: int = 5
+    passing: tuple[str, ...] = ("learning",)
+    health_crops: int | None = None
+    num_validation: int = 2
+    in_domain_pool: int = 8
+    shifted_pool: int = 8
+    held_out: int = 4
+    finetune_iterations: int | None = None
+    val_every: int = 20
+    min_validations: int = 8
+    pilot_iterations: tuple[int, ...] = (200, 400, 800)
+    convergence_gain: float = 0.01
+    margin: float = 0.02
+    level: float = 0.95
+    budget: DemoBudget = PROTOCOL_BUDGET
+
+    @property
+    def training_pool(self) -> int:
+        """The labeled volumes the seeds train on: a block of max(k) per finetuning seed."""
+        return self.finetune_seeds * max(self.ks)
+
+
+PLANS = {
+    # the CPU plan: its finetuning budget is fixed from the pilot (low_data.py --pilot) before the pre-registration
+    "cpu": Plan(),
+    # CI: the mechanics on tiny sizes; it learns nothing, so its gate admits every verdict (never a real plan's)
+    "small": Plan(ks=(1,), finetune_seeds=1, pretrainings=1, max_pretrainings=1, passing=HEALTH_VERDICTS, health_crops=8, num_validation=1,
+                  in_domain_pool=2, shifted_pool=2, held_out=1, finetune_iterations=4, val_every=1, min_validations=4,
+                  pilot_iterations=(4,), budget=replace(PROTOCOL_BUDGET, num_unlabeled=6, ssl_epochs=1)),
+}  # fmt: skip
+
+
+def _budget_errors(plan: Plan, iterations: int, what: str) -> list[str]:
+    errors = [f"{name} ({value}) must be a multiple of every k {plan.ks} (one volume per iteration)"
+              for name, value in ((what, iterations), ("val_every", plan.val_every)) for k in plan.ks if value % k]  # fmt: skip
+    if iterations % plan.val_every:
+        errors.append(f"{what} ({iterations}) must be a multiple of val_every ({plan.val_every})")
+    elif iterations // plan.val_every < max(4, plan.min_validations):
+        errors.append(f"{what} ({iterations}) gives {iterations // plan.val_every} validations; the convergence rule "
+                      f"compares the last two quarters of at least {max(4, plan.min_validations)}")  # fmt: skip
+    return errors
+
+
+def check_plan(plan: Plan, pilot: bool = False) -> None:
+    """Checks that the plan's sizes serve the rules, before any run: distinct held-out draws for every seed
+    (``C(pool, held_out) >= finetune_seeds``), budgets that are multiples of every k and of ``val_every`` with at
+    least ``min_validations`` validations (4 at the least: a quarter is one), a known recipe and verdict, and (unless ``pilot``) a fixed finetuning budget.
+
+    Raises:
+        PlanError: naming every rule broken, in one line.
+    """
+    errors = []
+    unknown = [r for r in plan.recipes if r not in RECIPES]
+    if unknown:
+        errors.append(f"unknown recipes {unknown} (the recipes are {list(RECIPES)})")
+    if not plan.ks or min(plan.ks) < 1:
+        errors.append(f"ks must be positive, got {plan.ks}")
+    if not 1 <= plan.pretrainings <= plan.max_pretrainings:
+        errors.append(f"pretrainings ({plan.pretrainings}) must be between 1 and max_pretrainings ({plan.max_pretrainings})")
+    if plan.finetune_seeds < 1 or plan.num_validation < 1:
+        errors.append("finetune_seeds and num_validation must be at least 1")
+    for name, pool in (("in_domain_pool", plan.in_domain_pool), ("shifted_pool", plan.shifted_pool)):
+        if not 1 <= plan.held_out <= pool:
+            errors.append(f"held_out ({plan.held_out}) must be between 1 and {name} ({pool})")
+        elif math.comb(pool, plan.held_out) < plan.finetune_seeds:
+            errors.append(f"{name} ({pool}) gives {math.comb(pool, plan.held_out)} distinct draws of {plan.held_out}, fewer "
+                          f"than the {plan.finetune_seeds} finetuning seeds")  # fmt: skip
+    bad = [v for v in plan.passing if v not in HEALTH_VERDICTS]
+    if bad or not plan.passing:
+        errors.append(f"passing must be verdicts of {list(HEALTH_VERDICTS)}, got {list(plan.passing)}")
+    if not (0 < plan.margin and 0 < plan.level < 1 and 0 < plan.convergence_gain):
+        errors.append("margin and convergence_gain must be positive and level in (0, 1)")
+    if plan.ks and min(plan.ks) >= 1:
+        for iterations in plan.pilot_iterations if pilot else ():
+            errors += _budget_errors(plan, iterations, "pilot budget")
+        if not pilot and plan.finetune_iterations is None:
+            errors.append("the finetuning budget (finetune_iterations) is not fixed: run the pilot (low_data.py --pilot) "
+                          "and fix it in PLANS before the pre-registration commit")  # fmt: skip
+        elif not pilot:
+            errors += _budget_errors(plan, plan.finetune_iterations, "finetune_iterations")
+    if errors:
+        raise PlanError("the plan cannot serve protocol v3: " + "; ".join(errors) + ".")
+
+
+def training_volumes(data: Data, k: int, seed: int, plan: Plan, data_seed: int) -> list[dict]:
+    """The k training volumes of finetuning ``seed``: the first k of the seed's own block of max(k) volumes of the
+    training pool (one permutation of the pool by the data seed cut into consecutive blocks; the block's order drawn
+    from (data seed, seed)). Blocks are disjoint, so seeds never share a training volume at any k; within a seed the
+    volumes are nested.
+
+    Raises:
+        PlanError: a k outside the plan's or a seed beyond the pool.
+    """
+    size = max(plan.ks)
+    if k not in plan.ks or not 0 <= seed < plan.finetune_seeds or len(data.pool) < plan.training_pool:
+        raise PlanError(f"k = {k}, seed {seed}: the plan has ks {plan.ks}, seeds 0-{plan.finetune_seeds - 1} and a training "
+                        f"pool of {plan.training_pool} volumes (the data has {len(data.pool)}).")  # fmt: skip
+    order = np.random.default_rng([data_seed, 2000]).permutation(len(data.pool))
+    block = [data.pool[i] for i in order[seed * size : (seed + 1) * size]]
+    within = np.random.default_rng([data_seed, 3000 + seed]).permutation(size)
+    return [block[i] for i in within[:k]]
+
+
+def held_out_draws(pool_size: int, count: int, seeds: int, stream: list[int]) -> list[list[int]]:
+    """For seeds 0 .. ``seeds`` - 1 the sorted indices of ``count`` of ``pool_size`` pool volumes: drawn without
+    replacement in turn from one generator of ``stream``, a draw equal to an earlier seed's drawn again. Seed s's draw
+    does not depend on how many seeds follow it."""
+    rng = np.random.default_rng(stream)
+    draws: list[list[int]] = []
+    while len(draws) < seeds:
+        draw = sorted(int(i) for i in rng.choice(pool_size, count, replace=False))
+        if draw not in draws:
+            draws.append(draw)
+    return draws
+
+
+def seed_data(data: Data, seed: int, plan: Plan, data_seed: int) -> Data:
+    """The data of finetuning ``seed``: ``in_domain`` and ``shifted`` are its draws from the two pools (the rest as
+    ``data``), so a run of this seed is scored on them."""
+    inside = held_out_draws(plan.in_domain_pool, plan.held_out, plan.finetune_seeds, [data_seed, 4000])[seed]
+    shifted = held_out_draws(plan.shifted_pool, plan.held_out, plan.finetune_seeds, [data_seed, 5000])[seed]
+    return replace(data, in_domain=[data.in_domain[i] for i in inside], shifted=[data.shifted[i] for i in shifted])
+
+
+def write_seed_datalist(data: Data, k: int, seed: int, plan: Plan, data_seed: int) -> Path:
+    """The datalist of (k, finetuning ``seed``): ``training`` (:func:`training_volumes`), ``validation`` (model
+    selection), ``heldout`` (the seed's in-domain then shifted draws: :func:`seed_data`) and the MSD ``labels``;
+    written atomically (the arms of a pair write and read it side by side)."""
+    path = data.root / "lists" / f"k{k}_f{seed}.json"
+    drawn = seed_data(data, seed, plan, data_seed)
+
+    def rel(items: list[dict]) -> list[dict]:
+        return [{key: os.path.relpath(data.root / value, path.parent) for key, value in item.items()} for item in items]
+
+    content = {"labels": {str(i): n for i, n in enumerate(data.label_names)},
+               "training": rel(training_volumes(data, k, seed, plan, data_seed)), "validation": rel(data.validation),
+               "heldout": rel(drawn.in_domain + drawn.shifted)}  # fmt: skip
+    text = json.dumps(content, indent=2) + "\n"
+    if not path.is_file() or path.read_text() != text:
+        write_text(path, text)
+    return path
+
+
+def synthetic_data(root: Path, plan: Plan, seed: int) -> Data:
+    """Synthesises the labeled, shifted and unlabeled sets (skipped when a manifest of the same sizes exists: the
+    generator is deterministic) and splits the labeled subjects by index: the training pool, the validation
+    volumes, then the in-domain pool; the shifted pool is the shifted set."""
+    root.mkdir(parents=True, exist_ok=True)
+    sizes = {"labeled": plan.training_pool + plan.num_validation + plan.in_domain_pool, "shifted": max(3, plan.shifted_pool),
+             "unlabeled": plan.budget.num_unlabeled, "seed": seed, "organs": list(synthetic.DEMO_ORGANS)}  # fmt: skip
+    manifest = root / "manifest.json"
+    if not manifest.is_file() or json.loads(manifest.read_text()) != sizes:
+        synthetic.write_dataset(root / "labeled", num=sizes["labeled"], seed=seed, organs=synthetic.DEMO_ORGANS)
+        synthetic.write_dataset(root / "shifted", num=sizes["shifted"], seed=seed + SHIFTED_SEED_OFFSET,
+                                organs=synthetic.DEMO_ORGANS, varied=True)  # fmt: skip
+        synthetic.write_dataset(root / "unlabeled", num=sizes["unlabeled"], seed=seed, varied=True, labels=False)
+        manifest.write_text(json.dumps(sizes, indent=2) + "\n")
+
+    def items(folder: str) -> list[dict]:
+        content = json.loads((root / folder / "dataset.json").read_text())
+        return [{key: f"{folder}/{value}" for key, value in item.items()}
+                for item in content["training"] + content["validation"] + content["test"]]  # fmt: skip
+
+    labeled, pool, val = items("labeled"), plan.training_pool, plan.num_validation
+    return Data(root, labeled[:pool], labeled[pool : pool + val], labeled[pool + val :], items("shifted")[: plan.shifted_pool],
+                ["background", *synthetic.DEMO_ORGANS], root / "unlabeled" / "dataset.json")  # fmt: skip
+
+
+def users_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path, shifted: Path | None) -> Data:
+    """The plan on a user's datalists (``low_data_protocol.user_data``, the same checks that no validation or held-out
+    volume is pretrained on or in another split): the labeled entries permuted by ``seed`` give the in-domain pool,
+    the validation volumes and the training pool; ``shifted`` (needed: the shifted pool) gives the shifted pool.
+
+    Raises:
+        DatalistError: as ``user_data``, and without ``shifted``; before any run.
+    """
+    if shifted is None:
+        raise DatalistError("protocol v3 scores every run on a shifted held-out set too: --shifted names its labeled list.")
+    return user_data(root, plan, seed, labeled, unlabeled, shifted, (plan.in_domain_pool, plan.num_validation, plan.training_pool),
+                     plan.shifted_pool)  # fmt: skip
+
+
+def check_data(data: Data, plan: Plan) -> None:
+    """Raises :class:`PlanError` when the data has fewer volumes in a split than the plan needs."""
+    needed = {"training pool": (len(data.pool), plan.training_pool), "validation": (len(data.validation), plan.num_validation),
+              "in-domain pool": (len(data.in_domain), plan.in_domain_pool), "shifted pool": (len(data.shifted), plan.shifted_pool)}  # fmt: skip
+    short = [f"{name} has {have}, the plan needs {need}" for name, (have, need) in needed.items() if have < need]
+    if short:
+        raise PlanError("the data cannot serve the plan: " + "; ".join(short) + ".")
+
+
+def matched_corpus(data: Data, spacing: list[float] = SPACING) -> Path:
+    """The unlabeled corpus resampled to ``spacing`` (mm; the finetuning's), as the finetuning resamples (RAS, then
+    bilinear), written as float32 NIfTI under ``<data root>/unlabeled_matched/`` with a datalist of the same training
+    and validation lists; skipped when its manifest names the same corpus and spacing. Returns the datalist."""
+    from monai.transforms import Compose, EnsureChannelFirst, LoadImage, Orientation, Spacing
+    import nibabel as nib
+
+    out = data.root / "unlabeled_matched"
+    source = json.loads(data.unlabeled.read_text())
+    manifest = {"corpus": source, "spacing": list(spacing)}
+    datalist = out / "dataset.json"
+    if (out / "manifest.json").is_file() and json.loads((out / "manifest.json").read_text()) == manifest and datalist.is_file():
+        return datalist
+    resample = Compose([LoadImage(image_only=True, dtype=np.float32), EnsureChannelFirst(), Orientation("RAS"),
+                        Spacing(pixdim=spacing, mode="bilinear")])  # fmt: skip
+    lists: dict[str, list[dict]] = {}
+    for key in ("training", "validation"):
+        for index, item in enumerate(source.get(key, [])):
+            image = resample(str(data.unlabeled.parent / item["image"]))
+            name = f"images/{key}_{index:04d}_{Path(item['image']).name}"  # a user's corpus may repeat a file name
+            (out / "images").mkdir(parents=True, exist_ok=True)
+            nib.save(nib.Nifti1Image(image[0].numpy().astype(np.float32), image.affine.numpy()), str(out / name))
+            lists.setdefault(key, []).append({"image": name})
+    write_text(datalist, json.dumps(lists, indent=2) + "\n")
+    write_text(out / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    return datalist

@@ -1,0 +1,308 @@
+"""Protocol v3's runs: the pretrainings seed by seed behind the health gate, the finetuning of every pretraining that
+passed it over the finetuning seeds, the shared baselines, the summary (:func:`run`), and the scratch-only pilot that
+fixes the finetuning budget (:func:`pilot`). ``low_data.py`` is their command line.
+
+Every pretraining and finetuning is a real bundle run (``low_data_runs.run_pretraining`` / ``run_finetuning``), its
+record written as it finishes under a key of its settings, the code that ran and its numerics; a re-run reuses the
+finished runs, and a killed run leaves no record and runs again from its start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from components.demo.recipes import CT_BUNDLE, RECIPES as DEMO_RECIPES, SPACING, finetune_overrides, training_class_weights
+from low_data_arms import PROBE_NETWORK
+from low_data_plan import (
+    MATCHED, MATCHED_OVERRIDES, PROBE_RANDOM, RECIPE_NAMES, SCRATCH, Plan, check_data, check_plan, matched_corpus,
+    seed_data, synthetic_data, training_volumes, users_data, write_seed_datalist,
+)
+from low_data_protocol import HELD_OUT_SETS, Data, code_state, digest, run_code
+from low_data_runs import _portable, run_finetuning, run_numerics, run_pretraining
+from low_data_verdicts import convergence, coverage_by_kind, family, not_converged
+from machine import machine_info
+
+RESULT_KEYS = ("a result's key is the sha256 of its run's overrides, datalist (or corpus, and its spacing), the "
+               "pretraining's recipe, seed, key and weights' sha256 (finetuning), the code that ran (the components "
+               "package's source digest less demo/run.py, and the sha256 of every bundle config the run reads) and its "
+               "numerics (device, torch and MONAI version, the CPU's vector instructions); the pilot's keys are marked "
+               "so that the plan never reuses a pilot run; a record of other settings, code or numerics is never reused")
+
+
+def passes(record: dict, plan: Plan) -> bool:
+    """The health gate: the pretraining's last health report has a verdict of ``plan.passing``."""
+    return bool(record.get("health")) and record["health"]["verdict"] in plan.passing
+
+
+def seeds_to_run(passed: list[bool], plan: Plan) -> list[int]:
+    """The pretraining seeds to run next, given whether seeds 0, 1, ... (``passed``, in order) passed the gate: seeds
+    up to ``plan.pretrainings`` - 1 first, then one more at a time while fewer than ``plan.pretrainings`` passed and
+    fewer than ``plan.max_pretrainings`` were tried; none once either is reached."""
+    tried, good = len(passed), sum(passed)
+    if good >= plan.pretrainings or tried >= plan.max_pretrainings:
+        return []
+    return list(range(tried, plan.pretrainings)) if tried < plan.pretrainings else [tried]
+
+
+def recipe_status(recipe: str, records: dict[int, dict], plan: Plan, incomplete: bool) -> str:
+    """``evaluated``, ``incomplete: ...`` (a pretraining of the recipe not run yet) or ``not evaluated: N of M encoders
+    passed health``."""
+    good = sum(passes(r, plan) for r in records.values())
+    if good >= plan.pretrainings:
+        return "evaluated"
+    if incomplete:
+        return f"incomplete: {good} of {len(records)} pretrainings run so far passed health"
+    return f"not evaluated: {good} of {len(records)} encoders passed health"
+
+
+def pretraining_job(recipe: str, seed: int, plan: Plan, corpus: Path, out: Path, numerics: dict, code: dict) -> tuple[str, dict, str]:
+    """(key, overrides, bundle) of pretraining ``seed`` of ``recipe``: the demo's overrides of its recipe (a matched
+    recipe: its demo recipe's, with :data:`~low_data_plan.MATCHED_OVERRIDES`) on ``corpus`` at the plan's budget; its
+    folder is ``out/pretrain/<recipe>_s<seed>_<key>``."""
+    demo = DEMO_RECIPES[MATCHED.get(recipe, recipe)]
+    overrides = {**demo.overrides(plan.budget, corpus.parent, Path("."), numerics["device"], seed), "datalist": str(corpus),
+                 **(MATCHED_OVERRIDES if recipe in MATCHED else {}),
+                 **({"training#rankme_crops": plan.health_crops} if plan.health_crops else {})}  # fmt: skip
+    key = digest({"protocol": 3, "recipe": recipe, "pretraining_seed": seed, "overrides": _portable(overrides, out),
+                  "corpus": corpus.read_text(), "corpus_spacing": SPACING if recipe in MATCHED else "native",
+                  "code": run_code(code, demo.bundle), "numerics": numerics})  # fmt: skip
+    run_dir = out / "pretrain" / f"{recipe}_s{seed}_{key}"
+    overrides.update(output_dir=str(run_dir / "eval"), ckpt_dir=str(run_dir / "models"))
+    return key, overrides, demo.bundle
+
+
+def run_stem(arm: str, k: int, seed: int, pretraining_seed: int | None) -> str:
+    """A finetuning record's file name without its key: ``scratch_k1_f0``, ``mim_p2_k1_f0``."""
+    return f"{arm}_k{k}_f{seed}" if pretraining_seed is None else f"{arm}_p{pretraining_seed}_k{k}_f{seed}"
+
+
+def finetune_job(
+    arm: str, k: int, seed: int, plan: Plan, data: Data, datalist: Path, out: Path, numerics: dict, code: dict,
+    pretraining: dict | None, pilot: bool = False,
+) -> tuple[str, dict]:
+    """(key, overrides) of one finetuning run: the CT bundle at the plan's budget from the pretraining's encoder
+    (``pretraining``: its record, None for a random encoder), a probe arm (``probe_*``) with the linear probe network;
+    the arms of one (k, seed) differ in nothing else. ``pilot`` marks a pilot run's key."""
+    epochs = plan.finetune_iterations // k
+    budget = replace(plan.budget, finetune_epochs=epochs, val_interval=plan.val_every // k)
+    weights = Path(pretraining["model"]) if pretraining else None
+    overrides = finetune_overrides(budget, datalist, Path("."), numerics["device"], 1000 + seed, weights,
+                                   training_class_weights(datalist, data.label_names))  # fmt: skip
+    overrides.update({"label_names": data.label_names, "training#freeze_encoder_iterations": 0,
+                      **({"network_def#network": PROBE_NETWORK} if arm.startswith("probe_") else {})})  # fmt: skip
+    source = None if pretraining is None else {f: pretraining[f] for f in ("recipe", "seed", "key", "sha256")}
+    key = digest({"protocol": 3, "arm": arm, "k": k, "finetune_seed": seed, "pretraining": source, "overrides": _portable(overrides, out),
+                  "datalist": datalist.read_text(), "code": run_code(code, CT_BUNDLE), "numerics": numerics,
+                  **({"pilot": True} if pilot else {})})  # fmt: skip
+    run_dir = out / "runs" / f"{run_stem(arm, k, seed, source and source['seed'])}_{key}"
+    overrides.update(output_dir=str(run_dir / "eval"), ckpt_dir=str(run_dir / "models"))
+    return key, overrides
+
+
+def plan_settings(plan: Plan, data_seed: int, numerics: dict, code: dict, data: str = "synthetic") -> dict:
+    """What a summary records of its plan (hashed into ``settings_hash``), as JSON values."""
+    settings = {**asdict(plan), "training_pool": plan.training_pool, "data_seed": data_seed, "device": numerics["device"],
+                "numerics": numerics, "code": code, "result_keys": RESULT_KEYS, "data": data}  # fmt: skip
+    return json.loads(json.dumps(settings))
+
+
+def draws(data: Data, plan: Plan, data_seed: int) -> dict:
+    """Per finetuning seed its training volumes at each k and its held-out draws (paths as in the datalists)."""
+    out = {}
+    for f in range(plan.finetune_seeds):
+        drawn = seed_data(data, f, plan, data_seed)
+        out[str(f)] = {"training": {str(k): [i["image"] for i in training_volumes(data, k, f, plan, data_seed)] for k in plan.ks},
+                       **{h: [i["image"] for i in getattr(drawn, h)] for h in HELD_OUT_SETS}}  # fmt: skip
+    return out
+
+
+def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, dict]], incomplete: set[str]) -> dict:
+    """The statistics of a plan's records: per recipe its pretrainings (seed, key, verdict, whether it passed, the
+    health report), its status (:func:`recipe_status`), its primary contrast and secondary cells
+    (:func:`~low_data_verdicts.family`) with the verdicts withheld where the finetuning (``scratch``) or the probe
+    heads (``probe_random``) did not converge at every k; the convergence tables; the coverage per cell kind."""
+    seeds = list(range(plan.finetune_seeds))
+    table = {arm: convergence(runs, arm, plan.ks, plan.convergence_gain) for arm in (SCRATCH, PROBE_RANDOM)}
+    withheld = {"finetune": not_converged(table[SCRATCH]), "probe": not_converged(table[PROBE_RANDOM])}
+    passing = {r: sorted(s for s, rec in records.items() if passes(rec, plan))[: plan.pretrainings] for r, records in pretrainings.items()}
+    evaluated = {r: passing[r] for r in plan.recipes if recipe_status(r, pretrainings[r], plan, r in incomplete) == "evaluated"}
+    recipes = {}
+    for recipe in plan.recipes:
+        records = pretrainings[recipe]
+        entry = {"name": RECIPE_NAMES[recipe], "status": recipe_status(recipe, records, plan, recipe in incomplete),
+                 "passing_seeds": passing[recipe],
+                 "pretrainings": [{"seed": s, "key": r["key"], "passed": passes(r, plan), "verdict": (r.get("health") or {}).get("verdict"),
+                                   "health": r.get("health"), "seconds": r.get("seconds"), "commit": r.get("commit")}
+                                  for s, r in sorted(records.items())]}  # fmt: skip
+        if recipe in evaluated:
+            entry.update(family(runs, recipe, evaluated, plan, seeds))
+            for cell in [entry["primary"], *entry["secondary"]["cells"].values()]:
+                reason = withheld["probe" if cell.get("kind") == "probe" else "finetune"]
+                if reason:
+                    cell.update(verdict=None, withheld=reason)
+        recipes[recipe] = entry
+    return {"recipes": recipes, "convergence": table, "withheld": withheld, "coverage": coverage_by_kind(runs, evaluated, plan, seeds)}
+
+
+class _Clock:
+    """Whether a piece is past its ``stop_after_s``: no run starts after it."""
+
+    def __init__(self, stop_after_s: float | None) -> None:
+        self.started, self.stop_after_s = time.perf_counter(), stop_after_s
+
+    def late(self) -> bool:
+        return self.stop_after_s is not None and time.perf_counter() - self.started > self.stop_after_s
+
+    def seconds(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+
+def _prepare(plan: Plan, out: Path, device: str, data_seed: int, parallel: int, results: Path | None, pilot: bool, lists: dict):
+    """Checks the plan and builds its data before any run; returns (out, results, data, threads per run, numerics, code)."""
+    check_plan(plan, pilot=pilot)
+    out = out.resolve()
+    if lists.get("labeled") or lists.get("unlabeled"):
+        if not (lists.get("labeled") and lists.get("unlabeled")):
+            raise ValueError("--labeled and --unlabeled go together (a labeled list and an unlabeled corpus).")
+        data = users_data(out / "data", plan, data_seed, lists["labeled"], lists["unlabeled"], lists.get("shifted"))
+    else:
+        data = synthetic_data(out / "data", plan, data_seed)
+    check_data(data, plan)
+    return out, (results or out / "results").resolve(), data, max(1, (os.cpu_count() or 1) // parallel), run_numerics(device), code_state()
+
+
+def _finetune(job: tuple, plan: Plan, data: Data, data_seed: int, out: Path, results: Path, numerics: dict, code: dict,
+              threads: int, skip: bool, pilot: bool = False) -> dict | None:  # fmt: skip
+    """Runs (or reuses; with ``skip`` only reuses) one finetuning ``job``: (arm, k, seed, pretraining record or None)."""
+    arm, k, seed, pretraining = job
+    datalist = write_seed_datalist(data, k, seed, plan, data_seed)
+    key, overrides = finetune_job(arm, k, seed, plan, data, datalist, out, numerics, code, pretraining, pilot)
+    p = pretraining["seed"] if pretraining else None
+    record = run_finetuning(arm, k, seed, key, overrides, seed_data(data, seed, plan, data_seed), results, threads, skip,
+                            stem=run_stem(arm, k, seed, p), pretrained=pretraining is not None,
+                            fields={"pretraining_seed": p, "recipe": pretraining["recipe"] if pretraining else None,
+                                    "finetune_iterations": plan.finetune_iterations})  # fmt: skip
+    if record is not None:
+        sel = record["dice"]["selected"]
+        print(f"{run_stem(arm, k, seed, p)}: selected (iteration {record['selected_iteration']}) in-domain "
+              f"{sel['in_domain']['mean']:.4f}, shifted {sel['shifted']['mean']:.4f}", file=sys.stderr, flush=True)  # fmt: skip
+    return record
+
+
+def run(
+    plan: Plan, out: Path, device: str, data_seed: int = 0, parallel: int = 1, results: Path | None = None,
+    report_only: bool = False, stop_after_s: float | None = None, labeled: Path | None = None, unlabeled: Path | None = None,
+    shifted: Path | None = None,
+) -> dict:
+    """Runs (or completes) protocol v3's plan and returns its summary. Pretrainings run round by round
+    (:func:`seeds_to_run`) behind the gate (:func:`passes`); then ``scratch`` and ``probe_random`` per finetuning seed
+    and k, and each passing pretraining's finetuned and probe arms over the same seeds and ks. With ``report_only``
+    nothing runs; with ``stop_after_s`` no run starts after that many seconds: the summary lists the missing runs
+    (``complete`` false) and the same command continues.
+
+    ``labeled`` / ``unlabeled`` / ``shifted``: a user's datalists instead of the synthetic sets
+    (:func:`~low_data_plan.users_data`).
+
+    Raises:
+        PlanError: a plan or data that cannot serve the rules (:func:`~low_data_plan.check_plan`), before any run.
+        DatalistError: a user's list that cannot serve it, before any run.
+    """
+    clock = _Clock(stop_after_s)
+    lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
+    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, False, lists)
+    corpora = {r: matched_corpus(data) if r in MATCHED else data.unlabeled for r in plan.recipes}
+    missing: list[str] = []
+    pretrainings: dict[str, dict[int, dict]] = {r: {} for r in plan.recipes}
+    incomplete: set[str] = set()
+
+    def pretrain(job: tuple[str, int]) -> dict | None:
+        recipe, seed = job
+        key, overrides, bundle = pretraining_job(recipe, seed, plan, corpora[recipe], out, numerics, code)
+        try:
+            record = run_pretraining(recipe, key, overrides, results, threads, report_only or clock.late(), bundle=bundle,
+                                     stem=f"pretrain_{recipe}_s{seed}", collapse_fails=True)  # fmt: skip
+        except FileNotFoundError:
+            missing.append(f"pretraining {recipe} seed {seed}")
+            return None
+        print(f"pretraining {recipe} seed {seed}: {(record.get('health') or {}).get('verdict')}", file=sys.stderr, flush=True)
+        return {**record, "recipe": recipe, "seed": seed}
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        while jobs := [(r, s) for r in plan.recipes if r not in incomplete
+                       for s in seeds_to_run([passes(pretrainings[r][i], plan) for i in sorted(pretrainings[r])], plan)]:  # fmt: skip
+            for (recipe, seed), record in zip(jobs, pool.map(pretrain, jobs)):
+                if record is None:
+                    incomplete.add(recipe)
+                else:
+                    pretrainings[recipe][seed] = record
+        # only a recipe with its pretrainings all passed is finetuned: the others get no verdict
+        passing = {r: sorted(s for s, rec in recs.items() if passes(rec, plan)) for r, recs in pretrainings.items()}
+        passing = {r: seeds for r, seeds in passing.items() if len(seeds) >= plan.pretrainings}
+        seeds = range(plan.finetune_seeds)
+        jobs = [(arm, k, f, None) for f in seeds for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
+        jobs += [(arm, k, f, pretrainings[r][p]) for r in passing for p in passing[r] for f in seeds for k in plan.ks
+                 for arm in (r, f"probe_{r}")]  # fmt: skip
+
+        def one(job: tuple) -> dict | None:
+            record = _finetune(job, plan, data, data_seed, out, results, numerics, code, threads, report_only or clock.late())
+            if record is None:
+                missing.append(run_stem(job[0], job[1], job[2], job[3]["seed"] if job[3] else None))
+            return record
+
+        runs = [r for r in pool.map(one, jobs) if r is not None]
+    settings = plan_settings(plan, data_seed, numerics, code, "user datalists" if labeled else "synthetic")
+    return {
+        "benchmark": "low_data", "protocol": 3, "settings": settings, "settings_hash": digest(settings),
+        "data": {**data.files(), "per_seed": draws(data, plan, data_seed)},
+        **summarise(plan, runs, pretrainings, incomplete),
+        "complete": not missing, "missing_runs": sorted(missing),
+        "runs": sorted(runs, key=lambda r: (r["seed"], r["k"], r["arm"], r.get("pretraining_seed") or 0)),
+        "commits": sorted({r["commit"] for r in runs} | {p["commit"] for recs in pretrainings.values() for p in recs.values()}),
+        "machine": {**machine_info(), "threads_per_run": threads, "parallel_runs": parallel}, "total_seconds": clock.seconds(),
+    }  # fmt: skip
+
+
+def pilot(
+    plan: Plan, out: Path, device: str, data_seed: int = 0, parallel: int = 1, results: Path | None = None,
+    report_only: bool = False, stop_after_s: float | None = None, labeled: Path | None = None, unlabeled: Path | None = None,
+    shifted: Path | None = None,
+) -> dict:
+    """The pilot that fixes the finetuning budget before the pre-registration: ``scratch`` and ``probe_random`` only (no
+    pretrained encoder is read) at every k and finetuning seed, for each budget of ``plan.pilot_iterations``. Returns
+    per budget the convergence table of both arms (:func:`~low_data_verdicts.convergence`) and the smallest budget at
+    which both converged at every k (None if none did). Its runs' keys are marked: the plan never reuses them."""
+    clock = _Clock(stop_after_s)
+    lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
+    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, True, lists)
+    missing: list[str] = []
+    table, runs = {}, []
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        for iterations in plan.pilot_iterations:
+            budget = replace(plan, finetune_iterations=iterations)
+            jobs = [(arm, k, f, None) for f in range(plan.finetune_seeds) for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
+
+            def one(job: tuple, budget: Plan = budget) -> dict | None:
+                record = _finetune(job, budget, data, data_seed, out, results, numerics, code, threads,
+                                   report_only or clock.late(), pilot=True)  # fmt: skip
+                if record is None:
+                    missing.append(f"{run_stem(*job[:3], None)} at {budget.finetune_iterations} iterations")
+                return record
+
+            done = [r for r in pool.map(one, jobs) if r is not None]
+            runs += done
+            table[str(iterations)] = {arm: convergence(done, arm, plan.ks, plan.convergence_gain) for arm in (SCRATCH, PROBE_RANDOM)}
+    converged = [int(b) for b, arms in table.items() if all(e["converged"] for per_k in arms.values() for e in per_k.values())]
+    settings = plan_settings(plan, data_seed, numerics, code, "user datalists" if labeled else "synthetic")
+    return {
+        "benchmark": "low_data_pilot", "protocol": 3, "settings": settings, "settings_hash": digest(settings),
+        "rule": f"converged: the last quarter of the validations gains less than {plan.convergence_gain} over the quarter before",
+        "convergence": table, "smallest_converged_budget": min(converged) if converged else None,
+        "complete": not missing, "missing_runs": sorted(missing), "runs": runs,
+        "machine": {**machine_info(), "threads_per_run": threads, "parallel_runs": parallel}, "total_seconds": clock.seconds(),
+    }  # fmt: skip

@@ -1,0 +1,447 @@
+"""Protocol v3 of the low-data benchmark (benchmarks/low_data_plan.py, low_data_verdicts.py, low_data_schedule.py):
+the data draws per finetuning seed, the health gate and the seeds it schedules, the primary contrast over
+pretrainings and its verdict, the Bonferroni-corrected secondary cells, the convergence rule, and the pilot.
+
+The bundle runs are replaced by stand-ins that return records of known Dice and health verdicts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+import low_data_plan as plan_module  # noqa: E402
+import low_data_protocol as protocol  # noqa: E402
+import low_data_schedule as schedule  # noqa: E402
+import low_data_verdicts as verdicts  # noqa: E402
+
+CPU = plan_module.PLANS["cpu"]
+PLAN = replace(CPU, finetune_iterations=40, val_every=4)  # a fixed budget: 10 validations
+T_975_DF2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2)
+
+
+def _fake_data(root: Path, plan: plan_module.Plan, seed: int) -> protocol.Data:
+    """The synthetic splits' shape without volumes: training pool, validation, in-domain and shifted pools."""
+    def items(folder: str, n: int) -> list[dict]:
+        return [{"image": f"{folder}/imagesTr/case_{i:03d}.nii.gz", "label": f"{folder}/labelsTr/case_{i:03d}.nii.gz"} for i in range(n)]
+
+    labeled = items("labeled", plan.training_pool + plan.num_validation + plan.in_domain_pool)
+    unlabeled = root / "unlabeled" / "dataset.json"
+    unlabeled.parent.mkdir(parents=True, exist_ok=True)
+    unlabeled.write_text(json.dumps({"training": [{"image": "a.nii.gz"}], "validation": [{"image": "b.nii.gz"}]}))
+    pool, val = plan.training_pool, plan.num_validation
+    return protocol.Data(root, labeled[:pool], labeled[pool : pool + val], labeled[pool + val :], items("shifted", plan.shifted_pool),
+                         ["background", "spleen"], unlabeled)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------------------- the data
+
+def test_training_volumes_are_distinct_across_seeds_at_each_k_and_nested_within_a_seed(tmp_path):
+    plan = replace(PLAN, ks=(1, 2, 4), finetune_seeds=3)
+    data = _fake_data(tmp_path, plan, 0)
+    volumes = {(k, f): [i["image"] for i in plan_module.training_volumes(data, k, f, plan, 0)] for k in plan.ks for f in range(3)}
+    for k in plan.ks:
+        every = [v for f in range(3) for v in volumes[(k, f)]]
+        assert len(every) == len(set(every)) == 3 * k, k  # no two seeds share a training volume at this k
+    for f in range(3):
+        assert set(volumes[(1, f)]) < set(volumes[(2, f)]) < set(volumes[(4, f)])  # nested within a seed
+    pool = {i["image"] for i in data.pool}
+    assert {v for vs in volumes.values() for v in vs} == pool  # 3 seeds x 4 = the whole training pool
+    assert plan_module.training_volumes(data, 2, 1, plan, 0) != plan_module.training_volumes(data, 2, 1, plan, 1)  # the data seed draws
+    with pytest.raises(plan_module.PlanError, match="seeds 0-2"):
+        plan_module.training_volumes(data, 1, 3, plan, 0)
+
+
+def test_held_out_sets_are_drawn_per_seed_from_the_fixed_pools_and_differ_across_seeds(tmp_path):
+    data = _fake_data(tmp_path, PLAN, 0)
+    drawn = [plan_module.seed_data(data, f, PLAN, 0) for f in range(PLAN.finetune_seeds)]
+    for h, pool in (("in_domain", data.in_domain), ("shifted", data.shifted)):
+        sets = [tuple(i["image"] for i in getattr(d, h)) for d in drawn]
+        assert all(len(s) == len(set(s)) == PLAN.held_out for s in sets)
+        assert all(set(s) <= {i["image"] for i in pool} for s in sets)  # from the fixed pool
+        assert len(set(sets)) == PLAN.finetune_seeds  # every seed draws another set
+    assert [d.validation for d in drawn] == [data.validation] * 3 and len(data.validation) == 2  # 2 volumes select
+    assert sorted(plan_module.held_out_draws(3, 2, 3, [0, 4000])) == [[0, 1], [0, 2], [1, 2]]  # a repeated draw is drawn again
+    # a seed's draw does not depend on how many seeds follow it
+    assert plan_module.held_out_draws(8, 4, 5, [0, 4000])[:3] == plan_module.held_out_draws(8, 4, 3, [0, 4000])
+    datalist = json.loads(plan_module.write_seed_datalist(data, 2, 1, PLAN, 0).read_text())
+    assert len(datalist["training"]) == 2 and len(datalist["validation"]) == 2 and len(datalist["heldout"]) == 2 * PLAN.held_out
+    heldout = {Path(i["image"]).as_posix().split("../")[-1] for i in datalist["heldout"]}
+    assert heldout == {i["image"] for i in drawn[1].in_domain + drawn[1].shifted}
+    training = {Path(i["image"]).as_posix().split("../")[-1] for i in datalist["training"]}
+    assert not training & (heldout | {i["image"] for i in data.validation})
+
+
+def test_plans_that_cannot_serve_the_rules_are_named_before_any_run():
+    with pytest.raises(plan_module.PlanError, match=r"shifted_pool \(4\) gives 1 distinct draws of 4, fewer than the 3"):
+        plan_module.check_plan(replace(PLAN, shifted_pool=4))
+    with pytest.raises(plan_module.PlanError, match="finetuning budget .* is not fixed: run the pilot"):
+        plan_module.check_plan(CPU)
+    plan_module.check_plan(CPU, pilot=True)  # the pilot needs no fixed budget
+    with pytest.raises(plan_module.PlanError, match=r"finetune_iterations \(41\) must be a multiple of every k"):
+        plan_module.check_plan(replace(PLAN, finetune_iterations=41))
+    with pytest.raises(plan_module.PlanError, match=r"gives 5 validations; .* at least 8"):
+        plan_module.check_plan(replace(PLAN, finetune_iterations=20))
+    short = protocol.Data(Path("."), [{}] * 4, [{}] * 2, [{}] * 8, [{}] * 8, [], Path("."))
+    with pytest.raises(plan_module.PlanError, match="the data cannot serve the plan: training pool has 4, the plan needs 6"):
+        plan_module.check_data(short, PLAN)
+
+
+def test_the_pretraining_budget_is_the_demos_cpu_budget_of_1003_iterations():
+    from components.data.synthetic import split_sizes
+    from components.demo.run import BUDGETS
+
+    budget, demo = plan_module.PROTOCOL_BUDGET, BUDGETS["cpu"]
+    pretraining = ("num_unlabeled", "ssl_epochs", "ssl_batch", "ssl_learning_rate", "ssl_warmup_iterations", "feature_size")
+    assert {f: getattr(budget, f) for f in pretraining} == {f: getattr(demo, f) for f in pretraining}
+    assert budget.ssl_epochs * (split_sizes(budget.num_unlabeled)[0] // budget.ssl_batch) == 1003
+    assert plan_module.MATCHED_OVERRIDES == {"intensity_range": [-175, 250]}
+
+
+# ------------------------------------------------------------------------------------------------- the statistics
+
+def test_the_verdict_rules_at_their_boundaries():
+    margin = 0.02
+    assert verdicts.verdict([-0.02, 0.02], margin) == "equivalent"  # bounds included
+    assert verdicts.verdict([0.001, 0.019], margin) == "equivalent"  # equivalence is checked first
+    assert verdicts.verdict([0.001, 0.0201], margin) == "better"
+    assert verdicts.verdict([0.0, 0.05], margin) == "inconclusive"  # a lower bound of 0 is not above 0
+    assert verdicts.verdict([-0.05, -1e-9], margin) == "worse"
+    assert verdicts.verdict([-0.0201, 0.0], margin) == "inconclusive"
+    assert verdicts.verdict([-0.03, 0.03], margin) == "inconclusive"
+
+
+GAIN = {"ssl": 1.0, "dino": -1.0, "mim": 2.0, "ssl_matched": 1.5}
+
+
+def _dice(arm: str, p: int | None, k: int, f: int, h: str, model: str) -> float:
+    """A known Dice per run: the baselines about 0.5 (+0.01 per seed), a recipe's gain a multiple (:data:`GAIN`) of
+    0.03 + 0.002 p + 0.005 f, the shifted set 0.1 lower, the last model 0.02 lower than the selected."""
+    base = 0.5 + 0.01 * f - 0.1 * (h == "shifted") - 0.02 * (model == "last") + 0.003 * k
+    gain = 0.0 if p is None else GAIN[arm.removeprefix("probe_")] * (0.03 + 0.002 * p + 0.005 * f)
+    return base + gain
+
+
+def _record(arm: str, p: int | None, k: int, f: int, curve: list | None = None) -> dict:
+    return {"arm": arm, "k": k, "seed": f, "pretraining_seed": p, "commit": "c",
+            "dice": {m: {h: {"mean": _dice(arm, p, k, f, h, m)} for h in protocol.HELD_OUT_SETS} for m in protocol.MODELS},
+            "validation_curve": curve or [[4 * i, 0.5] for i in range(1, 11)], "selected_iteration": 4}  # fmt: skip
+
+
+def _records(plan, passing: dict[str, list[int]]) -> list[dict]:
+    runs = [_record(a, None, k, f) for a in ("scratch", "probe_random") for k in plan.ks for f in range(plan.finetune_seeds)]
+    runs += [_record(a, p, k, f) for r, ps in passing.items() for p in ps for a in (r, f"probe_{r}") for k in plan.ks
+             for f in range(plan.finetune_seeds)]  # fmt: skip
+    return runs
+
+
+def test_the_primary_statistic_is_the_mean_over_finetuning_seeds_per_pretraining_then_a_t_interval():
+    runs = _records(PLAN, {"mim": [0, 2, 3]})
+    entry = verdicts.family(runs, "mim", {"mim": [0, 2, 3]}, PLAN, range(3))["primary"]
+    # by hand: g_p = mean over f, k, sets of (mim - scratch) = 2 (0.03 + 0.002 p + 0.005 mean(f)) = 0.07 + 0.004 p
+    g = [0.07 + 0.004 * p for p in (0, 2, 3)]
+    assert entry["per_pretraining"] == pytest.approx({"0": g[0], "2": g[1], "3": g[2]})
+    half = T_975_DF2 * statistics.stdev(g) / math.sqrt(3)
+    assert entry["mean"] == pytest.approx(statistics.fmean(g)) and entry["df"] == 2 and entry["level"] == 0.95
+    assert entry["interval"] == pytest.approx([statistics.fmean(g) - half, statistics.fmean(g) + half])
+    assert entry["verdict"] == verdicts.verdict(entry["interval"], 0.02) == "better"
+    assert (entry["contrast"], entry["model"], entry["ks"]) == ("mim - scratch", "selected", [1, 2])
+
+
+def test_secondary_cells_get_the_bonferroni_level_of_their_recipes_family():
+    runs = _records(PLAN, {"ssl": [0, 1, 2], "ssl_matched": [0, 1, 4]})
+    ssl = verdicts.family(runs, "ssl", {"ssl": [0, 1, 2]}, PLAN, range(3))["secondary"]
+    # per recipe: 2 k x 2 sets x 2 models for the finetuned arm and for the probe, and the probe pooled: 17
+    assert (ssl["correction"], ssl["m"], ssl["level"]) == ("Bonferroni", 17, pytest.approx(1 - 0.05 / 17))
+    cell = ssl["cells"]["ssl - scratch, k=2, shifted, last"]
+    values = list(cell["per_pretraining"].values())
+    half = verdicts.t_quantile(1 - 0.05 / 17, 2) * statistics.stdev(values) / math.sqrt(3)
+    assert cell["interval"][1] - cell["mean"] == pytest.approx(half) and half > T_975_DF2 * statistics.stdev(values) / math.sqrt(3)
+    assert ssl["cells"]["probe_ssl - probe_random, pooled, selected"]["kind"] == "probe"
+    matched = verdicts.family(runs, "ssl_matched", {"ssl": [0, 1, 2], "ssl_matched": [0, 1, 4]}, PLAN, range(3))["secondary"]
+    assert matched["m"] == 18 and matched["level"] == pytest.approx(1 - 0.05 / 18)
+    against = matched["cells"]["ssl_matched - ssl, pooled, selected"]
+    mine = [1.5 * (0.035 + 0.002 * p) for p in (0, 1, 4)]  # the pretraining means of ssl_matched - scratch
+    theirs = [0.035 + 0.002 * p for p in (0, 1, 2)]  # and of ssl - scratch: their shared scratch runs cancel
+    assert against["mean"] == pytest.approx(statistics.fmean(mine) - statistics.fmean(theirs))
+    assert against["n"] == [3, 3] and against["df"] >= 2
+
+
+def test_the_convergence_rule_compares_the_last_two_quarters_and_withholds_the_verdicts():
+    assert verdicts.quarter_gain([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]) == pytest.approx(0.75 - 0.55)
+    assert verdicts.quarter_gain([0.1] * 3) is None
+    rising = [[4 * i, 0.05 * i] for i in range(1, 11)]  # the last 2 validations gain 0.1 over the 2 before
+    runs = [r if not (r["arm"] == "scratch" and r["k"] == 2) else {**r, "validation_curve": rising}
+            for r in _records(PLAN, {"mim": [0, 1, 2]})]  # fmt: skip
+    pretrainings = {r: {} for r in PLAN.recipes}
+    pretrainings["mim"] = {p: {"key": f"k{p}", "health": {"verdict": "learning"}} for p in range(3)}
+    summary = schedule.summarise(PLAN, runs, pretrainings, set())
+    assert summary["convergence"]["scratch"]["1"]["converged"] and not summary["convergence"]["scratch"]["2"]["converged"]
+    assert summary["convergence"]["scratch"]["2"]["last_quarter_gain"] == pytest.approx(0.1)
+    assert summary["withheld"] == {"finetune": "budget not converged at k=2", "probe": None}
+    mim = summary["recipes"]["mim"]
+    assert mim["primary"]["verdict"] is None and mim["primary"]["withheld"] == "budget not converged at k=2"
+    assert mim["primary"]["interval"] is not None  # the interval is still reported
+    assert mim["secondary"]["cells"]["probe_mim - probe_random, pooled, selected"]["verdict"] == "better"  # the probes converged
+    converged = schedule.summarise(PLAN, _records(PLAN, {"mim": [0, 1, 2]}), pretrainings, set())
+    assert converged["recipes"]["mim"]["primary"]["verdict"] == "better" and converged["withheld"]["finetune"] is None
+
+
+def test_coverage_is_simulated_on_the_plans_structure_per_cell_kind():
+    constant = np.full((3, 3), 0.04)
+    assert verdicts.crossed_coverage([(constant, 0.95)], draws=200)["mean"] == 1.0
+    spread = np.array([[0.0, 0.1, 0.2], [0.1, 0.2, 0.3], [0.3, 0.0, 0.1]])
+    result = verdicts.crossed_coverage([(spread, 0.95)], draws=4000, seed=1)
+    # with 3 pretrainings resampled, all 3 draws of the same row (a zero-width interval) has probability 3/27: it
+    # misses then unless the drawn columns happen to average to the mean, so coverage is at most about 8/9 here
+    assert 0.6 < result["mean"] < 8 / 9 + 0.02 and "crossed" in result["resampled"]
+    assert verdicts.crossed_coverage([(spread[:1], 0.95)]) is None  # one pretraining: no interval
+    runs = _records(PLAN, {"ssl": [0, 1, 2]})
+    cover = verdicts.coverage_by_kind(runs, {"ssl": [0, 1, 2]}, PLAN, range(3), draws=200)
+    assert cover["primary"]["populations"] == 1 and cover["secondary (Bonferroni)"]["populations"] == 17
+    assert cover["secondary (Bonferroni)"]["nominal"] == [pytest.approx(1 - 0.05 / 17)]
+
+
+# ------------------------------------------------------------------------------------------ the gate and the runs
+
+def test_seeds_are_scheduled_until_three_pass_or_five_were_tried():
+    assert schedule.seeds_to_run([], PLAN) == [0, 1, 2]
+    assert schedule.seeds_to_run([True, False, True], PLAN) == [3]
+    assert schedule.seeds_to_run([True, False, True, False], PLAN) == [4]
+    assert schedule.seeds_to_run([True, False, True, False, False], PLAN) == []  # 5 tried
+    assert schedule.seeds_to_run([True, True, True], PLAN) == []
+    assert schedule.seeds_to_run([True, False, True, True], PLAN) == []
+
+
+@pytest.fixture
+def fake_runs(monkeypatch):
+    """run() with the bundle runs replaced: a pretraining's health verdict is ``verdicts[(recipe, seed)]`` (default
+    learning); a finetuning returns the Dice of :func:`_dice`. The calls are recorded."""
+    calls = {"pretrain": [], "finetune": []}
+    health = {}
+    monkeypatch.setattr(schedule, "synthetic_data", _fake_data)
+    monkeypatch.setattr(schedule, "matched_corpus", lambda data: data.unlabeled)
+    monkeypatch.setattr(schedule, "training_class_weights", lambda datalist, names=None: [0.1, 1.0])
+
+    def pretrain(recipe, key, overrides, results, threads, report_only=False, *, bundle=None, stem=None, collapse_fails=False):
+        if report_only:
+            raise FileNotFoundError(recipe)
+        assert collapse_fails  # a run the collapse guard stops is a failing pretraining, not the plan's end
+        seed = overrides["training#seed"]
+        calls["pretrain"].append((recipe, seed, key, bundle, overrides))
+        report = {"verdict": health.get((recipe, seed), "learning"), "signals": {}}
+        return {"recipe": recipe, "key": key, "sha256": f"w-{recipe}-{seed}", "commit": "c", "model": f"/w/{recipe}{seed}.pt",
+                "seed": seed, "health": report}  # fmt: skip
+
+    def finetune(arm, k, seed, key, overrides, data, results, threads, report_only=False, *, stem=None, fields=None, pretrained=None):
+        if report_only:
+            return None
+        datalist = json.loads(Path(overrides["datalist"]).read_text())
+        calls["finetune"].append({"arm": arm, "k": k, "seed": seed, "key": key, "stem": stem, "overrides": overrides,
+                                  "datalist": datalist, "fields": fields, "held_out": [i["image"] for i in data.in_domain + data.shifted]})  # fmt: skip
+        return {**_record(arm, fields["pretraining_seed"], k, seed), "key": key, **fields}
+
+    monkeypatch.setattr(schedule, "run_pretraining", pretrain)
+    monkeypatch.setattr(schedule, "run_finetuning", finetune)
+    return calls, health
+
+
+def test_the_health_gate_excludes_a_failing_pretraining_reports_it_and_schedules_the_next_seed(fake_runs, tmp_path):
+    calls, health = fake_runs
+    health.update({("dino", 1): "at baseline", ("mim", 0): "collapsed", ("mim", 2): "at baseline", ("mim", 3): "at baseline"})
+    result = schedule.run(PLAN, tmp_path, "cpu")
+    tried = {r: [s for rr, s, *_ in calls["pretrain"] if rr == r] for r in PLAN.recipes}
+    assert tried == {"ssl": [0, 1, 2], "dino": [0, 1, 2, 3], "mim": [0, 1, 2, 3, 4], "ssl_matched": [0, 1, 2]}
+    dino, mim = result["recipes"]["dino"], result["recipes"]["mim"]
+    assert dino["status"] == "evaluated" and dino["passing_seeds"] == [0, 2, 3]
+    assert [(p["seed"], p["passed"], p["verdict"]) for p in dino["pretrainings"]] == [
+        (0, True, "learning"), (1, False, "at baseline"), (2, True, "learning"), (3, True, "learning")]  # reported, not dropped
+    assert mim["status"] == "not evaluated: 2 of 5 encoders passed health" and "primary" not in mim
+    finetuned = {(c["fields"]["recipe"], c["fields"]["pretraining_seed"]) for c in calls["finetune"] if c["fields"]["recipe"]}
+    assert ("dino", 1) not in finetuned and not {r for r, _ in finetuned} & {"mim"}  # a failing encoder is never finetuned
+    assert sorted(p for r, p in finetuned if r == "dino") == [0, 2, 3]
+    assert dino["primary"]["per_pretraining"].keys() == {"0", "2", "3"} and dino["primary"]["verdict"] == "worse"
+    assert result["complete"] and len(calls["finetune"]) == 2 * 3 * (2 + 3 * 2 * 3)  # ks x seeds x (baselines + 3 recipes x 2 arms x 3)
+
+
+def test_baselines_run_once_per_seed_and_k_and_pair_with_every_pretraining(fake_runs, tmp_path):
+    calls, _ = fake_runs
+    schedule.run(replace(PLAN, recipes=("ssl", "ssl_matched")), tmp_path, "cpu")
+    scratch = [(c["k"], c["seed"]) for c in calls["finetune"] if c["arm"] == "scratch"]
+    assert sorted(scratch) == sorted({(k, f) for k in PLAN.ks for f in range(3)})  # once each, shared
+    by_pair = {}
+    for c in calls["finetune"]:
+        by_pair.setdefault((c["k"], c["seed"]), set()).add(json.dumps([c["datalist"], c["held_out"]]))
+    assert all(len(v) == 1 for v in by_pair.values())  # every arm of a (k, seed) trains and is scored on the same volumes
+    stems = {c["stem"] for c in calls["finetune"]}
+    assert "ssl_p2_k1_f0" in stems and "scratch_k2_f1" in stems and "probe_ssl_matched_p0_k2_f2" in stems
+    keys = {c["key"] for c in calls["finetune"]}
+    assert len(keys) == len(calls["finetune"])  # the pretraining seed is part of the key
+    pre = [c for c in calls["pretrain"] if c[0] == "ssl_matched"]
+    assert all(c[3] == "swin_unetr_ssl_pretrain" and c[4]["intensity_range"] == [-175, 250] for c in pre)
+    ssl = [c for c in calls["pretrain"] if c[0] == "ssl"]
+    assert all("intensity_range" not in c[4] for c in ssl) and {c[2] for c in ssl}.isdisjoint({c[2] for c in pre})
+    own = {"output_dir", "ckpt_dir"}  # each run's own folders
+    arms = {(c["arm"], c["fields"]["pretraining_seed"]): {k: v for k, v in c["overrides"].items() if k not in own}
+            for c in calls["finetune"] if (c["k"], c["seed"]) == (2, 1)}  # fmt: skip
+
+    def differing(a: tuple, b: tuple) -> set[str]:
+        return {k for k in arms[a].keys() | arms[b].keys() if arms[a].get(k) != arms[b].get(k)}
+
+    assert differing(("ssl", 0), ("scratch", None)) == {"pretrained_path"} == differing(("ssl_matched", 2), ("ssl", 2))
+    assert differing(("probe_ssl", 1), ("probe_random", None)) == {"pretrained_path"}
+    assert differing(("probe_random", None), ("scratch", None)) == {"network_def#network"}
+    assert arms[("probe_ssl", 1)]["network_def#network"] == "$components.LinearProbe" and arms[("ssl", 1)]["pretrained_path"] == "/w/ssl1.pt"
+
+
+def test_a_time_limited_piece_lists_the_missing_runs_and_report_only_runs_nothing(fake_runs, tmp_path):
+    calls, _ = fake_runs
+    result = schedule.run(PLAN, tmp_path, "cpu", stop_after_s=0.0)
+    assert not calls["pretrain"] and not calls["finetune"] and result["complete"] is False
+    assert "pretraining ssl seed 0" in result["missing_runs"] and result["recipes"]["ssl"]["status"].startswith("incomplete")
+    assert "scratch_k1_f0" in result["missing_runs"]
+
+
+def test_the_pilot_runs_only_scratch_and_probe_random_at_each_budget(fake_runs, tmp_path):
+    calls, _ = fake_runs
+    result = schedule.pilot(replace(CPU, pilot_iterations=(40, 80), val_every=4), tmp_path, "cpu")
+    assert not calls["pretrain"] and {c["arm"] for c in calls["finetune"]} == {"scratch", "probe_random"}
+    assert len(calls["finetune"]) == 2 * 2 * 2 * 3  # budgets x arms x ks x seeds
+    assert {c["overrides"]["max_epochs"] for c in calls["finetune"] if c["k"] == 2} == {20, 40}
+    assert set(result["convergence"]) == {"40", "80"} and result["smallest_converged_budget"] == 40  # flat curves
+    # a pilot run's key is never the plan's: the plan's records all follow the pre-registration
+    calls["finetune"].clear()
+    schedule.run(replace(CPU, finetune_iterations=40, val_every=4, recipes=("ssl",)), tmp_path, "cpu")
+    pilot_keys = {c["key"] for c in result["runs"]}
+    assert pilot_keys and not pilot_keys & {c["key"] for c in calls["finetune"]}
+
+
+# ------------------------------------------------------------------------------------------------------ the docs
+
+def test_the_docs_blocks_say_not_run_yet_without_a_summary(tmp_path):
+    import low_data_docs as docs
+
+    summary = tmp_path / "low_data_cpu_protocol3.json"
+    doc = tmp_path / "README.md"
+    answers, tables = (docs.BLOCKS[kind].format(summary=summary.as_posix()) for kind in ("answers", "protocol3"))
+    doc.write_text(f"## What pretraining buys\n\n{answers}\nold\n{docs.block_end('answers')}\n\n{tables}\nold\n{docs.block_end('protocol3')}\n")
+    assert docs.write_doc_tables(doc, summary)
+    text = doc.read_text()
+    assert text.count(f"\n\n{docs.not_run_yet(summary.as_posix())}\n\n") == 2 and "old" not in text
+    assert docs.not_run_yet("x.json").startswith("Protocol v3 has not run yet:")
+    for path in ("README.md", "docs/measuring.md"):  # the shipped docs: blocks of the CPU plan's summary, not run yet
+        shipped = (REPO / path).read_text()
+        assert docs.ANSWERS_BLOCK.format(summary="benchmarks/results/low_data_cpu_protocol3.json") in shipped, path
+        assert docs.not_run_yet("benchmarks/results/low_data_cpu_protocol3.json") in shipped, path
+
+
+def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path):
+    import low_data_docs as docs
+
+    _, health = fake_runs
+    health.update({("dino", 0): "at baseline", ("dino", 1): "collapsed", ("dino", 3): "at baseline", ("dino", 4): "learning"})
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps(schedule.run(PLAN, tmp_path / "out", "cpu"), allow_nan=False))  # strict JSON
+    doc = tmp_path / "README.md"
+    begin = docs.ANSWERS_BLOCK.format(summary=summary.as_posix())
+    doc.write_text(f"{begin}\n{docs.not_run_yet('x')}\n{docs.block_end('answers')}\n")
+    assert docs.write_doc_tables(doc, summary)
+    lines = doc.read_text().splitlines()
+    g = [2 * (0.035 + 0.002 * p) for p in (0, 1, 2)]  # masked image: the pretraining means of its gain over scratch
+    half = T_975_DF2 * statistics.stdev(g) / math.sqrt(3)
+    mean = statistics.fmean(g)
+    mim = next(line for line in lines if line.startswith("- masked image:"))
+    assert mim.startswith(f"- masked image: +{mean:.3f} [+{mean - half:.3f}, +{mean + half:.3f}] over scratch (better) on 3 "
+                          "pretrainings x 3 finetuning seeds x 2 k x 2 held-out sets; its linear probe +0.074 [")  # fmt: skip
+    assert "over a random encoder's (secondary, 99.71 % Bonferroni interval: better)" in mim
+    assert "- self-distillation: not evaluated: 2 of 5 encoders passed health." in lines
+    matched = next(line for line in lines if line.startswith("- SSL in the finetuning's window and spacing:"))
+    assert "; against SSL +0.018 [" in matched  # 1.5 x - 1 x the ssl gain of 0.035 + 0.002 p, p = 0-2
+    assert lines[-3].startswith("Data, budgets and machine: [summary.json](summary.json) (pretraining 1,003 iterations, "
+                                "finetuning 40;")  # fmt: skip  # linked relative to the document
+    nested = tmp_path / "docs" / "measuring.md"
+    nested.parent.mkdir()
+    nested.write_text(f"{begin}\n{docs.block_end('answers')}\n")
+    docs.write_doc_tables(nested, summary)
+    assert "[summary.json](../summary.json)" in nested.read_text()
+    tables = docs.protocol3_markdown(json.loads(summary.read_text()))
+    assert "| self-distillation | 1 | collapsed | no | - |" in tables and "| masked image | evaluated | +0.074 [" in tables
+    assert "Secondary cells of masked image (17 cells, Bonferroni: each interval at 99.71 %):" in tables
+    assert "| mim - scratch, k=2, shifted, last | +0.074 [" in tables
+    for block in tables.split("\n\n"):  # every row of a table has its header's columns
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        assert len({row.count("|") for row in rows}) <= 1, rows[:3]
+
+
+def test_the_pilots_table_names_the_smallest_converged_budget(fake_runs, tmp_path):
+    import low_data_docs as docs
+
+    result = schedule.pilot(replace(CPU, pilot_iterations=(40,), val_every=4), tmp_path, "cpu")
+    text = docs.pilot_markdown(json.loads(json.dumps(result)))
+    assert "| 40 | scratch | 2 | +0.0000 | yes |" in text and "| 40 | probe_random | 1 | +0.0000 | yes |" in text
+    assert text.rstrip().endswith("Smallest budget at which both converged at every k: 40.")
+
+
+def test_a_matched_recipe_without_its_demo_recipe_has_no_comparison_with_it():
+    runs = _records(PLAN, {"ssl_matched": [0, 1, 2]})
+    family = verdicts.family(runs, "ssl_matched", {"ssl_matched": [0, 1, 2]}, PLAN, range(3))
+    against = family["secondary"]["cells"]["ssl_matched - ssl, pooled, selected"]
+    assert (against["mean"], against["interval"], against["verdict"]) == (None, None, None)
+    assert family["primary"]["verdict"] == "better"
+    json.dumps(family, allow_nan=False)  # strict JSON: no NaN anywhere
+
+
+def test_the_matched_corpus_is_the_corpus_at_the_finetunings_spacing(tmp_path):
+    """ssl_matched's corpus: every training and validation volume of the unlabeled corpus, resampled to 1 x 1 x 2 mm
+    (RAS, as the finetuning resamples), listed alike; written once."""
+    import nibabel as nib
+
+    from components import write_dataset
+
+    corpus = write_dataset(tmp_path / "unlabeled", num=3, seed=0, varied=True, labels=False)
+    data = protocol.Data(tmp_path, [], [], [], [], [], corpus)
+    datalist = plan_module.matched_corpus(data)
+    source, matched = json.loads(corpus.read_text()), json.loads(datalist.read_text())
+    assert [len(matched[key]) for key in ("training", "validation")] == [len(source[key]) for key in ("training", "validation")]
+    for item in matched["training"] + matched["validation"]:
+        image = nib.load(str(datalist.parent / item["image"]))
+        assert np.allclose(image.header.get_zooms()[:3], [1.0, 1.0, 2.0]) and nib.aff2axcodes(image.affine) == ("R", "A", "S")
+    first = (datalist.parent / matched["training"][0]["image"]).stat().st_mtime_ns
+    assert plan_module.matched_corpus(data) == datalist
+    assert (datalist.parent / matched["training"][0]["image"]).stat().st_mtime_ns == first  # not written again
+
+
+def test_a_pretraining_stopped_by_the_collapse_guard_is_a_failed_pretraining(tmp_path, monkeypatch):
+    """A self-distillation run that its collapse guard stops is recorded as failed (verdict collapsed) and reused as
+    such; any other failure of a run still stops the plan."""
+    import low_data_runs as runner
+
+    calls = []
+
+    def collapsing(bundle, configs=("train.json",), overrides=None, log=None, echo=True, threads=None):
+        calls.append(bundle)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("ERROR StopOnCollapse: ...\ncomponents.recipes.self_distillation.collapse.TeacherCollapseError: the "
+                       "teacher has collapsed (the output is uniform): entropy 0.9998\n")  # fmt: skip
+        raise RuntimeError("bundle run failed (exit 1)")
+
+    monkeypatch.setattr(runner, "run_bundle", collapsing)
+    run_dir = tmp_path / "run"
+    overrides = {"output_dir": str(run_dir / "eval"), "ckpt_dir": str(run_dir / "models"), "training#seed": 1}
+    record = runner.run_pretraining("dino", "k", overrides, tmp_path / "results", None, stem="pretrain_dino_s1", collapse_fails=True)
+    assert record["failed"] == "the teacher has collapsed (the output is uniform): entropy 0.9998" and record["model"] is None
+    assert record["health"]["verdict"] == "collapsed" and not schedule.passes(record, PLAN)
+    assert json.loads((tmp_path / "results" / "pretrain_dino_s1_k.json").read_text())["failed"] == record["failed"]
+    assert runner.run_pretraining("dino", "k", overrides, tmp_path / "results", None, stem="pretrain_dino_s1", collapse_fails=True) == record
+    assert len(calls) == 1  # reused, not run again
+    with pytest.raises(RuntimeError, match="bundle run failed"):
+        runner.run_pretraining("dino", "other", overrides, tmp_path / "results", None)  # protocol 2: a failure stops the plan
