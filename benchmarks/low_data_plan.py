@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from components.data import synthetic
-from components.demo.recipes import CT_BUNDLE, RECIPES as DEMO_RECIPES, SPACING, DemoBudget
+from components.demo.recipes import CT_BUNDLE, SPACING, DemoBudget
 from components.demo.runner import BUNDLES_DIR
 from low_data_protocol import SHIFTED_SEED_OFFSET, Data, DatalistError, user_data, write_text
 
