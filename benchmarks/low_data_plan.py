@@ -26,7 +26,7 @@ import numpy as np
 from components.data import synthetic
 from components.demo.recipes import CT_BUNDLE, SPACING, DemoBudget
 from components.demo.runner import BUNDLES_DIR
-from low_data_protocol import SHIFTED_SEED_OFFSET, Data, DatalistError, user_data, write_text
+from low_data_protocol import Data, DatalistError, synthetic_sets, user_data, write_text
 
 #: the recipes of the plan: each demo recipe, and ``ssl_matched``, SSL pretrained in the finetuning's window and
 #: spacing (the arm that measures the mismatch between pretraining and finetuning)
@@ -225,27 +225,11 @@ def write_seed_datalist(data: Data, k: int, seed: int, plan: Plan, data_seed: in
 
 
 def synthetic_data(root: Path, plan: Plan, seed: int) -> Data:
-    """Synthesises the labeled, shifted and unlabeled sets (skipped when a manifest of the same sizes exists: the
-    generator is deterministic) and splits the labeled subjects by index: the training pool, the validation
+    """The synthetic sets (``low_data_protocol.synthetic_sets``) split by index: the training pool, the validation
     volumes, then the in-domain pool; the shifted pool is the shifted set."""
-    root.mkdir(parents=True, exist_ok=True)
-    sizes = {"labeled": plan.training_pool + plan.num_validation + plan.in_domain_pool, "shifted": max(3, plan.shifted_pool),
-             "unlabeled": plan.budget.num_unlabeled, "seed": seed, "organs": list(synthetic.DEMO_ORGANS)}  # fmt: skip
-    manifest = root / "manifest.json"
-    if not manifest.is_file() or json.loads(manifest.read_text()) != sizes:
-        synthetic.write_dataset(root / "labeled", num=sizes["labeled"], seed=seed, organs=synthetic.DEMO_ORGANS)
-        synthetic.write_dataset(root / "shifted", num=sizes["shifted"], seed=seed + SHIFTED_SEED_OFFSET,
-                                organs=synthetic.DEMO_ORGANS, varied=True)  # fmt: skip
-        synthetic.write_dataset(root / "unlabeled", num=sizes["unlabeled"], seed=seed, varied=True, labels=False)
-        manifest.write_text(json.dumps(sizes, indent=2) + "\n")
-
-    def items(folder: str) -> list[dict]:
-        content = json.loads((root / folder / "dataset.json").read_text())
-        return [{key: f"{folder}/{value}" for key, value in item.items()}
-                for item in content["training"] + content["validation"] + content["test"]]  # fmt: skip
-
-    labeled, pool, val = items("labeled"), plan.training_pool, plan.num_validation
-    return Data(root, labeled[:pool], labeled[pool : pool + val], labeled[pool + val :], items("shifted")[: plan.shifted_pool],
+    pool, val = plan.training_pool, plan.num_validation
+    labeled, shifted = synthetic_sets(root, seed, pool + val + plan.in_domain_pool, plan.shifted_pool, plan.budget.num_unlabeled)
+    return Data(root, labeled[:pool], labeled[pool : pool + val], labeled[pool + val :], shifted[: plan.shifted_pool],
                 ["background", *synthetic.DEMO_ORGANS], root / "unlabeled" / "dataset.json")  # fmt: skip
 
 

@@ -137,13 +137,13 @@ class Data:
         }  # fmt: skip
 
 
-def synthetic_data(root: Path, plan: Plan, seed: int) -> Data:
-    """Synthesises the labeled, shifted and unlabeled sets (skipped when a manifest of the same settings exists: the
-    generator is deterministic) and fixes the splits by index: the first ``pool_size`` labeled subjects are the
-    pool, the next one validates, the rest are the in-domain held-out set."""
+def synthetic_sets(root: Path, seed: int, labeled: int, shifted: int, unlabeled: int) -> tuple[list[dict], list[dict]]:
+    """Synthesises ``labeled`` labeled, ``shifted`` shifted (at least 3) and ``unlabeled`` unlabeled volumes under
+    ``root`` (skipped when a manifest of the same sizes exists: the generator is deterministic); returns the labeled and
+    the shifted subjects, in order, their paths relative to ``root``. The unlabeled corpus is ``root/unlabeled``."""
     root.mkdir(parents=True, exist_ok=True)
-    sizes = {"labeled": plan.pool_size + 1 + plan.num_in_domain, "shifted": max(3, plan.num_shifted),
-             "unlabeled": plan.budget.num_unlabeled, "seed": seed, "organs": list(synthetic.DEMO_ORGANS)}  # fmt: skip
+    sizes = {"labeled": labeled, "shifted": max(3, shifted), "unlabeled": unlabeled, "seed": seed,
+             "organs": list(synthetic.DEMO_ORGANS)}  # fmt: skip
     manifest = root / "manifest.json"
     if not manifest.is_file() or json.loads(manifest.read_text()) != sizes:
         synthetic.write_dataset(root / "labeled", num=sizes["labeled"], seed=seed, organs=synthetic.DEMO_ORGANS)
@@ -157,10 +157,16 @@ def synthetic_data(root: Path, plan: Plan, seed: int) -> Data:
         return [{key: f"{folder}/{value}" for key, value in item.items()}
                 for item in content["training"] + content["validation"] + content["test"]]  # fmt: skip
 
-    labeled = items("labeled")
+    return items("labeled"), items("shifted")
+
+
+def synthetic_data(root: Path, plan: Plan, seed: int) -> Data:
+    """Protocol 2's sets (:func:`synthetic_sets`) and splits by index: the first ``pool_size`` labeled subjects are the
+    pool, the next one validates, the rest are the in-domain held-out set."""
+    labeled, shifted = synthetic_sets(root, seed, plan.pool_size + 1 + plan.num_in_domain, plan.num_shifted, plan.budget.num_unlabeled)
     pool_end = plan.pool_size
     return Data(root, labeled[:pool_end], labeled[pool_end : pool_end + 1], labeled[pool_end + 1 :],
-                items("shifted")[: plan.num_shifted], ["background", *synthetic.DEMO_ORGANS], root / "unlabeled" / "dataset.json")  # fmt: skip
+                shifted[: plan.num_shifted], ["background", *synthetic.DEMO_ORGANS], root / "unlabeled" / "dataset.json")  # fmt: skip
 
 
 def _entries(datalist: Path, require_label: bool) -> list[dict]:
