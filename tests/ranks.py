@@ -54,7 +54,11 @@ def hosted_store(timeout_s: float = 300) -> Iterator[int]:
 
 def _as_client_rank(target: Callable, environ: dict[str, str], *args: Any) -> None:
     """``target(*args)`` in a rank that has the launcher's ``environ`` and reaches its store as a client (see the
-    module docstring)."""
+    module docstring), with the platform's default start method for its own processes (its loader workers), as a
+    rank that torchrun starts has it: a spawned or fork-server child inherits its parent's method instead."""
+    import multiprocessing
+
+    multiprocessing.set_start_method(None, force=True)
     os.environ.clear()
     os.environ.update(environ)
     os.environ[AGENT_STORE_ENV] = str(True)
