@@ -6,6 +6,9 @@ letting rank 0 bind it later (what this module did before) leaves a window in wh
 port; a CI run once failed two tests there. The ranks connect as clients, as torchrun's workers do with the
 agent's store (``TORCHELASTIC_USE_AGENT_STORE``), so ``components.init_distributed`` runs its ``env://`` path
 unchanged.
+
+The ranks start from :func:`rank_context`: a fork server that imports torch, MONAI and ignite once for the session,
+so that a rank does not spend seconds importing them again, as a spawned one did.
 """
 
 from __future__ import annotations
@@ -18,6 +21,21 @@ from datetime import timedelta
 from typing import Any
 
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+#: what the ranks' fork server imports once (the modules every rank of these tests imports first)
+PRELOAD = ["torch", "torch.distributed", "monai", "monai.data", "monai.engines", "ignite.engine",
+           "components.distributed"]
+
+
+def rank_context() -> Any:
+    """The multiprocessing context of the ranks: ``forkserver``, whose server imports :data:`PRELOAD` when it starts
+    (once for the session). Each rank is a fork of that server's one thread, never of the test process (whose
+    threads and held locks a fork would copy); as a spawned rank, it gets its parent's ``sys.path`` and working
+    folder, and from :func:`run_ranks` its environment of the moment (the server's is that of its start)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 @contextmanager
@@ -34,8 +52,15 @@ def hosted_store(timeout_s: float = 300) -> Iterator[int]:
         del store
 
 
-def _as_client_rank(target: Callable, *args: Any) -> None:
-    """``target(*args)`` in a rank that reaches the launcher's store as a client (see the module docstring)."""
+def _as_client_rank(target: Callable, environ: dict[str, str], *args: Any) -> None:
+    """``target(*args)`` in a rank that has the launcher's ``environ`` and reaches its store as a client (see the
+    module docstring), with the platform's default start method for its own processes (its loader workers), as a
+    rank that torchrun starts has it: a spawned or fork-server child inherits its parent's method instead."""
+    import multiprocessing
+
+    multiprocessing.set_start_method(None, force=True)
+    os.environ.clear()
+    os.environ.update(environ)
     os.environ[AGENT_STORE_ENV] = str(True)
     target(*args)
 
@@ -49,7 +74,9 @@ def run_ranks(ctx: Any, target: Callable, rank_args: Callable[[int, int], Sequen
     killed at once instead of waiting for their process-group timeout, so a failing test reports in seconds.
     """
     with hosted_store(timeout) as port:
-        procs = [ctx.Process(target=_as_client_rank, args=(target, *rank_args(rank, port))) for rank in range(world)]
+        environ = dict(os.environ)
+        procs = [ctx.Process(target=_as_client_rank, args=(target, environ, *rank_args(rank, port)))
+                 for rank in range(world)]  # fmt: skip
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout
@@ -92,16 +119,16 @@ def _scenario_child(scenario: Callable[[int], dict], rank: int, world: int, port
 
 
 def run_scenario(scenario: Callable[[int], dict], out_dir: Any, world: int = 2, timeout: float = 240) -> list[dict]:
-    """Runs the module-level function ``scenario(rank) -> dict`` on ``world`` spawned gloo ranks (process-group
-    timeout 60 s) and returns each rank's result; fails with the ranks' tracebacks when one of them failed."""
-    import multiprocessing
+    """Runs the module-level function ``scenario(rank) -> dict`` on ``world`` gloo ranks of :func:`rank_context`
+    (process-group timeout 60 s) and returns each rank's result; fails with the ranks' tracebacks when one of them
+    failed."""
     from pathlib import Path
 
     import torch
 
     out = Path(out_dir)
     args = lambda rank, port: (scenario, rank, world, port, str(out))  # noqa: E731
-    codes = run_ranks(multiprocessing.get_context("spawn"), _scenario_child, args, world, timeout)
+    codes = run_ranks(rank_context(), _scenario_child, args, world, timeout)
     errors = "\n".join(f"--- {p.name} ---\n{p.read_text()}" for p in sorted(out.glob("*.err")))
     assert codes == [0] * world, errors or f"exit codes {codes} (timeout {timeout} s)"
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -27,7 +27,7 @@ from tests.test_check_data import _build_corpus
 from tests.test_dino_bundle import BUNDLE as DINO
 from tests.test_dino_bundle import TINY as DINO_TINY
 from tests.test_errors import _run as _run_as_user
-from tests.test_finetune_bundles import CT, CT_TINY, MRI, MRI_TINY, TRAIN_TINY, _run
+from tests.test_finetune_bundles import CT, CT_TINY, MRI, MRI_TINY, TRAIN_TINY, _run, _run_at_once
 from tests.test_mim_bundle import BUNDLE as MIM
 from tests.test_mim_bundle import TINY as MIM_TINY
 from tests.test_pretrain_bundle import TINY as SSL_TINY
@@ -88,19 +88,33 @@ def _run_bundle(bundle: str, datalist, root, tmp_path, **extra) -> tuple[int, st
     return code, out
 
 
+@pytest.fixture(scope="module")
+def one_bad_list(corpus, tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
+    """By list name: the BTCV bundle run on a truncated label in that list (the other list clean), the label's path,
+    the run's exit code and output. Both runs at once: processes of one thread that share nothing."""
+    root, cases = corpus
+    clean = cases["truncated_gz"].datalist["validation"][0]
+    truncated = root / "truncated_label.nii.gz"
+    truncated.write_bytes(Path(clean["label"]).read_bytes()[:-40])
+    folder, tiny, _ = BUNDLES["btcv"]
+    runs = {}
+    for list_name in ("training", "validation"):
+        work = tmp_path_factory.mktemp(f"bad_{list_name}")
+        content = {**cases["truncated_gz"].datalist, "training": [clean], "validation": [clean]}
+        content[list_name] = [{"image": clean["image"], "label": str(truncated)}]
+        datalist = work / f"bad_{list_name}.json"
+        datalist.write_text(json.dumps(content))
+        overrides = {**tiny, "datalist": datalist, "dataset_dir": root, "ckpt_dir": work / "models",
+                     "output_dir": work / "eval"}  # fmt: skip
+        runs[list_name] = (folder, ["train.json"], overrides, work / "run.log")
+    return {name: (truncated, code, out) for name, (code, out, _) in _run_at_once(runs).items()}
+
+
 @pytest.mark.parametrize("list_name", ["training", "validation"])
-def test_a_data_check_error_names_the_list_of_the_entry(corpus, tmp_path, list_name):
+def test_a_data_check_error_names_the_list_of_the_entry(one_bad_list, list_name):
     """A truncated label in one list (the other list clean) is reported as ``<list>[0] label`` with the list's name
     in the summary: the training set's check labelled its entries ``dataset[0]``, as the validation set's did."""
-    root, cases = corpus
-    truncated = root / "truncated_label.nii.gz"
-    clean = cases["truncated_gz"].datalist["validation"][0]
-    truncated.write_bytes(Path(clean["label"]).read_bytes()[:-40])
-    content = {**cases["truncated_gz"].datalist, "training": [clean], "validation": [clean]}
-    content[list_name] = [{"image": clean["image"], "label": str(truncated)}]
-    datalist = tmp_path / f"bad_{list_name}.json"
-    datalist.write_text(json.dumps(content))
-    code, out = _run_bundle("btcv", datalist, root, tmp_path)
+    truncated, code, out = one_bad_list[list_name]
     assert code != 0, out[-3000:]
     lines = [line.strip() for line in out.splitlines()]
     assert [line for line in lines if line.startswith(f"ERROR {truncated} [{list_name}[0] label]: ")], out[-3000:]

@@ -69,26 +69,33 @@ def data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, data):
-    root = tmp_path_factory.mktemp("dino_one")
+def runs(tmp_path_factory, data) -> dict[str, tuple[Path, str]]:
+    """The bundle's two training runs, started at once (one thread per process, so together they keep two cores
+    busy), by name with their folder and output: "one", one process, and "two_ranks", 2-rank torchrun whose ranks
+    save their teachers after training."""
+    one, ddp = tmp_path_factory.mktemp("dino_one"), tmp_path_factory.mktemp("dino_ddp")
     # 2 crops per volume: RankMe's 16 crops are 8 draws of 2 from the one validation volume
-    cmd = bundle_command(BUNDLE, overrides=_overrides(root, data, batch_size=2, **{"training#num_samples": 2}))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-4000:]
-    return root, output
+    single = bundle_command(BUNDLE, overrides=_overrides(one, data, batch_size=2, **{"training#num_samples": 2}))
+    # batch 1 x 2 crops per volume: KoLeo's 2 neighbours on each rank's own batch
+    overrides = _overrides(ddp, data, batch_size=1, dist_timeout_s=150, **{"training#num_samples": 2})
+    cmd = bundle_command(BUNDLE, overrides=overrides)
+    files = [*map(str, run_config_files(BUNDLE, ["train.json", "multi_gpu_train.json"])), str(_save_teacher_run(ddp))]
+    cmd[cmd.index("--config_file") + 1] = json.dumps(files)
+    torchrun = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", *cmd[1:])
+    launches = _launch_all([single, torchrun], ENV, tmp_path_factory.mktemp("dino_logs"))
+    return {name: (root, launch) for name, root, launch in zip(("one", "two_ranks"), (one, ddp), launches)}
 
 
 @pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory, data):
-    root = tmp_path_factory.mktemp("dino_ddp")
-    # batch 1 x 2 crops per volume: KoLeo's 2 neighbours on each rank's own batch
-    overrides = _overrides(root, data, batch_size=1, dist_timeout_s=150, **{"training#num_samples": 2})
-    cmd = bundle_command(BUNDLE, overrides=overrides)
-    files = [*map(str, run_config_files(BUNDLE, ["train.json", "multi_gpu_train.json"])), str(_save_teacher_run(root))]
-    cmd[cmd.index("--config_file") + 1] = json.dumps(files)
-    torchrun = _torchrun("--standalone", "--nnodes=1", "--nproc_per_node=2", *cmd[1:])
-    (launch,) = _launch_all([torchrun], ENV, root)
+def trained(runs):
+    root, launch = runs["one"]
+    assert launch.code == 0 and not launch.timed_out, launch.ok()
+    return root, launch.output
+
+
+@pytest.fixture(scope="module")
+def two_ranks(runs):
+    root, launch = runs["two_ranks"]
     assert launch.code == 0 and not launch.timed_out, launch.ok()
     return root, launch.output
 

@@ -18,12 +18,11 @@ from pathlib import Path
 import ignite.distributed as idist
 import pytest
 import torch
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 from components import distributed as D
 from components.recipes.inpainting_contrast.loss import SSLLoss
-from tests.ranks import AGENT_STORE_ENV, hosted_store, run_ranks
+from tests.ranks import AGENT_STORE_ENV, hosted_store, rank_context, run_ranks
 
 WORLD = 2
 GLOBAL_B = 6
@@ -210,9 +209,10 @@ def _child(rank: int, world: int, port: int, out_dir: str, scenario: str) -> Non
 
 
 def launch(scenario: str, out_dir: Path, world: int = WORLD) -> list[dict]:
-    """Run ``scenario`` on ``world`` spawned processes; return each rank's result, or fail with the traceback."""
+    """Run ``scenario`` on ``world`` processes of ``rank_context``; return each rank's result, or fail with the
+    traceback."""
     args = lambda rank, port: (rank, world, port, str(out_dir), scenario)  # noqa: E731
-    codes = run_ranks(mp.get_context("spawn"), _child, args, world, LAUNCH_TIMEOUT_S)
+    codes = run_ranks(rank_context(), _child, args, world, LAUNCH_TIMEOUT_S)
     errors = "\n".join(f"--- rank {r} ---\n{f.read_text()}" for r, f in enumerate(sorted(out_dir.glob("*.err"))))
     assert codes == [0] * world, f"scenario {scenario!r}: exit codes {codes} (timeout {LAUNCH_TIMEOUT_S} s)\n{errors}"
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nibabel as nib
@@ -56,9 +57,39 @@ def _torchrun(cmd: list[str], nproc: int = 2) -> list[str]:
             f"--nproc_per_node={nproc}", *cmd[1:]]  # fmt: skip
 
 
-def test_every_bad_override_id_is_one_line_and_nothing_else(tmp_path):
-    overrides = {"bundle_root": str(tmp_path), "dataset_dir": str(tmp_path / "none"), "val_interval": 1, "max_epoch": 1}
-    code, lines, out = _run(bundle_command(BTCV, overrides=overrides), tmp_path)
+def _btcv_without_data(folder: Path) -> list[str]:
+    """The BTCV bundle with ``--val_interval`` (an id 0.2.0 moved to ``training#val_interval``) and no data."""
+    overrides = {"bundle_root": str(folder), "dataset_dir": str(folder / "none"), "val_interval": 1}
+    return bundle_command(BTCV, overrides=overrides)
+
+
+def _inference_without_data(folder: Path) -> list[str]:
+    """The SSL bundle's inference.json with no datalist."""
+    return bundle_command(SSL, ["inference.json"], {"bundle_root": str(folder), "dataset_dir": str(folder)})
+
+
+@pytest.fixture(scope="module")
+def stopped_at_start(tmp_path_factory) -> dict[str, tuple[int, list[str], str]]:
+    """The runs that stop at start-up, each ``_run``'s result by name: processes in folders of their own that share
+    nothing, as many at a time as the machine has cores (each spends its seconds importing, on one core)."""
+    root = tmp_path_factory.mktemp("stopped_at_start")
+    commands = {
+        "bad_ids": lambda folder: _btcv_without_data(folder) + ["--max_epoch", "1"],
+        "debug": lambda folder: _btcv_without_data(folder) + ["--debug"],
+        "debug_true": lambda folder: _btcv_without_data(folder) + ["--debug", "true"],
+        "inference": _inference_without_data,
+        "inference_debug": lambda folder: _inference_without_data(folder) + ["--debug"],
+    }
+    folders = {name: root / name for name in commands}
+    for folder in folders.values():
+        folder.mkdir()
+    with ThreadPoolExecutor(min(len(commands), os.cpu_count() or 1)) as pool:
+        runs = {name: pool.submit(_run, command(folders[name]), folders[name]) for name, command in commands.items()}
+        return {name: run.result() for name, run in runs.items()}
+
+
+def test_every_bad_override_id_is_one_line_and_nothing_else(stopped_at_start):
+    code, lines, out = stopped_at_start["bad_ids"]
     assert code == 1, out[-3000:]
     assert len(lines) == 2, out[-3000:]
     assert lines[0].startswith("swin_unetr_btcv_finetune: error: ConfigError: --val_interval names no id of ")
@@ -68,24 +99,21 @@ def test_every_bad_override_id_is_one_line_and_nothing_else(tmp_path):
     assert "Traceback" not in out and "Failed to evaluate" not in out
 
 
-@pytest.mark.parametrize("flag", [["--debug"], ["--debug", "true"]])
-def test_the_traceback_is_shown_with_debug(tmp_path, flag):
+@pytest.mark.parametrize("run", ["debug", "debug_true"])
+def test_the_traceback_is_shown_with_debug(stopped_at_start, run):
     """``--debug`` is an id of every bundle (MONAI passes it as an override, bare ``--debug`` as True)."""
-    overrides = {"bundle_root": str(tmp_path), "dataset_dir": str(tmp_path / "none"), "val_interval": 1}
-    code, lines, _ = _run(bundle_command(BTCV, overrides=overrides) + flag, tmp_path)
+    code, lines, _ = stopped_at_start[run]
     assert code == 1
     assert lines[0] == "Traceback (most recent call last):" and "Failed to evaluate ConfigExpression" in lines[-2]
     assert any(line.startswith("components.errors.ConfigError: --val_interval names no id") for line in lines)
 
 
-def test_inference_shows_the_traceback_with_debug_too(tmp_path):
-    overrides = {"bundle_root": str(tmp_path), "dataset_dir": str(tmp_path)}
-    command = bundle_command(SSL, ["inference.json"], overrides)
-    code, lines, out = _run(command, tmp_path)
+def test_inference_shows_the_traceback_with_debug_too(stopped_at_start):
+    code, lines, out = stopped_at_start["inference"]
     assert code == 1 and len(lines) == 1, out[-3000:]
     assert lines[0].startswith("swin_unetr_ssl_pretrain: error: MissingFileError: datalist ")
     assert lines[0].endswith("(--debug shows the traceback)")
-    code, lines, out = _run(command + ["--debug"], tmp_path)
+    code, lines, out = stopped_at_start["inference_debug"]
     assert code == 1 and lines[0] == "Traceback (most recent call last):", out[-3000:]
     assert any(line.startswith("components.errors.MissingFileError: datalist ") for line in lines), out[-3000:]
 

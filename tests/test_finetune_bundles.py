@@ -8,7 +8,11 @@ evaluation), shared between assertions through module-scoped fixtures:
 - CT: train (1 epoch, 3 volumes) -> evaluate on 3 validation volumes (odd) -> the same evaluation with
   ``torchrun --nproc_per_node=2`` and multi_gpu_evaluate.json -> inference on the test volume (permuted LSP axes,
   anisotropic spacing); and a training run whose pretrained checkpoint does not fit;
-- MRI: train with the 1 -> 4 channel policy -> evaluate -> inference on an RAS and an LPS volume.
+- MRI: train with the 1 -> 4 channel policy -> evaluate -> inference on an RAS and an LPS volume;
+- CT with ``--training#pretrained_arch auto`` from a SwinUNETR v2 checkpoint -> its evaluation.
+
+The runs share nothing but their inputs, so they start in two waves (:func:`_run_at_once`): the four trainings, then
+everything that reads a trained model; each process has one thread, and several at once keep every core busy.
 
 Sizes: crops of 64x32x32 (SwinUNETR's bottleneck InstanceNorm needs more than one voxel in training, so 32^3
 fails; 64x32x32 leaves 2x1x1), feature size 12, coarse spacing so whole volumes stay small. Subprocesses run
@@ -26,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nibabel as nib
@@ -95,6 +100,14 @@ def _run(bundle: Path, configs, overrides: dict, log: Path, nproc: int = 1) -> t
     return proc.returncode, out, time.perf_counter() - start
 
 
+def _run_at_once(runs: dict[str, tuple]) -> dict[str, tuple[int, str, float]]:
+    """``_run(*args)`` for every entry of ``runs``, by name, as many at a time as the machine has cores (a torchrun
+    entry counts once): each a process of one thread that shares nothing with the others."""
+    with ThreadPoolExecutor(min(len(runs), os.cpu_count() or 1)) as pool:
+        started = {name: pool.submit(_run, *args) for name, args in runs.items()}
+        return {name: run.result() for name, run in started.items()}
+
+
 def _ok(result: tuple[int, str, float], what: str) -> str:
     code, out, _ = result
     assert code == 0, f"{what} failed (exit {code}):\n{out[-4000:]}"
@@ -162,67 +175,98 @@ def mri_data(work) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def ct_train(work, ct_data, ssl_ckpts):
-    out = work / "ct_run"
-    overrides = {**CT_TINY, **TRAIN_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(out / "eval"),
-                 "ckpt_dir": str(out / "models"), "pretrained_path": str(ssl_ckpts[12])}
-    return _run(CT, ["train.json"], overrides, work / "ct_train.log"), out
+def v2_swinunetr(work) -> Path:
+    """A full SwinUNETR v2 of feature size 24 (as a finetuned v2 model is saved), for a feature-12 v1 config."""
+    torch.manual_seed(3)
+    path = work / "swinunetr_v2_f24.pt"
+    torch.save(SwinUNETR(in_channels=1, out_channels=14, feature_size=24, use_v2=True).state_dict(), path)
+    return path
 
 
 @pytest.fixture(scope="module")
-def ct_eval(work, ct_data, ct_train):
-    _ok(ct_train[0], "CT training")
-    out = work / "ct_eval"
-    overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "datalist": str(ct_data["val3"]),
-                 "output_dir": str(out), "ckpt_dir": str(ct_train[1] / "models")}
-    return _run(CT, ["train.json", "evaluate.json"], overrides, work / "ct_eval.log"), out
+def trainings(work, ct_data, mri_data, ssl_ckpts, v2_swinunetr) -> dict[str, tuple[tuple[int, str, float], Path]]:
+    """The module's training runs, by name, with their output folders: CT and MRI from the feature-12 SSL encoder,
+    CT from the feature-24 one (which does not fit) and CT with pretrained_arch auto from the v2 SwinUNETR."""
+    ct = {**CT_TINY, **TRAIN_TINY, "dataset_dir": str(ct_data["root"])}
+    mri = {**MRI_TINY, **TRAIN_TINY, "dataset_dir": str(mri_data["root"])}
+    runs = {
+        "ct_run": (CT, ct, ssl_ckpts[12], {}),
+        "mri_run": (MRI, mri, ssl_ckpts[12], {}),
+        "ct_bad": (CT, ct, ssl_ckpts[24], {"loader#cache_rate": 0.0}),
+        "ct_auto": (CT, ct, v2_swinunetr, {"loader#cache_rate": 0.0, "training#pretrained_arch": "auto"}),
+    }
+    args = {}
+    for name, (bundle, tiny, pretrained, more) in runs.items():
+        overrides = {**tiny, **more, "output_dir": str(work / name / "eval"), "ckpt_dir": str(work / name / "models"),
+                     "pretrained_path": str(pretrained)}  # fmt: skip
+        args[name] = (bundle, ["train.json"], overrides, work / f"{name}.log")
+    results = _run_at_once(args)
+    return {name: (result, work / name) for name, result in results.items()}
 
 
 @pytest.fixture(scope="module")
-def ct_eval_ddp(work, ct_data, ct_train):
-    _ok(ct_train[0], "CT training")
-    out = work / "ct_eval_ddp"
-    overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "datalist": str(ct_data["val3"]),
-                 "output_dir": str(out), "ckpt_dir": str(ct_train[1] / "models"), "dist_timeout_s": PG_TIMEOUT_S}
-    configs = ["train.json", "evaluate.json", "multi_gpu_evaluate.json"]
-    return _run(CT, configs, overrides, work / "ct_eval_ddp.log", nproc=2), out
+def ct_train(trainings):
+    return trainings["ct_run"]
 
 
 @pytest.fixture(scope="module")
-def ct_infer(work, ct_data, ct_train):
-    _ok(ct_train[0], "CT training")
-    out = work / "ct_seg"
+def mri_train(trainings):
+    return trainings["mri_run"]
+
+
+@pytest.fixture(scope="module")
+def followups(work, ct_data, mri_data, trainings) -> dict[str, tuple[tuple[int, str, float], Path]]:
+    """What runs on the trained models, by name, with their output folders: CT evaluation on 3 volumes in one process
+    and under torchrun with 2, CT inference, MRI evaluation and inference, the evaluation of the auto-arch model."""
+    ct = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "ckpt_dir": str(work / "ct_run" / "models")}
+    mri = {**MRI_TINY, "dataset_dir": str(mri_data["root"]), "ckpt_dir": str(work / "mri_run" / "models")}
+    ct_auto = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "ckpt_dir": str(work / "ct_auto" / "models")}
+    val3 = {**ct, "datalist": str(ct_data["val3"])}
+    evaluate, ddp = ["train.json", "evaluate.json"], ["train.json", "evaluate.json", "multi_gpu_evaluate.json"]
     # TINY's training ids (batch_size, training#num_samples, ...) would stop an inference run (check_overrides)
-    overrides = defined_overrides({**CT_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(out),
-                                   "ckpt_dir": str(ct_train[1] / "models")}, [CT / "configs" / "inference.json"])
-    return _run(CT, ["inference.json"], overrides, work / "ct_infer.log"), out
+    infer = lambda bundle, overrides: defined_overrides(overrides, [bundle / "configs" / "inference.json"])  # noqa: E731
+    runs = {
+        "ct_eval": (CT, evaluate, val3, 1),
+        "ct_eval_ddp": (CT, ddp, {**val3, "dist_timeout_s": PG_TIMEOUT_S}, 2),
+        "ct_seg": (CT, ["inference.json"], infer(CT, ct), 1),
+        "mri_eval": (MRI, evaluate, mri, 1),
+        "mri_seg": (MRI, ["inference.json"], infer(MRI, {**mri, "datalist": str(mri_data["test2"])}), 1),
+        "ct_auto_eval": (CT, evaluate, ct_auto, 1),
+    }
+    args = {name: (bundle, configs, {**overrides, "output_dir": str(work / name)}, work / f"{name}.log", nproc)
+            for name, (bundle, configs, overrides, nproc) in runs.items()}  # fmt: skip
+    results = _run_at_once(args)
+    return {name: (result, work / name) for name, result in results.items()}
 
 
 @pytest.fixture(scope="module")
-def mri_train(work, mri_data, ssl_ckpts):
-    out = work / "mri_run"
-    overrides = {**MRI_TINY, **TRAIN_TINY, "dataset_dir": str(mri_data["root"]), "output_dir": str(out / "eval"),
-                 "ckpt_dir": str(out / "models"), "pretrained_path": str(ssl_ckpts[12])}
-    return _run(MRI, ["train.json"], overrides, work / "mri_train.log"), out
+def ct_eval(trainings, followups):
+    _ok(trainings["ct_run"][0], "CT training")
+    return followups["ct_eval"]
 
 
 @pytest.fixture(scope="module")
-def mri_eval(work, mri_data, mri_train):
-    _ok(mri_train[0], "MRI training")
-    out = work / "mri_eval"
-    overrides = {**MRI_TINY, "dataset_dir": str(mri_data["root"]), "output_dir": str(out),
-                 "ckpt_dir": str(mri_train[1] / "models")}
-    return _run(MRI, ["train.json", "evaluate.json"], overrides, work / "mri_eval.log"), out
+def ct_eval_ddp(trainings, followups):
+    _ok(trainings["ct_run"][0], "CT training")
+    return followups["ct_eval_ddp"]
 
 
 @pytest.fixture(scope="module")
-def mri_infer(work, mri_data, mri_train):
-    _ok(mri_train[0], "MRI training")
-    out = work / "mri_seg"
-    overrides = defined_overrides({**MRI_TINY, "dataset_dir": str(mri_data["root"]), "datalist": str(mri_data["test2"]),
-                                   "output_dir": str(out), "ckpt_dir": str(mri_train[1] / "models")},
-                                  [MRI / "configs" / "inference.json"])
-    return _run(MRI, ["inference.json"], overrides, work / "mri_infer.log"), out
+def ct_infer(trainings, followups):
+    _ok(trainings["ct_run"][0], "CT training")
+    return followups["ct_seg"]
+
+
+@pytest.fixture(scope="module")
+def mri_eval(trainings, followups):
+    _ok(trainings["mri_run"][0], "MRI training")
+    return followups["mri_eval"]
+
+
+@pytest.fixture(scope="module")
+def mri_infer(trainings, followups):
+    _ok(trainings["mri_run"][0], "MRI training")
+    return followups["mri_seg"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -445,12 +489,8 @@ def test_ct_train_starts_from_ssl_encoder(ct_train, ssl_ckpts):
     SwinUNETR(in_channels=1, out_channels=14, feature_size=12).load_state_dict(best)  # strict
 
 
-def test_ct_checkpoint_that_does_not_fit_stops_the_run(work, ct_data, ssl_ckpts):
-    out_dir = work / "ct_bad"
-    overrides = {**CT_TINY, **TRAIN_TINY, "loader#cache_rate": 0.0, "dataset_dir": str(ct_data["root"]),
-                 "output_dir": str(out_dir / "eval"), "ckpt_dir": str(out_dir / "models"),
-                 "pretrained_path": str(ssl_ckpts[24])}
-    code, out, _ = _run(CT, ["train.json"], overrides, work / "ct_bad.log")
+def test_ct_checkpoint_that_does_not_fit_stops_the_run(trainings):
+    (code, out, _), out_dir = trainings["ct_bad"]
     assert code != 0
     assert "CheckpointLoadError" in out
     assert "feature_size=24 in the checkpoint, 12 in the network. Run with --feature_size 24." in out
@@ -458,24 +498,14 @@ def test_ct_checkpoint_that_does_not_fit_stops_the_run(work, ct_data, ssl_ckpts)
     assert not (out_dir / "models" / "model.pt").exists()
 
 
-@pytest.fixture(scope="module")
-def v2_swinunetr(work) -> Path:
-    """A full SwinUNETR v2 of feature size 24 (as a finetuned v2 model is saved), for a feature-12 v1 config."""
-    torch.manual_seed(3)
-    path = work / "swinunetr_v2_f24.pt"
-    torch.save(SwinUNETR(in_channels=1, out_channels=14, feature_size=24, use_v2=True).state_dict(), path)
-    return path
-
-
-def test_ct_pretrained_arch_auto_builds_the_checkpoints_network_and_evaluation_follows_it(work, ct_data, v2_swinunetr):
+def test_ct_pretrained_arch_auto_builds_the_checkpoints_network_and_evaluation_follows_it(
+    trainings, followups, v2_swinunetr
+):
     """``--training#pretrained_arch auto``: the feature-12 v1 config builds the checkpoint's feature-24 v2 network
     (each change logged), every encoder tensor loads, and the trained model is v2 at 24; evaluate.json then builds
     the network of the checkpoint it evaluates, with the same feature-12 overrides."""
-    out_dir = work / "ct_auto"
-    overrides = {**CT_TINY, **TRAIN_TINY, "loader#cache_rate": 0.0, "dataset_dir": str(ct_data["root"]),
-                 "output_dir": str(out_dir / "eval"), "ckpt_dir": str(out_dir / "models"),
-                 "pretrained_path": str(v2_swinunetr), "training#pretrained_arch": "auto"}  # fmt: skip
-    out = _ok(_run(CT, ["train.json"], overrides, work / "ct_auto.log"), "training with pretrained_arch auto")
+    result, out_dir = trainings["ct_auto"]
+    out = _ok(result, "training with pretrained_arch auto")
     assert "pretrained_arch='auto': feature_size=24 from the checkpoint" in out
     assert "pretrained_arch='auto': use_v2=true from the checkpoint" in out
     source = torch.load(v2_swinunetr, weights_only=True)
@@ -484,9 +514,8 @@ def test_ct_pretrained_arch_auto_builds_the_checkpoints_network_and_evaluation_f
     trained = torch.load(out_dir / "models" / "model.pt", weights_only=True)
     assert trained[PATCH_EMBED_WEIGHT].shape[0] == 24 and any(k.startswith("swinViT.layers1c.") for k in trained)
 
-    evaluated = work / "ct_auto_eval"
-    eval_overrides = {**CT_TINY, "dataset_dir": str(ct_data["root"]), "output_dir": str(evaluated), "ckpt_dir": str(out_dir / "models")}
-    eval_out = _ok(_run(CT, ["train.json", "evaluate.json"], eval_overrides, work / "ct_auto_eval.log"), "evaluation")
+    result, evaluated = followups["ct_auto_eval"]
+    eval_out = _ok(result, "evaluation")
     assert "feature_size=24 from the checkpoint" in eval_out
     assert json.loads((evaluated / "metrics.json").read_text())
 

@@ -81,12 +81,13 @@ def test_small_run_measures_every_part(tmp_path):
 
 
 def test_a_small_budget_is_kept_and_the_json_written_all_the_same(tmp_path):
-    """30 s: most parts get a share under their minimum and are skipped; a part that starts and outruns its share is
-    killed; every part is in the JSON with its reason."""
-    result, wall = _run(tmp_path, budget_s=30, timeout=300)
+    """10 s: most parts get a share under their minimum and are skipped (the last one's share, all that is left, lets
+    it start); a part that starts and outruns its share is killed; every part is in the JSON with its reason."""
+    budget = 10
+    result, wall = _run(tmp_path, budget_s=budget, timeout=300)
     parts = result["parts"]
     assert list(parts) == PARTS
-    assert result["wall_s"] <= 30 + 5 and wall <= 30 + 30  # + the interpreter's start-up before the budget's clock
+    assert result["wall_s"] <= budget + 5 and wall <= budget + 30  # + the interpreter's start-up before the budget's clock
     assert {p["status"] for p in parts.values()} <= {"skipped", "timed_out", "done"}
     assert sum(p["status"] == "skipped" for p in parts.values()) >= 3
     for part in parts.values():

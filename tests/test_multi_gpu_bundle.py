@@ -17,8 +17,8 @@ the per-row validation errors, and the final parameters. Each launch runs under 
 process group is killed past it) and a short process-group timeout, so a collective mismatch fails the test
 instead of hanging the suite.
 
-The last tests need no torchrun: two spawned gloo processes check the validation split and metric gathering
-(pitfall g) and the rank partition of the training cache (pitfalls a, b) directly.
+The last tests need no torchrun: two gloo processes (``tests.ranks.rank_context``) check the validation split and
+metric gathering (pitfall g) and the rank partition of the training cache (pitfalls a, b) directly.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import pytest
 import torch
 
 from components import write_dataset
-from tests.ranks import hosted_store, run_ranks
+from tests.ranks import hosted_store, rank_context, run_ranks
 
 REPO = Path(__file__).resolve().parent.parent
 BUNDLE = REPO / "bundles" / "swin_unetr_ssl_pretrain"
@@ -503,7 +503,7 @@ def _each_rank_stopped_itself_and_one_said_it(run, launch: Launch, message: str)
     return texts
 
 
-# --------------------------------------------------------------- 5. without torchrun: spawned gloo processes
+# --------------------------------------------------------------- 5. without torchrun: gloo processes of rank_context
 
 
 def _child(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -582,9 +582,7 @@ def _partition_scenario() -> dict:
 
 
 def _spawn(tmp: Path, world: int = 2, timeout: float = 120) -> list[dict]:
-    import torch.multiprocessing as mp
-
-    codes = run_ranks(mp.get_context("spawn"), _child, lambda rank, port: (rank, world, port, str(tmp)), world, timeout)
+    codes = run_ranks(rank_context(), _child, lambda rank, port: (rank, world, port, str(tmp)), world, timeout)
     errors = "\n".join(f"--- {f.name} ---\n{f.read_text()}" for f in sorted(tmp.glob("*.err")))
     assert codes == [0] * world, errors
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]

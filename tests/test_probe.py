@@ -20,7 +20,7 @@ from monai.bundle import ConfigParser
 import components
 from components.checkpoint import PATCH_EMBED_WEIGHT
 from components.config.running import run_config_files
-from tests.test_finetune_bundles import CT, CT_TINY, MRI, TRAIN_TINY, _ok, _run, _summary
+from tests.test_finetune_bundles import CT, CT_TINY, MRI, TRAIN_TINY, _ok, _run, _run_at_once, _summary
 
 PROBE = "$components.LinearProbe"
 FS = 12
@@ -239,18 +239,19 @@ def test_the_ct_bundle_trains_a_probe_of_the_ssl_encoder_and_leaves_the_encoder_
 def test_evaluation_and_inference_of_a_probe_take_the_same_override(probe_run, work, ct_data):
     _ok(probe_run[0], "CT training of the probe")
     models = probe_run[1] / "models"
-    evaluated = work / "probe_eval"
+    evaluated, segmented = work / "probe_eval", work / "probe_seg"
     overrides = {**CT_TINY, "network_def#network": PROBE, "dataset_dir": str(ct_data), "output_dir": str(evaluated),
                  "ckpt_dir": str(models)}  # fmt: skip
-    _ok(_run(CT, ["train.json", "evaluate.json"], overrides, work / "probe_eval.log"), "evaluation of the probe")
+    inference_ids = ("roi_size", "spacing", "feature_size", "loader#num_workers", "speed#amp", "device")
+    inference = {**{k: CT_TINY[k] for k in inference_ids}, "network_def#network": PROBE, "dataset_dir": str(ct_data),
+                 "output_dir": str(segmented), "ckpt_dir": str(models)}  # fmt: skip
+    runs = _run_at_once({"eval": (CT, ["train.json", "evaluate.json"], overrides, work / "probe_eval.log"),
+                         "infer": (CT, ["inference.json"], inference, work / "probe_infer.log")})  # fmt: skip
+    _ok(runs["eval"], "evaluation of the probe")
     summary = json.loads((evaluated / "metrics.json").read_text())
     assert summary["metric"] == "val_mean_dice" and summary["num_images"] == 1
 
-    segmented = work / "probe_seg"
-    inference_ids = ("roi_size", "spacing", "feature_size", "loader#num_workers", "speed#amp", "device")
-    overrides = {**{k: CT_TINY[k] for k in inference_ids}, "network_def#network": PROBE, "dataset_dir": str(ct_data),
-                 "output_dir": str(segmented), "ckpt_dir": str(models)}  # fmt: skip
-    _ok(_run(CT, ["inference.json"], overrides, work / "probe_infer.log"), "inference of the probe")
+    _ok(runs["infer"], "inference of the probe")
     case = json.loads((ct_data / "dataset.json").read_text())["test"][0]
     source = nib.load(ct_data / case["image"])
     seg = nib.load(segmented / f"{Path(case['image']).name.split('.')[0]}_seg.nii.gz")
