@@ -239,34 +239,22 @@ def followups(work, ct_data, mri_data, trainings) -> dict[str, tuple[tuple[int, 
     return {name: (result, work / name) for name, result in results.items()}
 
 
-@pytest.fixture(scope="module")
-def ct_eval(trainings, followups):
-    _ok(trainings["ct_run"][0], "CT training")
-    return followups["ct_eval"]
+def _followup(name: str, fixture: str, training: str, what: str):
+    """A module fixture ``fixture``: the follow-up run ``name``, once ``training`` (``what``) is known to have passed."""
+
+    @pytest.fixture(scope="module", name=fixture)
+    def run(trainings, followups):
+        _ok(trainings[training][0], what)
+        return followups[name]
+
+    return run
 
 
-@pytest.fixture(scope="module")
-def ct_eval_ddp(trainings, followups):
-    _ok(trainings["ct_run"][0], "CT training")
-    return followups["ct_eval_ddp"]
-
-
-@pytest.fixture(scope="module")
-def ct_infer(trainings, followups):
-    _ok(trainings["ct_run"][0], "CT training")
-    return followups["ct_seg"]
-
-
-@pytest.fixture(scope="module")
-def mri_eval(trainings, followups):
-    _ok(trainings["mri_run"][0], "MRI training")
-    return followups["mri_eval"]
-
-
-@pytest.fixture(scope="module")
-def mri_infer(trainings, followups):
-    _ok(trainings["mri_run"][0], "MRI training")
-    return followups["mri_seg"]
+ct_eval = _followup("ct_eval", "ct_eval", "ct_run", "CT training")
+ct_eval_ddp = _followup("ct_eval_ddp", "ct_eval_ddp", "ct_run", "CT training")
+ct_infer = _followup("ct_seg", "ct_infer", "ct_run", "CT training")
+mri_eval = _followup("mri_eval", "mri_eval", "mri_run", "MRI training")
+mri_infer = _followup("mri_seg", "mri_infer", "mri_run", "MRI training")
 
 
 # ---------------------------------------------------------------------------------------------------------------
