@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = "benchmarks/results"
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
@@ -80,13 +81,15 @@ def _installed(package: str) -> str | None:
         return None
 
 
-def git_commit() -> str:
-    """HEAD of this checkout, with "+changes" when tracked files differ from it; "unknown" without git. A copied
-    checkout may carry stale git metadata: a result from another machine should name its commit explicitly."""
+def git_commit(repo: Path = REPO) -> str:
+    """HEAD of ``repo``, with "+changes" when tracked files other than the recorded results differ from it; "unknown"
+    without git. ``benchmarks/results/`` is left out of that check so that a benchmark which has written its own
+    results can still match its commit when it resumes. A copied checkout may carry stale git metadata: a result
+    from another machine should name its commit explicitly."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                               text=True, check=True).stdout.strip()  # fmt: skip
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){RESULTS_DIR}"],
+                               cwd=repo, capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         return commit + ("+changes" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -288,6 +288,26 @@ def test_demo_seeds_resumes_at_the_same_commit_and_tabulates(tmp_path, monkeypat
         demo_seeds.peak_rss_kb("nothing")
 
 
+def test_git_commit_ignores_recorded_results_but_not_code(tmp_path):
+    """A benchmark that wrote its own results file must still match its commit when it resumes."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.machine import git_commit
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results" / "demo_cpu.json").write_text("{}\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "start"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (tmp_path / "benchmarks" / "results" / "demo_cpu.json").write_text('{"seeds": {"0": {}}}\n')
+    assert git_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == head + "+changes"
+    assert git_commit(tmp_path / "nowhere") == "unknown"
+
+
 # a stand-in for a bundle run: writes the health report where --output_dir points, its rotation loss from --rotation
 _FAKE_PRETRAINING = """
 import json, sys
