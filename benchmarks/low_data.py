@@ -2,7 +2,9 @@
 
 Protocol v3 (issue 44) is stated here and in docs/measuring.md ("Protocol v3 (pre-registered)"), and fixed by
 ``low_data_plan.PLANS["cpu"]``. The pre-registration commit (the one that fixes the finetuning budget from the pilot
-below) precedes every record of the plan: every record names the commit that made it. Protocol 2 (one pretraining
+below) precedes every record of the plan: a later commit names it in ``low_data_plan.PREREGISTRATION``; the plan
+refuses to run before that or from a checkout that is not that commit or a descendant with no uncommitted change, and
+the summary checks that every record's commit descends from it (otherwise every verdict is withheld). Protocol 2 (one pretraining
 per recipe, 204 pretraining iterations at which no encoder had learned) is superseded; its summaries and records
 stay in benchmarks/results/ as history.
 

@@ -251,12 +251,23 @@ def answers_markdown(result: dict, name: str, link: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _registration_line(status: dict) -> str:
+    """Whether every record follows the pre-registration commit (``low_data_plan.preregistration_status``)."""
+    if status["commit"] is None:
+        return "Not pre-registered: no verdict is given."
+    if status["records_after"]:
+        return f"Pre-registered at commit {status['commit']}: every record was made at it or a commit after it."
+    return (f"Pre-registered at commit {status['commit']}; records made at {', '.join(status['not_after'])} do not follow "
+            "it: every verdict is withheld.")  # fmt: skip
+
+
 def protocol3_markdown(result: dict) -> str:
     """Protocol v3's tables: every pretraining and its health gate, the primary contrasts, each recipe's secondary
     cells, the convergence of the finetuning (``scratch``) and of the probe heads (``probe_random``), and the
     simulated coverage per cell kind."""
     s = result["settings"]
-    lines = ["Pretrainings and the health gate (the last health report of each run; passing: "
+    lines = [_registration_line(result.get("preregistration")), ""] if result.get("preregistration") else []
+    lines += ["Pretrainings and the health gate (the last health report of each run; passing: "
              f"{', '.join(s['passing'])}):", "", "| recipe | seed | verdict | passed | signals at baseline or collapsed |",
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for entry in result["recipes"].values():

@@ -27,6 +27,7 @@ from components.data import synthetic
 from components.demo.recipes import CT_BUNDLE, SPACING, DemoBudget
 from components.demo.runner import BUNDLES_DIR
 from low_data_protocol import Data, DatalistError, synthetic_sets, user_data, write_text
+from machine import descends_from
 
 #: the recipes of the plan: each demo recipe, and ``ssl_matched``, SSL pretrained in the finetuning's window and
 #: spacing (the arm that measures the mismatch between pretraining and finetuning)
@@ -75,7 +76,8 @@ class Plan:
     budget. ``num_validation`` volumes select the model; each seed draws ``held_out`` volumes from each of the fixed
     ``in_domain_pool`` and ``shifted_pool``. ``convergence_gain``: the largest last-quarter gain of a converged
     validation curve; ``margin``: the equivalence margin (Dice); ``level``: the intervals' level before any
-    correction. ``budget`` sizes the pretraining and the finetuning's crop, rate and network."""
+    correction. ``budget`` sizes the pretraining and the finetuning's crop, rate and network. A ``trial`` plan checks
+    the mechanics only: it needs no pre-registration (:data:`PREREGISTRATION`) and its verdicts are no evidence."""
 
     ks: tuple[int, ...] = (1, 2)
     recipes: tuple[str, ...] = RECIPES
@@ -96,6 +98,7 @@ class Plan:
     margin: float = 0.02
     level: float = 0.95
     budget: DemoBudget = PROTOCOL_BUDGET
+    trial: bool = False
 
     @property
     def training_pool(self) -> int:
@@ -103,13 +106,18 @@ class Plan:
         return self.finetune_seeds * max(self.ks)
 
 
+#: the pre-registration commit of the CPU plan: the commit that fixed its finetuning budget from the pilot. A commit
+#: cannot name itself, so a later commit writes it here; until then the CPU plan refuses to run, and every record of
+#: it must be made at a commit that descends from this one (:func:`check_preregistered`, the summary's check).
+PREREGISTRATION: str | None = None
+
 PLANS = {
     # the CPU plan: its finetuning budget is fixed from the pilot (low_data.py --pilot) before the pre-registration
     "cpu": Plan(),
     # CI: the mechanics on tiny sizes; it learns nothing, so its gate admits every verdict (never a real plan's)
     "small": Plan(ks=(1,), finetune_seeds=1, pretrainings=1, max_pretrainings=1, passing=HEALTH_VERDICTS, health_crops=8, num_validation=1,
                   in_domain_pool=2, shifted_pool=2, held_out=1, finetune_iterations=4, val_every=1, min_validations=4,
-                  pilot_iterations=(4,), budget=replace(PROTOCOL_BUDGET, num_unlabeled=6, ssl_epochs=1)),
+                  pilot_iterations=(4,), budget=replace(PROTOCOL_BUDGET, num_unlabeled=6, ssl_epochs=1), trial=True),
 }  # fmt: skip
 
 
@@ -163,6 +171,31 @@ def check_plan(plan: Plan, pilot: bool = False) -> None:
             errors += _budget_errors(plan, plan.finetune_iterations, "finetune_iterations")
     if errors:
         raise PlanError("the plan cannot serve protocol v3: " + "; ".join(errors) + ".")
+
+
+def check_preregistered(plan: Plan, head: str) -> None:
+    """Checks, before any run of a plan that is not a ``trial``, that it is pre-registered and that this checkout may
+    add records to it: :data:`PREREGISTRATION` is set and ``head`` (this checkout's commit, as
+    ``machine.git_commit`` records it) is that commit or a descendant, with no uncommitted change.
+
+    Raises:
+        PlanError: naming what is missing, in one line.
+    """
+    if plan.trial:
+        return
+    if PREREGISTRATION is None:
+        raise PlanError("the plan is not pre-registered: fix its finetuning budget from the pilot (low_data.py --pilot) in "
+                        "PLANS, commit, then name that commit in low_data_plan.PREREGISTRATION.")  # fmt: skip
+    if not descends_from(head, PREREGISTRATION):
+        raise PlanError(f"this checkout ({head}) is not the pre-registration commit {PREREGISTRATION} or a descendant of it "
+                        "with no uncommitted change: its records would not follow the pre-registration.")  # fmt: skip
+
+
+def preregistration_status(commits: list[str]) -> dict:
+    """Whether every record's commit follows the pre-registration (:data:`PREREGISTRATION`): ``{"commit",
+    "records_after", "not_after"}`` (the commits that do not descend from it; all of them while none is set)."""
+    not_after = sorted({c for c in commits if PREREGISTRATION is None or not descends_from(c, PREREGISTRATION)})
+    return {"commit": PREREGISTRATION, "records_after": not not_after, "not_after": not_after}
 
 
 def training_volumes(data: Data, k: int, seed: int, plan: Plan, data_seed: int) -> list[dict]:

@@ -20,13 +20,14 @@ from pathlib import Path
 from components.demo.recipes import CT_BUNDLE, RECIPES as DEMO_RECIPES, SPACING, finetune_overrides, training_class_weights
 from low_data_arms import PROBE_NETWORK
 from low_data_plan import (
-    MATCHED, MATCHED_OVERRIDES, PROBE_RANDOM, RECIPE_NAMES, SCRATCH, Plan, check_data, check_plan, matched_corpus,
-    seed_data, synthetic_data, training_volumes, users_data, write_seed_datalist,
+    MATCHED, MATCHED_OVERRIDES, PROBE_RANDOM, RECIPE_NAMES, SCRATCH, Plan, check_data, check_plan,
+    check_preregistered, matched_corpus, preregistration_status, seed_data, synthetic_data, training_volumes, users_data,
+    write_seed_datalist,
 )
 from low_data_protocol import HELD_OUT_SETS, Data, code_state, digest, run_code
 from low_data_runs import _portable, run_finetuning, run_numerics, run_pretraining
 from low_data_verdicts import convergence, coverage_by_kind, family, not_converged
-from machine import machine_info
+from machine import git_commit, machine_info
 
 RESULT_KEYS = ("a result's key is the sha256 of its run's overrides, datalist (or corpus, and its spacing), the "
                "pretraining's recipe, seed, key and weights' sha256 (finetuning), the code that ran (the components "
@@ -122,14 +123,18 @@ def draws(data: Data, plan: Plan, data_seed: int) -> dict:
     return out
 
 
-def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, dict]], incomplete: set[str]) -> dict:
+def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, dict]], incomplete: set[str],
+              unregistered: list[str] = ()) -> dict:  # fmt: skip
     """The statistics of a plan's records: per recipe its pretrainings (seed, key, verdict, whether it passed, the
     health report), its status (:func:`recipe_status`), its primary contrast and secondary cells
     (:func:`~low_data_verdicts.family`) with the verdicts withheld where the finetuning (``scratch``) or the probe
-    heads (``probe_random``) did not converge at every k; the convergence tables; the coverage per cell kind."""
+    heads (``probe_random``) did not converge at every k, and all of them where a record was made at a commit that
+    does not follow the pre-registration (``unregistered``); the convergence tables; the coverage per cell kind."""
     seeds = list(range(plan.finetune_seeds))
     table = {arm: convergence(runs, arm, plan.ks, plan.convergence_gain) for arm in (SCRATCH, PROBE_RANDOM)}
-    withheld = {"finetune": not_converged(table[SCRATCH]), "probe": not_converged(table[PROBE_RANDOM])}
+    withheld = {"finetune": not_converged(table[SCRATCH]), "probe": not_converged(table[PROBE_RANDOM]),
+                "registration": f"records made at commits that do not follow the pre-registration: {', '.join(unregistered)}"
+                if unregistered else None}  # fmt: skip
     passing = {r: sorted(s for s, rec in records.items() if passes(rec, plan))[: plan.pretrainings] for r, records in pretrainings.items()}
     evaluated = {r: passing[r] for r in plan.recipes if recipe_status(r, pretrainings[r], plan, r in incomplete) == "evaluated"}
     recipes = {}
@@ -143,7 +148,7 @@ def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, di
         if recipe in evaluated:
             entry.update(family(runs, recipe, evaluated, plan, seeds))
             for cell in [entry["primary"], *entry["secondary"]["cells"].values()]:
-                reason = withheld["probe" if cell.get("kind") == "probe" else "finetune"]
+                reason = withheld["registration"] or withheld["probe" if cell.get("kind") == "probe" else "finetune"]
                 if reason:
                     cell.update(verdict=None, withheld=reason)
         recipes[recipe] = entry
@@ -163,9 +168,13 @@ class _Clock:
         return round(time.perf_counter() - self.started, 1)
 
 
-def _prepare(plan: Plan, out: Path, device: str, data_seed: int, parallel: int, results: Path | None, pilot: bool, lists: dict):
-    """Checks the plan and builds its data before any run; returns (out, results, data, threads per run, numerics, code)."""
+def _prepare(plan: Plan, out: Path, device: str, data_seed: int, parallel: int, results: Path | None, pilot: bool, lists: dict,
+             report_only: bool = False):  # fmt: skip
+    """Checks the plan (and, for a plan's runs, its pre-registration) and builds its data before any run; returns
+    (out, results, data, threads per run, numerics, code)."""
     check_plan(plan, pilot=pilot)
+    if not (pilot or report_only):
+        check_preregistered(plan, git_commit())
     out = out.resolve()
     if lists.get("labeled") or lists.get("unlabeled"):
         if not (lists.get("labeled") and lists.get("unlabeled")):
@@ -210,12 +219,14 @@ def run(
     (:func:`~low_data_plan.users_data`).
 
     Raises:
-        PlanError: a plan or data that cannot serve the rules (:func:`~low_data_plan.check_plan`), before any run.
+        PlanError: a plan or data that cannot serve the rules (:func:`~low_data_plan.check_plan`), or a plan not
+            pre-registered at this checkout's commit (:func:`~low_data_plan.check_preregistered`), before any run.
         DatalistError: a user's list that cannot serve it, before any run.
     """
     clock = _Clock(stop_after_s)
     lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
-    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, False, lists)
+    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, False, lists,
+                                                           report_only)  # fmt: skip
     corpora = {r: matched_corpus(data) if r in MATCHED else data.unlabeled for r in plan.recipes}
     missing: list[str] = []
     pretrainings: dict[str, dict[int, dict]] = {r: {} for r in plan.recipes}
@@ -257,13 +268,15 @@ def run(
 
         runs = [r for r in pool.map(one, jobs) if r is not None]
     settings = plan_settings(plan, data_seed, numerics, code, "user datalists" if labeled else "synthetic")
+    commits = sorted({r["commit"] for r in runs} | {p["commit"] for recs in pretrainings.values() for p in recs.values()})
+    registration = None if plan.trial else preregistration_status(commits)
     return {
         "benchmark": "low_data", "protocol": 3, "settings": settings, "settings_hash": digest(settings),
         "data": {**data.files(), "per_seed": draws(data, plan, data_seed)},
-        **summarise(plan, runs, pretrainings, incomplete),
+        **summarise(plan, runs, pretrainings, incomplete, registration["not_after"] if registration else []),
         "complete": not missing, "missing_runs": sorted(missing),
         "runs": sorted(runs, key=lambda r: (r["seed"], r["k"], r["arm"], r.get("pretraining_seed") or 0)),
-        "commits": sorted({r["commit"] for r in runs} | {p["commit"] for recs in pretrainings.values() for p in recs.values()}),
+        "commits": commits, "preregistration": registration,
         "machine": {**machine_info(), "threads_per_run": threads, "parallel_runs": parallel}, "total_seconds": clock.seconds(),
     }  # fmt: skip
 

@@ -95,6 +95,18 @@ def git_commit(repo: Path = REPO) -> str:
         return "unknown"
 
 
+def descends_from(commit: str, ancestor: str, repo: Path = REPO) -> bool:
+    """Whether ``commit`` (a hash as :func:`git_commit` records it: one with "+changes" is no commit, so never) is
+    ``ancestor`` or a descendant of it in ``repo``'s history; False where git or either commit is unknown."""
+    if not commit or commit.endswith("+changes"):
+        return False
+    try:
+        done = subprocess.run(["git", "merge-base", "--is-ancestor", ancestor, commit], cwd=repo, capture_output=True)
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
 def write_result(result: dict, out, started: float) -> dict:
     """Adds the load at the end and the wall time since ``started`` (``time.perf_counter``), and writes ``result``
     as indented JSON to ``out``."""

@@ -288,10 +288,11 @@ def test_demo_seeds_resumes_at_the_same_commit_and_tabulates(tmp_path, monkeypat
         demo_seeds.peak_rss_kb("nothing")
 
 
-def test_git_commit_ignores_recorded_results_but_not_code(tmp_path):
-    """A benchmark that wrote its own results file must still match its commit when it resumes."""
+def test_git_commit_ignores_recorded_results_but_not_code_and_descends_from_follows_history(tmp_path):
+    """A benchmark that wrote its own results file must still match its commit when it resumes; a record follows a
+    pre-registration only at a commit that descends from it."""
     sys.path.insert(0, str(REPO))
-    from benchmarks.machine import git_commit
+    from benchmarks.machine import descends_from, git_commit
 
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
@@ -306,6 +307,11 @@ def test_git_commit_ignores_recorded_results_but_not_code(tmp_path):
     (tmp_path / "code.py").write_text("x = 2\n")
     assert git_commit(tmp_path) == head + "+changes"
     assert git_commit(tmp_path / "nowhere") == "unknown"
+    subprocess.run([*git, "commit", "-qam", "next"], check=True)
+    child = git_commit(tmp_path)
+    assert descends_from(child, head, tmp_path) and descends_from(head, head, tmp_path)
+    assert not descends_from(head, child, tmp_path) and not descends_from(child + "+changes", head, tmp_path)
+    assert not descends_from(child, "0" * 40, tmp_path)
 
 
 # a stand-in for a bundle run: writes the health report where --output_dir points, its rotation loss from --rotation

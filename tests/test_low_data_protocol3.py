@@ -187,7 +187,7 @@ def test_the_convergence_rule_compares_the_last_two_quarters_and_withholds_the_v
     summary = schedule.summarise(PLAN, runs, pretrainings, set())
     assert summary["convergence"]["scratch"]["1"]["converged"] and not summary["convergence"]["scratch"]["2"]["converged"]
     assert summary["convergence"]["scratch"]["2"]["last_quarter_gain"] == pytest.approx(0.1)
-    assert summary["withheld"] == {"finetune": "budget not converged at k=2", "probe": None}
+    assert summary["withheld"] == {"finetune": "budget not converged at k=2", "probe": None, "registration": None}
     mim = summary["recipes"]["mim"]
     assert mim["primary"]["verdict"] is None and mim["primary"]["withheld"] == "budget not converged at k=2"
     assert mim["primary"]["interval"] is not None  # the interval is still reported
@@ -222,12 +222,21 @@ def test_seeds_are_scheduled_until_three_pass_or_five_were_tried():
     assert schedule.seeds_to_run([True, False, True, True], PLAN) == []
 
 
+def _registered_at(monkeypatch, head: str) -> None:
+    """The plan pre-registered at commit "r", this checkout at ``head``; of the commits only "c" (the stand-in
+    records' commit) and "head" descend from "r". ``machine.descends_from`` itself is tested on a real repository."""
+    monkeypatch.setattr(plan_module, "PREREGISTRATION", "r")
+    monkeypatch.setattr(plan_module, "descends_from", lambda commit, ancestor: ancestor == "r" and commit in ("c", "head"))
+    monkeypatch.setattr(schedule, "git_commit", lambda: head)
+
+
 @pytest.fixture
 def fake_runs(monkeypatch):
     """run() with the bundle runs replaced: a pretraining's health verdict is ``verdicts[(recipe, seed)]`` (default
     learning); a finetuning returns the Dice of :func:`_dice`. The calls are recorded."""
     calls = {"pretrain": [], "finetune": []}
     health = {}
+    _registered_at(monkeypatch, "head")
     monkeypatch.setattr(schedule, "synthetic_data", _fake_data)
     monkeypatch.setattr(schedule, "matched_corpus", lambda data: data.unlabeled)
     monkeypatch.setattr(schedule, "training_class_weights", lambda datalist, names=None: [0.1, 1.0])
@@ -325,6 +334,34 @@ def test_the_pilot_runs_only_scratch_and_probe_random_at_each_budget(fake_runs, 
     assert pilot_keys and not pilot_keys & {c["key"] for c in calls["finetune"]}
 
 
+def test_a_plan_runs_only_after_its_pre_registration_and_a_record_made_before_withholds_every_verdict(fake_runs, tmp_path, monkeypatch):
+    import low_data_docs as docs
+
+    calls, _ = fake_runs
+    plan = replace(PLAN, recipes=("ssl",))
+    monkeypatch.setattr(plan_module, "PREREGISTRATION", None)
+    with pytest.raises(plan_module.PlanError, match="not pre-registered: fix its finetuning budget from the pilot"):
+        schedule.run(plan, tmp_path, "cpu")
+    _registered_at(monkeypatch, "head+changes")
+    with pytest.raises(plan_module.PlanError, match=r"this checkout \(head\+changes\) is not the pre-registration commit r"):
+        schedule.run(plan, tmp_path, "cpu")
+    assert not calls["pretrain"] and not calls["finetune"]  # refused before any run
+    small = replace(plan_module.PLANS["small"], recipes=("ssl",))
+    assert small.trial and schedule.run(small, tmp_path / "small", "cpu")["preregistration"] is None  # CI's mechanics
+
+    _registered_at(monkeypatch, "head")
+    result = schedule.run(plan, tmp_path / "a", "cpu")
+    assert result["preregistration"] == {"commit": "r", "records_after": True, "not_after": []}
+    assert result["recipes"]["ssl"]["primary"]["verdict"] == "better"
+    monkeypatch.setattr(plan_module, "descends_from", lambda commit, ancestor: commit == "head")  # records made before "r"
+    result = schedule.run(plan, tmp_path / "b", "cpu")
+    assert result["preregistration"] == {"commit": "r", "records_after": False, "not_after": ["c"]}
+    cells = [result["recipes"]["ssl"]["primary"], *result["recipes"]["ssl"]["secondary"]["cells"].values()]
+    assert all(c["verdict"] is None and c["withheld"].endswith("do not follow the pre-registration: c") for c in cells)
+    assert docs.protocol3_markdown(result).startswith("Pre-registered at commit r; records made at c do not follow it: "
+                                                      "every verdict is withheld.\n\nPretrainings and the health gate")  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------------ the docs
 
 def test_the_docs_blocks_say_not_run_yet_without_a_summary(tmp_path):
@@ -374,6 +411,7 @@ def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path
     docs.write_doc_tables(nested, summary)
     assert "[summary.json](../summary.json)" in nested.read_text()
     tables = docs.protocol3_markdown(json.loads(summary.read_text()))
+    assert tables.startswith("Pre-registered at commit r: every record was made at it or a commit after it.\n\n")
     assert "| self-distillation | 1 | collapsed | no | - |" in tables and "| masked image | evaluated | +0.074 [" in tables
     assert "Secondary cells of masked image (17 cells, Bonferroni: each interval at 99.71 %):" in tables
     assert "| mim - scratch, k=2, shifted, last | +0.074 [" in tables
