@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_plan(plan, pilot=args.pilot)
         if lists["labeled"]:
-            data = users_data(Path(args.out).resolve() / "data", plan, args.seed, lists["labeled"], lists["unlabeled"], lists["shifted"])
+            root = Path(args.out).resolve() / "data"
+            data = users_data(root, plan, args.seed, lists["labeled"], lists["unlabeled"], lists["shifted"])
             check_data(data, plan)
     except (PlanError, DatalistError) as err:
         parser.error(str(err))
