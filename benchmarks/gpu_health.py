@@ -60,7 +60,7 @@ DATA_SEED = 0
 #: crops (at the recipe's sizes the bundle's own, "auto")
 SETTINGS = {
     "recipe": {"subjects": 40, "min_size": 160, "calibration_epochs": 3, "max_epochs": None, "min_share_s": 90.0},
-    "small": {"subjects": 8, "min_size": 64, "calibration_epochs": 2, "max_epochs": 3, "min_share_s": 20.0,
+    "small": {"subjects": 5, "min_size": 64, "calibration_epochs": 2, "max_epochs": 3, "min_share_s": 20.0,
               "health_crops": 8},
 }  # fmt: skip
 #: seconds kept at the end of the budget to write the JSON

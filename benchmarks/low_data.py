@@ -164,17 +164,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
 
 def main(argv: list[str] | None = None) -> None:
     """Runs the plan or its pilot (or prints or writes a summary's blocks, or adds an old summary's coverage) and prints
-    the summary."""
+    the summary. The arguments, the plan and a user's lists are checked before torch or MONAI is imported, so that a
+    refusal answers at once."""
     parser, args = parse_args(argv)
-    import torch
-
-    from low_data_docs import block_content, pilot_markdown, write_doc_tables
-    from low_data_plan import PLANS, PlanError
-    from low_data_protocol import DatalistError
-    from low_data_schedule import pilot, run
-    from low_data_stats import coverage, summary_populations
-
     if args.coverage:
+        from low_data_stats import coverage, summary_populations
+
         path = Path(args.coverage)
         summary = json.loads(path.read_text())
         summary["coverage"] = coverage(summary_populations(summary, Path(args.results)))
@@ -186,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
         missing = [doc for doc in args.write_docs or () if not Path(doc).is_file()]
         if missing:
             parser.error(f"--write_docs: no such file: {', '.join(missing)}")
+        from low_data_docs import block_content, pilot_markdown, write_doc_tables
+
         try:
             for doc in args.write_docs or ():
                 print(f"{doc}: {'updated' if write_doc_tables(Path(doc), path) else 'unchanged'}")
@@ -199,14 +196,33 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as err:
             parser.error(str(err))
         return
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from low_data_plan import PLANS, PlanError, check_data, check_plan, check_preregistered, users_data
+    from low_data_protocol import DatalistError
+    from machine import git_commit
+
     plan = PLANS["small" if args.small else "cpu"]
-    parallel = args.parallel or (2 if device == "cpu" else 1)
     lists = {name: Path(getattr(args, name)).resolve() if getattr(args, name) else None for name in ("labeled", "unlabeled", "shifted")}
+    data = None
+    try:
+        check_plan(plan, pilot=args.pilot)
+        if not (args.pilot or args.report_only):
+            check_preregistered(plan, git_commit())
+        if lists["labeled"]:
+            root = Path(args.out).resolve() / "data"
+            data = users_data(root, plan, args.seed, lists["labeled"], lists["unlabeled"], lists["shifted"])
+            check_data(data, plan)
+    except (PlanError, DatalistError) as err:
+        parser.error(str(err))
+    import torch
+
+    from low_data_schedule import pilot, run
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    parallel = args.parallel or (2 if device == "cpu" else 1)
     try:
         result = (pilot if args.pilot else run)(plan, Path(args.out), device, args.seed, parallel,
                                                 Path(args.results) if args.results else None, args.report_only,
-                                                args.stop_after_s, **lists)  # fmt: skip
+                                                args.stop_after_s, data=data, **lists)  # fmt: skip
     except (PlanError, DatalistError) as err:
         parser.error(str(err))
     text = json.dumps(result, indent=2)

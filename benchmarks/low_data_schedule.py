@@ -169,18 +169,18 @@ class _Clock:
 
 
 def _prepare(plan: Plan, out: Path, device: str, data_seed: int, parallel: int, results: Path | None, pilot: bool, lists: dict,
-             report_only: bool = False):  # fmt: skip
-    """Checks the plan (and, for a plan's runs, its pre-registration) and builds its data before any run; returns
-    (out, results, data, threads per run, numerics, code)."""
+             data: Data | None, report_only: bool = False):  # fmt: skip
+    """Checks the plan (and, for a plan's runs, its pre-registration) and builds its data (unless ``data`` is given,
+    checked already) before any run; returns (out, results, data, threads per run, numerics, code)."""
     check_plan(plan, pilot=pilot)
     if not (pilot or report_only):
         check_preregistered(plan, git_commit())
     out = out.resolve()
-    if lists.get("labeled") or lists.get("unlabeled"):
+    if data is None and (lists.get("labeled") or lists.get("unlabeled")):
         if not (lists.get("labeled") and lists.get("unlabeled")):
             raise ValueError("--labeled and --unlabeled go together (a labeled list and an unlabeled corpus).")
         data = users_data(out / "data", plan, data_seed, lists["labeled"], lists["unlabeled"], lists.get("shifted"))
-    else:
+    elif data is None:
         data = synthetic_data(out / "data", plan, data_seed)
     check_data(data, plan)
     return out, (results or out / "results").resolve(), data, max(1, (os.cpu_count() or 1) // parallel), run_numerics(device), code_state()
@@ -207,7 +207,7 @@ def _finetune(job: tuple, plan: Plan, data: Data, data_seed: int, out: Path, res
 def run(
     plan: Plan, out: Path, device: str, data_seed: int = 0, parallel: int = 1, results: Path | None = None,
     report_only: bool = False, stop_after_s: float | None = None, labeled: Path | None = None, unlabeled: Path | None = None,
-    shifted: Path | None = None,
+    shifted: Path | None = None, data: Data | None = None,
 ) -> dict:
     """Runs (or completes) protocol v3's plan and returns its summary. Pretrainings run round by round
     (:func:`seeds_to_run`) behind the gate (:func:`passes`); then ``scratch`` and ``probe_random`` per finetuning seed
@@ -216,7 +216,8 @@ def run(
     (``complete`` false) and the same command continues.
 
     ``labeled`` / ``unlabeled`` / ``shifted``: a user's datalists instead of the synthetic sets
-    (:func:`~low_data_plan.users_data`).
+    (:func:`~low_data_plan.users_data`); ``data``: those lists' data already built and checked (``low_data.py`` checks
+    them before it imports torch).
 
     Raises:
         PlanError: a plan or data that cannot serve the rules (:func:`~low_data_plan.check_plan`), or a plan not
@@ -225,7 +226,7 @@ def run(
     """
     clock = _Clock(stop_after_s)
     lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
-    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, False, lists,
+    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, False, lists, data,
                                                            report_only)  # fmt: skip
     corpora = {r: matched_corpus(data) if r in MATCHED else data.unlabeled for r in plan.recipes}
     missing: list[str] = []
@@ -284,15 +285,16 @@ def run(
 def pilot(
     plan: Plan, out: Path, device: str, data_seed: int = 0, parallel: int = 1, results: Path | None = None,
     report_only: bool = False, stop_after_s: float | None = None, labeled: Path | None = None, unlabeled: Path | None = None,
-    shifted: Path | None = None,
+    shifted: Path | None = None, data: Data | None = None,
 ) -> dict:
     """The pilot that fixes the finetuning budget before the pre-registration: ``scratch`` and ``probe_random`` only (no
     pretrained encoder is read) at every k and finetuning seed, for each budget of ``plan.pilot_iterations``. Returns
     per budget the convergence table of both arms (:func:`~low_data_verdicts.convergence`) and the smallest budget at
-    which both converged at every k (None if none did). Its runs' keys are marked: the plan never reuses them."""
+    which both converged at every k (None if none did). Its runs' keys are marked: the plan never reuses them.
+    ``labeled`` / ``unlabeled`` / ``shifted`` / ``data``: as for :func:`run`."""
     clock = _Clock(stop_after_s)
     lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
-    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, True, lists)
+    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, True, lists, data)
     missing: list[str] = []
     table, runs = {}, []
     with ThreadPoolExecutor(max_workers=parallel) as pool:

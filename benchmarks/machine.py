@@ -1,4 +1,6 @@
-"""Where benchmark figures come from: the machine facts every benchmark prints with its results."""
+"""Where benchmark figures come from: the machine facts every benchmark prints with its results, and the commit.
+
+torch is imported by the functions that read it, so that a command can name its commit or refuse its input first."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import re
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = "benchmarks/results"
@@ -30,6 +30,8 @@ def machine_info() -> dict:
     """Where the figures come from: CPU count, model and the vector instructions torch's kernels dispatch to (two
     2-vCPU VMs that both call themselves "AMD EPYC", one AVX2-only, one with AVX-512, ran the same finetuning run in
     about 470 s and 185 s), load averages, torch threads and versions."""
+    import torch
+
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     return {
         "platform": platform.platform(),
@@ -49,6 +51,8 @@ def machine_info() -> dict:
 def device_facts() -> dict:
     """The accelerator: name (torch's), memory, compute capability, CUDA, cuDNN and driver versions; the CPU alone
     is "cpu"."""
+    import torch
+
     if not torch.cuda.is_available():
         return {"name": "cpu"}
     props = torch.cuda.get_device_properties(0)

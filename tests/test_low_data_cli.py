@@ -1,5 +1,5 @@
 """benchmarks/low_data.py's command line: ``--help`` answers before torch or MONAI is imported, and a list or plan
-that cannot serve the protocol is refused in one line, before any run."""
+that cannot serve the protocol is refused in one line, before any run and before those imports."""
 
 from __future__ import annotations
 
@@ -25,11 +25,16 @@ def test_help_answers_in_under_two_seconds_without_importing_torch():
     assert proc.returncode == 0, proc.stderr
     assert "--labeled" in proc.stdout and "probe_mim" in proc.stdout  # the options and the arms
     assert seconds < 2.0, f"--help took {seconds:.2f} s"
-    probe = (f"import runpy, sys\nsys.argv = [{str(SCRIPT)!r}, '--help']\nsys.path.insert(0, {str(SCRIPT.parent)!r})\n"
+    assert _heavy_imports(["--help"]) == "[]"
+
+
+def _heavy_imports(args: list[str]) -> str:
+    """Which of torch and MONAI the script has imported when it exits with ``args``."""
+    probe = (f"import runpy, sys\nsys.argv = [{str(SCRIPT)!r}, *{args!r}]\nsys.path.insert(0, {str(SCRIPT.parent)!r})\n"
              "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit:\n    pass\n"
              "print([m for m in ('torch', 'monai') if m in sys.modules])")
     imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=ENV, timeout=60)
-    assert imported.stdout.strip().splitlines()[-1] == "[]", imported.stdout[-500:]
+    return imported.stdout.strip().splitlines()[-1]
 
 
 def _one_line_error(args: list[str], tmp_path: Path) -> str:
@@ -58,6 +63,8 @@ def test_a_list_that_cannot_be_read_or_names_missing_files_is_one_line(tmp_path)
     other_site = ["--shifted", str(tmp_path / "other_site.json")]  # read after the labeled list
     line = _one_line_error(["--small", "--labeled", str(unreadable), "--unlabeled", str(corpus), *other_site], tmp_path)
     assert line.startswith("low_data.py: error: datalist") and "unreadable.json" in line and "cannot be read as JSON" in line
+    refused = ["--out", str(tmp_path / "out"), "--small", "--labeled", str(unreadable), "--unlabeled", str(corpus), *other_site]
+    assert _heavy_imports(refused) == "[]"  # a list is refused before torch or MONAI is imported
     missing = tmp_path / "missing.json"
     missing.write_text(json.dumps({"labels": {"0": "background"}, "training": [{"image": "nope.nii.gz", "label": "nope.nii.gz"}]}))
     line = _one_line_error(["--small", "--labeled", str(missing), "--unlabeled", str(corpus), *other_site], tmp_path)

@@ -26,7 +26,6 @@ from typing import Any
 
 from ..config.overrides import defined_overrides
 from ..data import synthetic
-from ..training.segmentation import balanced_class_weights
 from .runner import BUNDLES_DIR
 
 __all__ = [
@@ -193,6 +192,8 @@ def training_class_weights(datalist: Path, label_names: list[str] | None = None)
     (:func:`~components.training.segmentation.balanced_class_weights`) for ``label_names`` (default: the demo's): the organs
     are 0.1-2 % of a volume each and the small ones stay at Dice 0 for the first hundreds of iterations with an
     unweighted loss."""
+    from ..training.segmentation import balanced_class_weights  # imports MONAI: only a finetuning's overrides need it
+
     items = json.loads(datalist.read_text())["training"]
     return balanced_class_weights([datalist.parent / item["label"] for item in items], len(label_names or LABEL_NAMES))
 
