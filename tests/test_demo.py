@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -195,30 +196,48 @@ def test_the_masked_image_demo_pretrains_with_its_bundle_and_finetunes_from_it(t
     assert summary["pictures"] == ["dice_curves.png", "mim_losses.png", "mim_views.png", "segmentations.png"]
 
 
-@pytest.mark.skipif(not HAS_PROC, reason="reads the process tree from Linux /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stopped_demo_ends_its_bundle_run(tmp_path, sig):
-    """`python -m components demo` stopped by SIGTERM or SIGINT (sent to it alone, as `kill` does) once its SSL
-    pretraining bundle has started training: the demo exits, and within seconds no process it started is left."""
-    with open(tmp_path / "demo.log", "w") as log:  # a file: a pipe would stay open while the bundle run holds it
+def _start_demo(root: Path) -> subprocess.Popen:
+    """``demo --budget quick`` into ``root/out``, its output in ``root/demo.log``."""
+    root.mkdir()
+    with open(root / "demo.log", "w") as log:  # a file: a pipe would stay open while the bundle run holds it
         # SIGINT at its default in the demo: a suite started as a background job (`pytest &`) inherits it ignored,
         # and Python then never raises KeyboardInterrupt, as a backgrounded demo ignores Ctrl-C
-        demo = subprocess.Popen([sys.executable, "-m", "components", "demo", "--out", str(tmp_path / "out"), "--budget",
+        return subprocess.Popen([sys.executable, "-m", "components", "demo", "--out", str(root / "out"), "--budget",
                                  "quick", "--seed", "0"], stdout=log, stderr=log,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
-    train_log = tmp_path / "out" / "ssl_pretrain" / "train.log"
+
+
+def _training_tree(demo: subprocess.Popen, root: Path) -> tuple[set[int], int]:
+    """The processes below ``demo`` once its SSL pretraining bundle has started training, and that bundle run's PID."""
+    train_log = root / "out" / "ssl_pretrain" / "train.log"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and "Engine run starting" not in (train_log.read_text() if train_log.is_file() else ""):
-        assert demo.poll() is None, (tmp_path / "demo.log").read_text()[-3000:]
+        assert demo.poll() is None, (root / "demo.log").read_text()[-3000:]
         time.sleep(0.05)
     tree = descendants(demo.pid)
     bundles = [p for p in tree if "monai.bundle run" in command_line(p)]
     assert len(bundles) == 1, f"the training has not started: {[command_line(p)[:120] for p in tree]}"
-    demo.send_signal(sig)
-    code = demo.wait(timeout=STOP_GRACE_S + 90)  # the bundle run's grace, then room for a loaded machine
-    assert code == 128 + sig, code  # 143, 130: the shell's status for a command ended by that signal
+    return tree, bundles[0]
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="reads the process tree from Linux /proc")
+def test_a_stopped_demo_ends_its_bundle_run(tmp_path):
+    """`python -m components demo` stopped by SIGTERM, and by SIGINT (two demos started at once; each signal sent to
+    its demo alone, as `kill` does) once its SSL pretraining bundle has started training: the demo exits, and within
+    seconds no process it started is left."""
+    signals = (signal.SIGTERM, signal.SIGINT)
+    demos = {sig: _start_demo(tmp_path / sig.name) for sig in signals}
+    trees = {sig: _training_tree(demos[sig], tmp_path / sig.name) for sig in signals}
+    for sig in signals:
+        demos[sig].send_signal(sig)
+    for sig in signals:
+        code = demos[sig].wait(timeout=STOP_GRACE_S + 90)  # the bundle run's grace, then room for a loaded machine
+        assert code == 128 + sig, (sig.name, code)  # 143, 130: the shell's status for a command ended by that signal
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(alive(p) for p in tree):
+    while time.monotonic() < deadline and any(alive(p) for tree, _ in trees.values() for p in tree):
         time.sleep(0.1)
-    assert not [p for p in tree if alive(p)], [command_line(p)[:120] for p in tree if alive(p)]
-    assert f"stopping: ending the swin_unetr_ssl_pretrain run (pid {bundles[0]})" in (tmp_path / "demo.log").read_text()
+    for sig in signals:
+        tree, bundle = trees[sig]
+        assert not [p for p in tree if alive(p)], (sig.name, [command_line(p)[:120] for p in tree if alive(p)])
+        log = (tmp_path / sig.name / "demo.log").read_text()
+        assert f"stopping: ending the swin_unetr_ssl_pretrain run (pid {bundle})" in log, sig.name

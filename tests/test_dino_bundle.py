@@ -26,13 +26,17 @@ from tests.test_multi_gpu_bundle import _launch_all, _torchrun
 BUNDLE = BUNDLES_DIR / "swin_unetr_dino_pretrain"
 REPO = Path(__file__).resolve().parent.parent
 FS = 12
-# tiny but real: 32^3 global and local crops drawn from 48^3 regions, feature size 12, 32 prototypes
+#: attention windows of 4 voxels: the 16^3 and 8^3 tokens of a 32^3 crop fill whole windows (7, the bundle's, pads
+#: them to 21^3 and 14^3 and makes a CPU step many times as long)
+WS = 4
+# tiny but real: 32^3 global and local crops drawn from 48^3 regions, feature size 12, window 4, 32 prototypes
 TINY = {
     "roi_size": [32, 32, 32],
     "training#context_size": [48, 48, 48],
     "training#local_size": [32, 32, 32],
     "training#num_local_crops": 1,
     "feature_size": FS,
+    "network_def#window_size": WS,
     "training#prototypes": 32,
     "training#head_hidden_dim": 24,
     "training#head_bottleneck_dim": 8,
@@ -276,7 +280,8 @@ def test_exported_teacher_encoder_loads_fully_into_the_btcv_bundle(trained, capl
 
     parser = ConfigParser()
     parser.read_config([str(f) for f in run_config_files(BUNDLES_DIR / "swin_unetr_btcv_finetune", ["train.json"])])
-    parser.update({"bundle_root": str(root), "feature_size": FS, "pretrained_path": str(root / "models" / "model.pt")})
+    parser.update({"bundle_root": str(root), "feature_size": FS, "network_def#window_size": WS,
+                   "pretrained_path": str(root / "models" / "model.pt")})  # fmt: skip
     loader = parser.get_parsed_content("train#handlers#0", instantiate=True)
     assert type(loader).__name__ == "PretrainedLoader"
     with caplog.at_level("INFO"):
@@ -293,8 +298,8 @@ def test_exported_teacher_encoder_loads_fully_into_the_btcv_bundle(trained, capl
 def test_inference_writes_one_embedding_per_test_volume(trained, data):
     root, _ = trained
     out = root / "embeddings"
-    overrides = {"dataset_dir": str(data), "feature_size": FS, "ckpt_dir": str(root / "models"), "output_dir": str(out),
-                 "device": "cpu", "loader#num_workers": 0}  # fmt: skip
+    overrides = {"dataset_dir": str(data), "feature_size": FS, "network_def#window_size": WS,
+                 "ckpt_dir": str(root / "models"), "output_dir": str(out), "device": "cpu", "loader#num_workers": 0}  # fmt: skip
     proc = subprocess.run(bundle_command(BUNDLE, ("inference.json",), overrides), capture_output=True, text=True,
                           timeout=600, env=ENV)  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -322,7 +327,8 @@ def test_continued_pretraining_loads_the_projection_head_the_file_holds(trained)
     from components import SelfDistillationNetwork, load_pretrained
 
     root, _ = trained
-    student = lambda: SelfDistillationNetwork(feature_size=FS, out_dim=32, hidden_dim=24, bottleneck_dim=8)  # noqa: E731
+    sizes = {"feature_size": FS, "window_size": WS, "out_dim": 32, "hidden_dim": 24, "bottleneck_dim": 8}
+    student = lambda: SelfDistillationNetwork(**sizes)  # noqa: E731
     checkpoint = torch.load(root / "models" / "checkpoint.pt", map_location="cpu", weights_only=True)["model"]
     full = load_pretrained(student(), {"state_dict": checkpoint})
     assert full.missing == [] and any(k.startswith("head.") for k in full.loaded)

@@ -3,8 +3,8 @@
 Every bundle run is a real ``python -m monai.bundle run`` in a subprocess (``torchrun`` for the 2-process
 evaluation), shared between assertions through module-scoped fixtures:
 
-- a tiny SSL checkpoint (``SSLHead(feature_size=12)`` state dict, the layout the pretraining bundle writes to
-  ``models/model.pt``) and one of feature size 24 that must not load into a feature-12 model;
+- a tiny SSL checkpoint (``SSLHead(feature_size=12, window_size=4)`` state dict, the layout the pretraining bundle
+  writes to ``models/model.pt``) and one of feature size 24 that must not load into a feature-12 model;
 - CT: train (1 epoch, 3 volumes) -> evaluate on 3 validation volumes (odd) -> the same evaluation with
   ``torchrun --nproc_per_node=2`` and multi_gpu_evaluate.json -> inference on the test volume (permuted LSP axes,
   anisotropic spacing); and a training run whose pretrained checkpoint does not fit;
@@ -15,7 +15,9 @@ The runs share nothing but their inputs, so they start in two waves (:func:`_run
 everything that reads a trained model; each process has one thread, and several at once keep every core busy.
 
 Sizes: crops of 64x32x32 (SwinUNETR's bottleneck InstanceNorm needs more than one voxel in training, so 32^3
-fails; 64x32x32 leaves 2x1x1), feature size 12, coarse spacing so whole volumes stay small. Subprocesses run
+fails; 64x32x32 leaves 2x1x1), feature size 12, attention windows of 4 (the crop's 32x16x16 and 16x8x8 tokens fill
+whole windows; the bundles' 7 pads them and makes a CPU step several times as long), coarse spacing so whole volumes
+stay small. Subprocesses run
 with one OpenMP thread: on a shared 2-core machine two threads per process oversubscribe the cores and a
 training step becomes ~10x slower. Each run has a wall-clock limit; its whole process group is killed past it.
 """
@@ -54,9 +56,11 @@ BRATS_NAMES = ["TC", "WT", "ET"]
 RUN_TIMEOUT_S = 300
 PG_TIMEOUT_S = 120  # process-group timeout of the torchrun evaluation: a collective mismatch fails, not hangs
 
+WINDOW = 4
 TINY = {
     "roi_size": [64, 32, 32],
     "feature_size": 12,
+    "network_def#window_size": WINDOW,
     "training#num_samples": 1,
     "batch_size": 1,
     "loader#num_workers": 0,
@@ -151,7 +155,7 @@ def ssl_ckpts(work) -> dict[str, Path]:
     for size in (12, 24):
         torch.manual_seed(size)
         paths[size] = work / f"ssl_f{size}.pt"
-        torch.save(components.SSLHead(feature_size=size).state_dict(), paths[size])
+        torch.save(components.SSLHead(feature_size=size, window_size=WINDOW).state_dict(), paths[size])
     return paths
 
 
@@ -179,7 +183,8 @@ def v2_swinunetr(work) -> Path:
     """A full SwinUNETR v2 of feature size 24 (as a finetuned v2 model is saved), for a feature-12 v1 config."""
     torch.manual_seed(3)
     path = work / "swinunetr_v2_f24.pt"
-    torch.save(SwinUNETR(in_channels=1, out_channels=14, feature_size=24, use_v2=True).state_dict(), path)
+    network = SwinUNETR(in_channels=1, out_channels=14, feature_size=24, window_size=WINDOW, use_v2=True)
+    torch.save(network.state_dict(), path)
     return path
 
 
@@ -474,7 +479,7 @@ def test_ct_train_starts_from_ssl_encoder(ct_train, ssl_ckpts):
     encoder = [k for k in best if k.startswith("swinViT.") and not k.endswith("relative_position_index")]
     diffs = [float((best[k] - ssl[k]).abs().max()) for k in encoder]
     assert max(diffs) < 1e-3
-    SwinUNETR(in_channels=1, out_channels=14, feature_size=12).load_state_dict(best)  # strict
+    SwinUNETR(in_channels=1, out_channels=14, feature_size=12, window_size=WINDOW).load_state_dict(best)  # strict
 
 
 def test_ct_checkpoint_that_does_not_fit_stops_the_run(trainings):
@@ -577,8 +582,8 @@ def test_mri_train_adapts_ssl_patch_embedding(mri_train, ssl_ckpts):
     assert f"adapted {PATCH_EMBED_WEIGHT}: repeat: input channels 1 -> 4" in out  # named in the run's log
     # the one adapted tensor is the patch embedding, as the loader reports it for this model and policy
     channel_policy = json.loads((MRI / "configs" / "train.json").read_text())["training"]["channel_policy"]
-    report = components.load_pretrained(SwinUNETR(in_channels=4, out_channels=3, feature_size=12), ssl_ckpts[12],
-                                        channel_policy=channel_policy)
+    network = SwinUNETR(in_channels=4, out_channels=3, feature_size=12, window_size=WINDOW)
+    report = components.load_pretrained(network, ssl_ckpts[12], channel_policy=channel_policy)
     assert list(report.adapted) == [PATCH_EMBED_WEIGHT]
     assert report.adapted[PATCH_EMBED_WEIGHT].startswith("repeat: input channels 1 -> 4")
     # ... and the trained-from weights are the 1-channel kernel repeated over 4 channels / 4

@@ -477,19 +477,6 @@ def test_package_refuses_weights_with_another_number_of_classes(tmp_path):
     assert not (tmp_path / "dist").exists() or not list((tmp_path / "dist").iterdir())
 
 
-@pytest.fixture(scope="module")
-def exported_btcv(tmp_path_factory) -> Path:
-    """A copy of the CT bundle with tiny trained weights and their exported program (ROI 64x32x32), as
-    `python -m components export` writes it."""
-    from components.release.export import export_network
-
-    root = _copy_bundle(BTCV, tmp_path_factory.mktemp("exported"))
-    (root / "models").mkdir()
-    torch.save(_perturbed(LOADED[BTCV](), seed=5), root / "models" / "model.pt")
-    export_network(root, roi_size=(64, 32, 32), overrides={"feature_size": FS})
-    return root
-
-
 def _packaged_metadata(zip_path: Path, name: str) -> dict:
     with zipfile.ZipFile(zip_path) as zf:
         return json.loads(zf.read(f"{name}/configs/metadata.json"))
@@ -502,16 +489,17 @@ def test_package_records_the_exported_program_in_the_metadata(exported_btcv, tmp
     key is absent."""
     from monai.bundle import verify_metadata
 
-    zip_path = pkg.package_bundle(exported_btcv, tmp_path / "dist")
+    bundle = exported_btcv.bundle  # tests/conftest.py: the CT bundle with weights and their exported program
+    zip_path = pkg.package_bundle(bundle, tmp_path / "dist")
     meta = _packaged_metadata(zip_path, BTCV)
     assert meta["exported_program"] == {
         "file": "models/model.pt2",
         "input_shape": ["dynamic", 1, 64, 32, 32],
         "dtype": "float32",
         "exported_from": "models/model.pt",
-        "exported_from_sha256": pkg.sha256_file(exported_btcv / "models" / "model.pt"),
+        "exported_from_sha256": pkg.sha256_file(bundle / "models" / "model.pt"),
     }
-    repository_meta = json.loads((exported_btcv / "configs" / "metadata.json").read_text())
+    repository_meta = json.loads((bundle / "configs" / "metadata.json").read_text())
     assert {k: v for k, v in meta.items() if k not in ("exported_program", "eval_metrics")} == {
         k: v for k, v in repository_meta.items() if k != "eval_metrics"
     }
@@ -522,7 +510,7 @@ def test_package_records_the_exported_program_in_the_metadata(exported_btcv, tmp
         verify_metadata(meta_file=str(packaged_meta), filepath=str(schema))
 
     without = tmp_path / "without" / BTCV
-    shutil.copytree(exported_btcv, without, ignore=shutil.ignore_patterns("model.pt2"))
+    shutil.copytree(bundle, without, ignore=shutil.ignore_patterns("model.pt2"))
     assert "exported_program" not in _packaged_metadata(pkg.package_bundle(without, tmp_path / "dist2"), BTCV)
 
 
@@ -531,7 +519,7 @@ def test_package_refuses_an_exported_program_of_other_weights(exported_btcv, tmp
     fails with one line naming the file and the export command, before anything is written; so does a program that
     records no weights (exported before the record existed, or by other code)."""
     root = tmp_path / "src" / BTCV
-    shutil.copytree(exported_btcv, root)
+    shutil.copytree(exported_btcv.bundle, root)
     torch.save(_perturbed(LOADED[BTCV](), seed=6), root / "models" / "model.pt")
     program = root / "models" / "model.pt2"
     with pytest.raises(ValueError) as stale:

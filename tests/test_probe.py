@@ -24,7 +24,7 @@ from tests.test_finetune_bundles import CT, CT_TINY, MRI, TRAIN_TINY, _ok, _run,
 
 PROBE = "$components.LinearProbe"
 FS = 12
-WINDOW = 4
+WINDOW = CT_TINY["network_def#window_size"]
 
 
 def _probe(**kwargs) -> components.LinearProbe:
@@ -208,7 +208,7 @@ def ct_data(work) -> Path:
 def ssl_checkpoint(work) -> Path:
     torch.manual_seed(12)
     path = work / "ssl_f12.pt"
-    torch.save(components.SSLHead(feature_size=FS).state_dict(), path)
+    torch.save(components.SSLHead(feature_size=FS, window_size=WINDOW).state_dict(), path)
     return path
 
 
@@ -242,7 +242,8 @@ def test_evaluation_and_inference_of_a_probe_take_the_same_override(probe_run, w
     evaluated, segmented = work / "probe_eval", work / "probe_seg"
     overrides = {**CT_TINY, "network_def#network": PROBE, "dataset_dir": str(ct_data), "output_dir": str(evaluated),
                  "ckpt_dir": str(models)}  # fmt: skip
-    inference_ids = ("roi_size", "spacing", "feature_size", "loader#num_workers", "speed#amp", "device")
+    inference_ids = ("roi_size", "spacing", "feature_size", "network_def#window_size", "loader#num_workers", "speed#amp",
+                     "device")  # fmt: skip
     inference = {**{k: CT_TINY[k] for k in inference_ids}, "network_def#network": PROBE, "dataset_dir": str(ct_data),
                  "output_dir": str(segmented), "ckpt_dir": str(models)}  # fmt: skip
     runs = _run_at_once({"eval": (CT, ["train.json", "evaluate.json"], overrides, work / "probe_eval.log"),

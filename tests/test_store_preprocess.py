@@ -230,29 +230,45 @@ def _pid_recording_bundle(root: Path, pids: Path, seconds: float) -> Path:
     return _bundle(root, func)
 
 
-@pytest.mark.skipif(not HAS_PROC, reason="reads the process tree from Linux /proc")
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_workers_die_with_the_preprocess_command(tmp_path, sig):
-    """`preprocess --workers 2` killed (SIGTERM or SIGKILL) while both workers are in the middle of a 60 s volume:
-    within seconds no process it started is left (fork server, workers; recorded PIDs and the process tree)."""
-    datalist = write_tiny_ct(tmp_path / "data", num=4)
-    pids = tmp_path / "worker.pids"
-    bundle = _pid_recording_bundle(tmp_path / "bundle", pids, 60)
+def _start_preprocess(root: Path) -> subprocess.Popen:
+    """`preprocess --workers 2` in ``root`` over 4 volumes of 60 s each, its output in ``root/output.log``."""
+    datalist = write_tiny_ct(root / "data", num=4)
+    bundle = _pid_recording_bundle(root / "bundle", root / "worker.pids", 60)
     args = ("--datalist", str(datalist), "--out", "store", "--bundle", str(bundle), "--workers", "2")
-    with open(tmp_path / "output.log", "w") as log:  # a file: a pipe would stay open while any worker holds it
-        command = subprocess.Popen([sys.executable, "-m", "components", "preprocess", *args], cwd=tmp_path,
-                                   env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=log)  # fmt: skip
+    with open(root / "output.log", "w") as log:  # a file: a pipe would stay open while any worker holds it
+        return subprocess.Popen([sys.executable, "-m", "components", "preprocess", *args], cwd=root,
+                                env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=log)  # fmt: skip
+
+
+def _busy_tree(command: subprocess.Popen, root: Path) -> set[int]:
+    """The processes below ``command`` once both its workers have started a volume (their PIDs among them)."""
+    pids = root / "worker.pids"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(pids.read_text().split() if pids.is_file() else []) < 2:
-        assert command.poll() is None, (tmp_path / "output.log").read_text()
+        assert command.poll() is None, (root / "output.log").read_text()
         time.sleep(0.05)
     workers = {int(p) for p in pids.read_text().split()}
     started = descendants(command.pid)
     assert len(workers) == 2 and workers <= started
-    command.send_signal(sig)
-    assert command.wait(timeout=30) == -sig
+    return started
+
+
+@pytest.mark.skipif(not HAS_PROC, reason="reads the process tree from Linux /proc")
+def test_workers_die_with_the_preprocess_command(tmp_path):
+    """`preprocess --workers 2` killed (SIGTERM, and SIGKILL: two commands started at once) while both workers are
+    in the middle of a 60 s volume: within seconds no process it started is left (fork server, workers; recorded
+    PIDs and the process tree)."""
+    signals = (signal.SIGTERM, signal.SIGKILL)
+    commands = {sig: _start_preprocess(tmp_path / sig.name) for sig in signals}
+    started = {sig: _busy_tree(commands[sig], tmp_path / sig.name) for sig in signals}
+    for sig in signals:
+        commands[sig].send_signal(sig)
+    for sig in signals:
+        assert commands[sig].wait(timeout=30) == -sig, sig.name
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(alive(p) for p in started):
+    while time.monotonic() < deadline and any(alive(p) for tree in started.values() for p in tree):
         time.sleep(0.1)
-    assert not [p for p in started if alive(p)], f"left running after {sig.name}: {[p for p in started if alive(p)]}"
-    assert not (tmp_path / "store" / "index.json").exists()
+    for sig in signals:
+        left = [p for p in started[sig] if alive(p)]
+        assert not left, f"left running after {sig.name}: {left}"
+        assert not (tmp_path / sig.name / "store" / "index.json").exists()
