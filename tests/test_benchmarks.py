@@ -371,6 +371,8 @@ def _signals_ok(signals: dict, recipe: str) -> None:
 def test_gpu_health_small(tmp_path):
     """gpu_health.py --small: the three recipes calibrated, planned within their shares and run, each with its final
     verdict, every signal beside its trivial baseline, and the report history, in one JSON named after the device."""
+    from components.demo.recipes import MASKED_IMAGE_ROI_SIZE, SSL_ROI_SIZE
+
     result = _run("gpu_health.py", "--small", "--budget_s", "1200", "--out_dir", str(tmp_path), timeout=1500)
     assert json.loads((tmp_path / "gpu_health_cpu_small.json").read_text()) == result
     assert result["benchmark"] == "gpu_health" and result["device"] == "cpu" and result["small"] is True
@@ -390,7 +392,7 @@ def test_gpu_health_small(tmp_path):
         assert plan["iterations"] == plan["max_epochs"] * calibration["epoch_length"] == entry["iterations"]
         overrides = entry["overrides"]
         assert overrides["max_epochs"] == plan["max_epochs"] and overrides["training#val_interval"] == plan["val_interval"]
-        assert overrides["roi_size"] == ([32, 32, 32] if recipe == "dino" else [64, 32, 32])
+        assert overrides["roi_size"] == {"ssl": SSL_ROI_SIZE, "mim": MASKED_IMAGE_ROI_SIZE, "dino": [32, 32, 32]}[recipe]  # the demo's
         assert overrides["feature_size"] == 12 and overrides["dataset_dir"] == "<work>/corpus"
         assert entry["seconds"] > 0 and entry["wall_s"] <= entry["share_s"] + 5
         assert entry["verdict"] in VERDICTS
