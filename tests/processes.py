@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 #: whether this system has the /proc these helpers read
@@ -45,3 +47,17 @@ def command_line(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def signal_each(processes: dict, trees: Iterable[set[int]], exit_timeout: float, gone_timeout: float) -> dict:
+    """Sends each process of ``processes`` (signal -> ``subprocess.Popen``) its signal, waits up to ``exit_timeout``
+    seconds for each to exit, then up to ``gone_timeout`` for every process of ``trees`` to be gone; returns each
+    signal's exit code (``subprocess.TimeoutExpired`` when a process outlives its wait)."""
+    for sig, process in processes.items():
+        process.send_signal(sig)
+    codes = {sig: process.wait(timeout=exit_timeout) for sig, process in processes.items()}
+    pids = set().union(*trees)
+    deadline = time.monotonic() + gone_timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return codes

@@ -16,7 +16,7 @@ from components.demo.recipes import RECIPES
 from components.demo.run import BUDGETS, run_demo
 from components.demo.runner import STOP_GRACE_S
 from components.data.synthetic import DEMO_ORGANS
-from tests.processes import HAS_PROC, alive, command_line, descendants
+from tests.processes import HAS_PROC, alive, command_line, descendants, signal_each
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -228,15 +228,10 @@ def test_a_stopped_demo_ends_its_bundle_run(tmp_path):
     signals = (signal.SIGTERM, signal.SIGINT)
     demos = {sig: _start_demo(tmp_path / sig.name) for sig in signals}
     trees = {sig: _training_tree(demos[sig], tmp_path / sig.name) for sig in signals}
-    for sig in signals:
-        demos[sig].send_signal(sig)
-    for sig in signals:
-        code = demos[sig].wait(timeout=STOP_GRACE_S + 90)  # the bundle run's grace, then room for a loaded machine
-        assert code == 128 + sig, (sig.name, code)  # 143, 130: the shell's status for a command ended by that signal
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and any(alive(p) for tree, _ in trees.values() for p in tree):
-        time.sleep(0.1)
-    for sig in signals:
+    # each demo's wait: the bundle run's grace, then room for a loaded machine
+    codes = signal_each(demos, [tree for tree, _ in trees.values()], STOP_GRACE_S + 90, 20)
+    for sig in signals:  # 143, 130: the shell's status for a command ended by that signal
+        assert codes[sig] == 128 + sig, (sig.name, codes[sig])
         tree, bundle = trees[sig]
         assert not [p for p in tree if alive(p)], (sig.name, [command_line(p)[:120] for p in tree if alive(p)])
         log = (tmp_path / sig.name / "demo.log").read_text()

@@ -17,7 +17,7 @@ import pytest
 
 from components import DataCheckError, StoreError, bundle_transforms, open_store, preprocess
 from components.data.store import VolumeFailedError
-from tests.processes import HAS_PROC, alive, descendants
+from tests.processes import HAS_PROC, alive, descendants, signal_each
 from tests.test_store import write_tiny_ct
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # Orientationd's `labels` default notice
@@ -261,14 +261,9 @@ def test_workers_die_with_the_preprocess_command(tmp_path):
     signals = (signal.SIGTERM, signal.SIGKILL)
     commands = {sig: _start_preprocess(tmp_path / sig.name) for sig in signals}
     started = {sig: _busy_tree(commands[sig], tmp_path / sig.name) for sig in signals}
+    codes = signal_each(commands, started.values(), 30, 15)
     for sig in signals:
-        commands[sig].send_signal(sig)
-    for sig in signals:
-        assert commands[sig].wait(timeout=30) == -sig, sig.name
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(alive(p) for tree in started.values() for p in tree):
-        time.sleep(0.1)
-    for sig in signals:
+        assert codes[sig] == -sig, sig.name
         left = [p for p in started[sig] if alive(p)]
         assert not left, f"left running after {sig.name}: {left}"
         assert not (tmp_path / sig.name / "store" / "index.json").exists()
