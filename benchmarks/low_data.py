@@ -138,7 +138,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
     parser.add_argument("--small", action="store_true", help="the CI plan: one k, one seed, a few iterations (learns nothing)")
     parser.add_argument("--pilot", action="store_true", help="scratch and probe_random only, at each pilot budget: the convergence table")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: CUDA where present")
-    parser.add_argument("--seed", type=int, default=0, help="the data seed: fixes the data, the training volumes and held-out draws")
     parser.add_argument("--out", default="runs/low_data", help="folder for the data and the runs")
     parser.add_argument("--results", default=None, help="folder of the per-run records (default: <out>/results)")
     parser.add_argument("--json", default=None, help="also write the summary to this file")
@@ -209,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             check_preregistered(plan, git_commit())
         if lists["labeled"]:
             root = Path(args.out).resolve() / "data"
-            data = users_data(root, plan, args.seed, lists["labeled"], lists["unlabeled"], lists["shifted"])
+            data = users_data(root, plan, lists["labeled"], lists["unlabeled"], lists["shifted"])
             check_data(data, plan)
     except (PlanError, DatalistError) as err:
         parser.error(str(err))
@@ -220,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     parallel = args.parallel or (2 if device == "cpu" else 1)
     try:
-        result = (pilot if args.pilot else run)(plan, Path(args.out), device, args.seed, parallel,
+        result = (pilot if args.pilot else run)(plan, Path(args.out), device, parallel,
                                                 Path(args.results) if args.results else None, args.report_only,
                                                 args.stop_after_s, data=data, **lists)  # fmt: skip
     except (PlanError, DatalistError) as err:

@@ -210,7 +210,7 @@ def _pretraining_iterations(settings: dict) -> int:
 
 def _units(result: dict, n: int) -> str:
     s = result["settings"]
-    return (f"{_count(n, 'pretraining')} x {_count(s['finetune_seeds'], 'finetuning seed')} x {len(s['ks'])} k x "
+    return (f"{_count(n, 'pretraining')} x {_count(s['finetune_seeds'], 'finetuning seed')} of their own x {len(s['ks'])} k x "
             f"{len(HELD_OUT_SETS)} held-out sets")
 
 
@@ -299,14 +299,17 @@ def protocol3_markdown(result: dict) -> str:
         for k, e in per_k.items():
             gain = "-" if e["last_quarter_gain"] is None else f"{e['last_quarter_gain']:+.4f}"
             lines.append(f"| {arm} | {k} | {gain} | {'-' if e['converged'] is None else 'yes' if e['converged'] else 'no'} |")
-    lines += ["", "Coverage of the intervals, simulated on this plan's structure:", "",
-              "| cell kind | nominal | covered (lowest) | populations | resampled |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += ["", "Coverage of the intervals, simulated from each cell's fitted variance components (normal draws; "
+                  "finetuning residuals resampled):", "",
+              "| cell kind | nominal | normal: covered (lowest) | resampled: covered (lowest) | populations |",
+              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for kind, c in result["coverage"].items():
         if c is None:
-            lines.append(f"| {kind} | - | not simulated: no recipe with 2 passing pretrainings yet | 0 | - |")
+            lines.append(f"| {kind} | - | not simulated: no recipe with 2 passing pretrainings yet | - | 0 |")
             continue
         nominal = ", ".join(f"{v:.4f}" for v in c["nominal"])
-        lines.append(f"| {kind} | {nominal} | {c['mean']:.3f} ({c['min']:.3f}) | {c['populations']} | {c['resampled']} |")
+        shares = " | ".join(f"{c[name]['mean']:.3f} ({c[name]['min']:.3f})" for name in ("normal", "resampled"))
+        lines.append(f"| {kind} | {nominal} | {shares} | {c['populations']} |")
     return "\n".join(lines) + "\n"
 
 

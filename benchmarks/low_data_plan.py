@@ -68,16 +68,19 @@ class PlanError(ValueError):
 class Plan:
     """Protocol v3's sizes (the defaults are the CPU plan's).
 
-    ``finetune_seeds`` finetuning seeds run at every k in ``ks``; each recipe is pretrained with seeds 0, 1, ... until
-    ``pretrainings`` of them passed the health gate (their last report's verdict in ``passing``) or
-    ``max_pretrainings`` were tried; ``health_crops``: the validation crops of that report (None: the demo's).
-    ``finetune_iterations`` (one volume per iteration, validated every ``val_every``,
-    at least ``min_validations`` times) is None until the pilot (``pilot_iterations``, scratch and probe_random only) fixes it; a run refuses an unfixed
-    budget. ``num_validation`` volumes select the model; each seed draws ``held_out`` volumes from each of the fixed
-    ``in_domain_pool`` and ``shifted_pool``. ``convergence_gain``: the largest last-quarter gain of a converged
-    validation curve; ``margin``: the equivalence margin (Dice); ``level``: the intervals' level before any
-    correction. ``budget`` sizes the pretraining and the finetuning's crop, rate and network. A ``trial`` plan checks
-    the mechanics only: it needs no pre-registration (:data:`PREREGISTRATION`) and its verdicts are no evidence."""
+    Each recipe is pretrained with seeds 0, 1, ... until ``pretrainings`` of them passed the health gate (their last
+    report's verdict in ``passing``) or ``max_pretrainings`` were tried; ``health_crops``: the validation crops of that
+    report (None: the demo's). Pretraining p is finetuned over its own block of ``finetune_seeds`` finetuning seeds
+    (:func:`finetune_block`), each with its own training volumes and held-out draws, at every k in ``ks``; every
+    recipe's pretraining p and the baselines use the same block. ``finetune_iterations`` (one volume per iteration,
+    validated every ``val_every``, at least ``min_validations`` times, a multiple of 4) is None until the pilot
+    (``pilot_iterations``, scratch and probe_random only, over block 0) fixes it; a run refuses an unfixed budget.
+    ``num_validation`` volumes select the model; each seed draws ``held_out`` volumes from each of the fixed
+    ``in_domain_pool`` and ``shifted_pool``. ``data_seed`` fixes the data, the blocks and the draws.
+    ``convergence_gain``: the largest last-quarter gain of a converged validation curve; ``margin``: the equivalence
+    margin (Dice); ``level``: the intervals' level before any correction. ``budget`` sizes the pretraining and the
+    finetuning's crop, rate and network. A ``trial`` plan checks the mechanics only: it needs no pre-registration
+    (:data:`PREREGISTRATION`) and its verdicts are no evidence."""
 
     ks: tuple[int, ...] = (1, 2)
     recipes: tuple[str, ...] = RECIPES
@@ -93,17 +96,31 @@ class Plan:
     finetune_iterations: int | None = None
     val_every: int = 20
     min_validations: int = 8
-    pilot_iterations: tuple[int, ...] = (200, 400, 800)
+    pilot_iterations: tuple[int, ...] = (480, 960)
     convergence_gain: float = 0.01
     margin: float = 0.02
     level: float = 0.95
+    data_seed: int = 0
     budget: DemoBudget = PROTOCOL_BUDGET
     trial: bool = False
 
     @property
+    def seeds(self) -> int:
+        """The finetuning seeds of every block the plan may use: ``finetune_seeds`` per pretraining seed tried."""
+        return self.max_pretrainings * self.finetune_seeds
+
+    @property
     def training_pool(self) -> int:
-        """The labeled volumes the seeds train on: a block of max(k) per finetuning seed."""
-        return self.finetune_seeds * max(self.ks)
+        """The labeled volumes the seeds train on: max(k) of their own per finetuning seed."""
+        return self.seeds * max(self.ks)
+
+
+def finetune_block(pretraining_seed: int, plan: Plan) -> list[int]:
+    """The finetuning seeds of pretraining ``pretraining_seed``'s block: ``p * F`` to ``p * F + F - 1``, F =
+    ``plan.finetune_seeds``. Nesting the finetuning seeds in the pretrainings makes the pretraining means independent
+    (each has its own volumes and held-out draws), so their t-interval covers the finetuning's draw too; the
+    baselines of a block pair with every recipe's pretraining of that seed."""
+    return list(range(pretraining_seed * plan.finetune_seeds, (pretraining_seed + 1) * plan.finetune_seeds))
 
 
 #: the pre-registration commit of the CPU plan: the commit that fixed its finetuning budget from the pilot. A commit
@@ -126,16 +143,17 @@ def _budget_errors(plan: Plan, iterations: int, what: str) -> list[str]:
               for name, value in ((what, iterations), ("val_every", plan.val_every)) for k in plan.ks if value % k]  # fmt: skip
     if iterations % plan.val_every:
         errors.append(f"{what} ({iterations}) must be a multiple of val_every ({plan.val_every})")
-    elif iterations // plan.val_every < max(4, plan.min_validations):
+    elif iterations // plan.val_every < max(4, plan.min_validations) or (iterations // plan.val_every) % 4:
         errors.append(f"{what} ({iterations}) gives {iterations // plan.val_every} validations; the convergence rule "
-                      f"compares the last two quarters of at least {max(4, plan.min_validations)}")  # fmt: skip
+                      f"compares the last two quarters of at least {max(4, plan.min_validations)}, a multiple of 4")  # fmt: skip
     return errors
 
 
 def check_plan(plan: Plan, pilot: bool = False) -> None:
-    """Checks that the plan's sizes serve the rules, before any run: distinct held-out draws for every seed
-    (``C(pool, held_out) >= finetune_seeds``), budgets that are multiples of every k and of ``val_every`` with at
-    least ``min_validations`` validations (4 at the least: a quarter is one), a known recipe and verdict, and (unless ``pilot``) a fixed finetuning budget.
+    """Checks that the plan's sizes serve the rules, before any run: distinct held-out draws for every seed of every
+    block (``C(pool, held_out) >= max_pretrainings * finetune_seeds``), budgets that are multiples of every k and of
+    ``val_every`` giving at least ``min_validations`` validations, a multiple of 4 (the convergence rule compares whole
+    quarters), a known recipe and verdict, and (unless ``pilot``) a fixed finetuning budget.
 
     Raises:
         PlanError: naming every rule broken, in one line.
@@ -153,9 +171,10 @@ def check_plan(plan: Plan, pilot: bool = False) -> None:
     for name, pool in (("in_domain_pool", plan.in_domain_pool), ("shifted_pool", plan.shifted_pool)):
         if not 1 <= plan.held_out <= pool:
             errors.append(f"held_out ({plan.held_out}) must be between 1 and {name} ({pool})")
-        elif math.comb(pool, plan.held_out) < plan.finetune_seeds:
+        elif math.comb(pool, plan.held_out) < plan.seeds:
             errors.append(f"{name} ({pool}) gives {math.comb(pool, plan.held_out)} distinct draws of {plan.held_out}, fewer "
-                          f"than the {plan.finetune_seeds} finetuning seeds")  # fmt: skip
+                          f"than the {plan.seeds} finetuning seeds ({plan.finetune_seeds} per pretraining seed, "
+                          f"{plan.max_pretrainings} pretraining seeds at most)")  # fmt: skip
     bad = [v for v in plan.passing if v not in HEALTH_VERDICTS]
     if bad or not plan.passing:
         errors.append(f"passing must be verdicts of {list(HEALTH_VERDICTS)}, got {list(plan.passing)}")
@@ -198,22 +217,22 @@ def preregistration_status(commits: list[str]) -> dict:
     return {"commit": PREREGISTRATION, "records_after": not not_after, "not_after": not_after}
 
 
-def training_volumes(data: Data, k: int, seed: int, plan: Plan, data_seed: int) -> list[dict]:
-    """The k training volumes of finetuning ``seed``: the first k of the seed's own block of max(k) volumes of the
-    training pool (one permutation of the pool by the data seed cut into consecutive blocks; the block's order drawn
-    from (data seed, seed)). Blocks are disjoint, so seeds never share a training volume at any k; within a seed the
+def training_volumes(data: Data, k: int, seed: int, plan: Plan) -> list[dict]:
+    """The k training volumes of finetuning ``seed``: the first k of the seed's own max(k) volumes of the training
+    pool (one permutation of the pool by the plan's data seed cut into consecutive runs of max(k); their order drawn
+    from (data seed, seed)). These are disjoint, so seeds never share a training volume at any k; within a seed the
     volumes are nested.
 
     Raises:
         PlanError: a k outside the plan's or a seed beyond the pool.
     """
     size = max(plan.ks)
-    if k not in plan.ks or not 0 <= seed < plan.finetune_seeds or len(data.pool) < plan.training_pool:
-        raise PlanError(f"k = {k}, seed {seed}: the plan has ks {plan.ks}, seeds 0-{plan.finetune_seeds - 1} and a training "
+    if k not in plan.ks or not 0 <= seed < plan.seeds or len(data.pool) < plan.training_pool:
+        raise PlanError(f"k = {k}, seed {seed}: the plan has ks {plan.ks}, seeds 0-{plan.seeds - 1} and a training "
                         f"pool of {plan.training_pool} volumes (the data has {len(data.pool)}).")  # fmt: skip
-    order = np.random.default_rng([data_seed, 2000]).permutation(len(data.pool))
+    order = np.random.default_rng([plan.data_seed, 2000]).permutation(len(data.pool))
     block = [data.pool[i] for i in order[seed * size : (seed + 1) * size]]
-    within = np.random.default_rng([data_seed, 3000 + seed]).permutation(size)
+    within = np.random.default_rng([plan.data_seed, 3000 + seed]).permutation(size)
     return [block[i] for i in within[:k]]
 
 
@@ -230,26 +249,26 @@ def held_out_draws(pool_size: int, count: int, seeds: int, stream: list[int]) ->
     return draws
 
 
-def seed_data(data: Data, seed: int, plan: Plan, data_seed: int) -> Data:
+def seed_data(data: Data, seed: int, plan: Plan) -> Data:
     """The data of finetuning ``seed``: ``in_domain`` and ``shifted`` are its draws from the two pools (the rest as
     ``data``), so a run of this seed is scored on them."""
-    inside = held_out_draws(plan.in_domain_pool, plan.held_out, plan.finetune_seeds, [data_seed, 4000])[seed]
-    shifted = held_out_draws(plan.shifted_pool, plan.held_out, plan.finetune_seeds, [data_seed, 5000])[seed]
+    inside = held_out_draws(plan.in_domain_pool, plan.held_out, plan.seeds, [plan.data_seed, 4000])[seed]
+    shifted = held_out_draws(plan.shifted_pool, plan.held_out, plan.seeds, [plan.data_seed, 5000])[seed]
     return replace(data, in_domain=[data.in_domain[i] for i in inside], shifted=[data.shifted[i] for i in shifted])
 
 
-def write_seed_datalist(data: Data, k: int, seed: int, plan: Plan, data_seed: int) -> Path:
+def write_seed_datalist(data: Data, k: int, seed: int, plan: Plan) -> Path:
     """The datalist of (k, finetuning ``seed``): ``training`` (:func:`training_volumes`), ``validation`` (model
     selection), ``heldout`` (the seed's in-domain then shifted draws: :func:`seed_data`) and the MSD ``labels``;
     written atomically (the arms of a pair write and read it side by side)."""
     path = data.root / "lists" / f"k{k}_f{seed}.json"
-    drawn = seed_data(data, seed, plan, data_seed)
+    drawn = seed_data(data, seed, plan)
 
     def rel(items: list[dict]) -> list[dict]:
         return [{key: os.path.relpath(data.root / value, path.parent) for key, value in item.items()} for item in items]
 
     content = {"labels": {str(i): n for i, n in enumerate(data.label_names)},
-               "training": rel(training_volumes(data, k, seed, plan, data_seed)), "validation": rel(data.validation),
+               "training": rel(training_volumes(data, k, seed, plan)), "validation": rel(data.validation),
                "heldout": rel(drawn.in_domain + drawn.shifted)}  # fmt: skip
     text = json.dumps(content, indent=2) + "\n"
     if not path.is_file() or path.read_text() != text:
@@ -257,18 +276,18 @@ def write_seed_datalist(data: Data, k: int, seed: int, plan: Plan, data_seed: in
     return path
 
 
-def synthetic_data(root: Path, plan: Plan, seed: int) -> Data:
+def synthetic_data(root: Path, plan: Plan) -> Data:
     """The synthetic sets (``low_data_protocol.synthetic_sets``) split by index: the training pool, the validation
     volumes, then the in-domain pool; the shifted pool is the shifted set."""
     pool, val = plan.training_pool, plan.num_validation
-    labeled, shifted = synthetic_sets(root, seed, pool + val + plan.in_domain_pool, plan.shifted_pool, plan.budget.num_unlabeled)
+    labeled, shifted = synthetic_sets(root, plan.data_seed, pool + val + plan.in_domain_pool, plan.shifted_pool, plan.budget.num_unlabeled)
     return Data(root, labeled[:pool], labeled[pool : pool + val], labeled[pool + val :], shifted[: plan.shifted_pool],
                 ["background", *synthetic.DEMO_ORGANS], root / "unlabeled" / "dataset.json")  # fmt: skip
 
 
-def users_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path, shifted: Path | None) -> Data:
+def users_data(root: Path, plan: Plan, labeled: Path, unlabeled: Path, shifted: Path | None) -> Data:
     """The plan on a user's datalists (``low_data_protocol.user_data``, the same checks that no validation or held-out
-    volume is pretrained on or in another split): the labeled entries permuted by ``seed`` give the in-domain pool,
+    volume is pretrained on or in another split): the labeled entries permuted by the plan's data seed give the in-domain pool,
     the validation volumes and the training pool; ``shifted`` (needed: the shifted pool) gives the shifted pool.
 
     Raises:
@@ -276,7 +295,7 @@ def users_data(root: Path, plan: Plan, seed: int, labeled: Path, unlabeled: Path
     """
     if shifted is None:
         raise DatalistError("protocol v3 scores every run on a shifted held-out set too: --shifted names its labeled list.")
-    return user_data(root, plan, seed, labeled, unlabeled, shifted, (plan.in_domain_pool, plan.num_validation, plan.training_pool),
+    return user_data(root, plan, plan.data_seed, labeled, unlabeled, shifted, (plan.in_domain_pool, plan.num_validation, plan.training_pool),
                      plan.shifted_pool)  # fmt: skip
 
 

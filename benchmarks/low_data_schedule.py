@@ -21,8 +21,8 @@ from components.demo.recipes import CT_BUNDLE, RECIPES as DEMO_RECIPES, SPACING,
 from low_data_arms import PROBE_NETWORK
 from low_data_plan import (
     MATCHED, MATCHED_OVERRIDES, PROBE_RANDOM, RECIPE_NAMES, SCRATCH, Plan, check_data, check_plan,
-    check_preregistered, matched_corpus, preregistration_status, seed_data, synthetic_data, training_volumes, users_data,
-    write_seed_datalist,
+    check_preregistered, finetune_block, matched_corpus, preregistration_status, seed_data, synthetic_data,
+    training_volumes, users_data, write_seed_datalist,
 )
 from low_data_protocol import HELD_OUT_SETS, Data, code_state, digest, run_code
 from low_data_runs import _portable, run_finetuning, run_numerics, run_pretraining
@@ -106,19 +106,20 @@ def finetune_job(
     return key, overrides
 
 
-def plan_settings(plan: Plan, data_seed: int, numerics: dict, code: dict, data: str = "synthetic") -> dict:
+def plan_settings(plan: Plan, numerics: dict, code: dict, data: str = "synthetic") -> dict:
     """What a summary records of its plan (hashed into ``settings_hash``), as JSON values."""
-    settings = {**asdict(plan), "training_pool": plan.training_pool, "data_seed": data_seed, "device": numerics["device"],
+    settings = {**asdict(plan), "training_pool": plan.training_pool, "device": numerics["device"],
                 "numerics": numerics, "code": code, "result_keys": RESULT_KEYS, "data": data}  # fmt: skip
     return json.loads(json.dumps(settings))
 
 
-def draws(data: Data, plan: Plan, data_seed: int) -> dict:
-    """Per finetuning seed its training volumes at each k and its held-out draws (paths as in the datalists)."""
+def draws(data: Data, plan: Plan, seeds: list[int]) -> dict:
+    """Per finetuning seed of ``seeds`` its training volumes at each k and its held-out draws (paths as in the
+    datalists)."""
     out = {}
-    for f in range(plan.finetune_seeds):
-        drawn = seed_data(data, f, plan, data_seed)
-        out[str(f)] = {"training": {str(k): [i["image"] for i in training_volumes(data, k, f, plan, data_seed)] for k in plan.ks},
+    for f in seeds:
+        drawn = seed_data(data, f, plan)
+        out[str(f)] = {"training": {str(k): [i["image"] for i in training_volumes(data, k, f, plan)] for k in plan.ks},
                        **{h: [i["image"] for i in getattr(drawn, h)] for h in HELD_OUT_SETS}}  # fmt: skip
     return out
 
@@ -127,16 +128,18 @@ def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, di
               unregistered: list[str] = ()) -> dict:  # fmt: skip
     """The statistics of a plan's records: per recipe its pretrainings (seed, key, verdict, whether it passed, the
     health report), its status (:func:`recipe_status`), its primary contrast and secondary cells
-    (:func:`~low_data_verdicts.family`) with the verdicts withheld where the finetuning (``scratch``) or the probe
-    heads (``probe_random``) did not converge at every k, and all of them where a record was made at a commit that
-    does not follow the pre-registration (``unregistered``); the convergence tables; the coverage per cell kind."""
-    seeds = list(range(plan.finetune_seeds))
-    table = {arm: convergence(runs, arm, plan.ks, plan.convergence_gain) for arm in (SCRATCH, PROBE_RANDOM)}
-    withheld = {"finetune": not_converged(table[SCRATCH]), "probe": not_converged(table[PROBE_RANDOM]),
-                "registration": f"records made at commits that do not follow the pre-registration: {', '.join(unregistered)}"
-                if unregistered else None}  # fmt: skip
+    (:func:`~low_data_verdicts.family`) with the finetuning verdicts withheld where ``scratch`` did not converge at
+    every k, the probe verdicts where ``probe_random`` or the recipe's own probe did not, and all of them where a
+    record was made at a commit that does not follow the pre-registration (``unregistered``); the convergence tables;
+    the coverage per cell kind."""
     passing = {r: sorted(s for s, rec in records.items() if passes(rec, plan))[: plan.pretrainings] for r, records in pretrainings.items()}
     evaluated = {r: passing[r] for r in plan.recipes if recipe_status(r, pretrainings[r], plan, r in incomplete) == "evaluated"}
+    arms = (SCRATCH, PROBE_RANDOM, *(f"probe_{r}" for r in evaluated))
+    table = {arm: convergence(runs, arm, plan.ks, plan.convergence_gain) for arm in arms}
+    withheld = {"finetune": not_converged(table[SCRATCH]), "probe": not_converged(table[PROBE_RANDOM]),
+                "probe_heads": {r: not_converged(table[f"probe_{r}"]) for r in evaluated},
+                "registration": f"records made at commits that do not follow the pre-registration: {', '.join(unregistered)}"
+                if unregistered else None}  # fmt: skip
     recipes = {}
     for recipe in plan.recipes:
         records = pretrainings[recipe]
@@ -146,13 +149,15 @@ def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, di
                                    "health": r.get("health"), "seconds": r.get("seconds"), "commit": r.get("commit")}
                                   for s, r in sorted(records.items())]}  # fmt: skip
         if recipe in evaluated:
-            entry.update(family(runs, recipe, evaluated, plan, seeds))
+            entry.update(family(runs, recipe, evaluated, plan))
+            probe = "; ".join(filter(None, (withheld["probe"], withheld["probe_heads"][recipe] and
+                                            f"its probe's {withheld['probe_heads'][recipe]}")))  # fmt: skip
             for cell in [entry["primary"], *entry["secondary"]["cells"].values()]:
-                reason = withheld["registration"] or withheld["probe" if cell.get("kind") == "probe" else "finetune"]
+                reason = withheld["registration"] or (probe if cell.get("kind") == "probe" else withheld["finetune"])
                 if reason:
                     cell.update(verdict=None, withheld=reason)
         recipes[recipe] = entry
-    return {"recipes": recipes, "convergence": table, "withheld": withheld, "coverage": coverage_by_kind(runs, evaluated, plan, seeds)}
+    return {"recipes": recipes, "convergence": table, "withheld": withheld, "coverage": coverage_by_kind(runs, evaluated, plan)}
 
 
 class _Clock:
@@ -168,7 +173,7 @@ class _Clock:
         return round(time.perf_counter() - self.started, 1)
 
 
-def _prepare(plan: Plan, out: Path, device: str, data_seed: int, parallel: int, results: Path | None, pilot: bool, lists: dict,
+def _prepare(plan: Plan, out: Path, device: str, parallel: int, results: Path | None, pilot: bool, lists: dict,
              data: Data | None, report_only: bool = False):  # fmt: skip
     """Checks the plan (and, for a plan's runs, its pre-registration) and builds its data (unless ``data`` is given,
     checked already) before any run; returns (out, results, data, threads per run, numerics, code)."""
@@ -179,21 +184,21 @@ def _prepare(plan: Plan, out: Path, device: str, data_seed: int, parallel: int, 
     if data is None and (lists.get("labeled") or lists.get("unlabeled")):
         if not (lists.get("labeled") and lists.get("unlabeled")):
             raise ValueError("--labeled and --unlabeled go together (a labeled list and an unlabeled corpus).")
-        data = users_data(out / "data", plan, data_seed, lists["labeled"], lists["unlabeled"], lists.get("shifted"))
+        data = users_data(out / "data", plan, lists["labeled"], lists["unlabeled"], lists.get("shifted"))
     elif data is None:
-        data = synthetic_data(out / "data", plan, data_seed)
+        data = synthetic_data(out / "data", plan)
     check_data(data, plan)
     return out, (results or out / "results").resolve(), data, max(1, (os.cpu_count() or 1) // parallel), run_numerics(device), code_state()
 
 
-def _finetune(job: tuple, plan: Plan, data: Data, data_seed: int, out: Path, results: Path, numerics: dict, code: dict,
+def _finetune(job: tuple, plan: Plan, data: Data, out: Path, results: Path, numerics: dict, code: dict,
               threads: int, skip: bool, pilot: bool = False) -> dict | None:  # fmt: skip
     """Runs (or reuses; with ``skip`` only reuses) one finetuning ``job``: (arm, k, seed, pretraining record or None)."""
     arm, k, seed, pretraining = job
-    datalist = write_seed_datalist(data, k, seed, plan, data_seed)
+    datalist = write_seed_datalist(data, k, seed, plan)
     key, overrides = finetune_job(arm, k, seed, plan, data, datalist, out, numerics, code, pretraining, pilot)
     p = pretraining["seed"] if pretraining else None
-    record = run_finetuning(arm, k, seed, key, overrides, seed_data(data, seed, plan, data_seed), results, threads, skip,
+    record = run_finetuning(arm, k, seed, key, overrides, seed_data(data, seed, plan), results, threads, skip,
                             stem=run_stem(arm, k, seed, p), pretrained=pretraining is not None,
                             fields={"pretraining_seed": p, "recipe": pretraining["recipe"] if pretraining else None,
                                     "finetune_iterations": plan.finetune_iterations})  # fmt: skip
@@ -205,7 +210,7 @@ def _finetune(job: tuple, plan: Plan, data: Data, data_seed: int, out: Path, res
 
 
 def run(
-    plan: Plan, out: Path, device: str, data_seed: int = 0, parallel: int = 1, results: Path | None = None,
+    plan: Plan, out: Path, device: str, parallel: int = 1, results: Path | None = None,
     report_only: bool = False, stop_after_s: float | None = None, labeled: Path | None = None, unlabeled: Path | None = None,
     shifted: Path | None = None, data: Data | None = None,
 ) -> dict:
@@ -226,7 +231,7 @@ def run(
     """
     clock = _Clock(stop_after_s)
     lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
-    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, False, lists, data,
+    out, results, data, threads, numerics, code = _prepare(plan, out, device, parallel, results, False, lists, data,
                                                            report_only)  # fmt: skip
     corpora = {r: matched_corpus(data) if r in MATCHED else data.unlabeled for r in plan.recipes}
     missing: list[str] = []
@@ -256,24 +261,26 @@ def run(
         # only a recipe with its pretrainings all passed is finetuned: the others get no verdict
         passing = {r: sorted(s for s, rec in recs.items() if passes(rec, plan)) for r, recs in pretrainings.items()}
         passing = {r: seeds for r, seeds in passing.items() if len(seeds) >= plan.pretrainings}
-        seeds = range(plan.finetune_seeds)
-        jobs = [(arm, k, f, None) for f in seeds for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
-        jobs += [(arm, k, f, pretrainings[r][p]) for r in passing for p in passing[r] for f in seeds for k in plan.ks
-                 for arm in (r, f"probe_{r}")]  # fmt: skip
+        # the baselines of blocks 0 .. pretrainings - 1 (every recipe's first tries) and of any other block a
+        # finetuned pretraining uses: each pretraining pairs with the baselines of its own block
+        blocks = sorted(set(range(plan.pretrainings)).union(*passing.values()))
+        jobs = [(arm, k, f, None) for b in blocks for f in finetune_block(b, plan) for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
+        jobs += [(arm, k, f, pretrainings[r][p]) for r in passing for p in passing[r] for f in finetune_block(p, plan)
+                 for k in plan.ks for arm in (r, f"probe_{r}")]  # fmt: skip
 
         def one(job: tuple) -> dict | None:
-            record = _finetune(job, plan, data, data_seed, out, results, numerics, code, threads, report_only or clock.late())
+            record = _finetune(job, plan, data, out, results, numerics, code, threads, report_only or clock.late())
             if record is None:
                 missing.append(run_stem(job[0], job[1], job[2], job[3]["seed"] if job[3] else None))
             return record
 
         runs = [r for r in pool.map(one, jobs) if r is not None]
-    settings = plan_settings(plan, data_seed, numerics, code, "user datalists" if labeled else "synthetic")
+    settings = plan_settings(plan, numerics, code, "user datalists" if labeled else "synthetic")
     commits = sorted({r["commit"] for r in runs} | {p["commit"] for recs in pretrainings.values() for p in recs.values()})
     registration = None if plan.trial else preregistration_status(commits)
     return {
         "benchmark": "low_data", "protocol": 3, "settings": settings, "settings_hash": digest(settings),
-        "data": {**data.files(), "per_seed": draws(data, plan, data_seed)},
+        "data": {**data.files(), "per_seed": draws(data, plan, sorted({r["seed"] for r in runs}))},
         **summarise(plan, runs, pretrainings, incomplete, registration["not_after"] if registration else []),
         "complete": not missing, "missing_runs": sorted(missing),
         "runs": sorted(runs, key=lambda r: (r["seed"], r["k"], r["arm"], r.get("pretraining_seed") or 0)),
@@ -283,7 +290,7 @@ def run(
 
 
 def pilot(
-    plan: Plan, out: Path, device: str, data_seed: int = 0, parallel: int = 1, results: Path | None = None,
+    plan: Plan, out: Path, device: str, parallel: int = 1, results: Path | None = None,
     report_only: bool = False, stop_after_s: float | None = None, labeled: Path | None = None, unlabeled: Path | None = None,
     shifted: Path | None = None, data: Data | None = None,
 ) -> dict:
@@ -294,16 +301,16 @@ def pilot(
     ``labeled`` / ``unlabeled`` / ``shifted`` / ``data``: as for :func:`run`."""
     clock = _Clock(stop_after_s)
     lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
-    out, results, data, threads, numerics, code = _prepare(plan, out, device, data_seed, parallel, results, True, lists, data)
+    out, results, data, threads, numerics, code = _prepare(plan, out, device, parallel, results, True, lists, data)
     missing: list[str] = []
     table, runs = {}, []
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         for iterations in plan.pilot_iterations:
             budget = replace(plan, finetune_iterations=iterations)
-            jobs = [(arm, k, f, None) for f in range(plan.finetune_seeds) for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
+            jobs = [(arm, k, f, None) for f in finetune_block(0, plan) for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
 
             def one(job: tuple, budget: Plan = budget) -> dict | None:
-                record = _finetune(job, budget, data, data_seed, out, results, numerics, code, threads,
+                record = _finetune(job, budget, data, out, results, numerics, code, threads,
                                    report_only or clock.late(), pilot=True)  # fmt: skip
                 if record is None:
                     missing.append(f"{run_stem(*job[:3], None)} at {budget.finetune_iterations} iterations")
@@ -313,7 +320,7 @@ def pilot(
             runs += done
             table[str(iterations)] = {arm: convergence(done, arm, plan.ks, plan.convergence_gain) for arm in (SCRATCH, PROBE_RANDOM)}
     converged = [int(b) for b, arms in table.items() if all(e["converged"] for per_k in arms.values() for e in per_k.values())]
-    settings = plan_settings(plan, data_seed, numerics, code, "user datalists" if labeled else "synthetic")
+    settings = plan_settings(plan, numerics, code, "user datalists" if labeled else "synthetic")
     return {
         "benchmark": "low_data_pilot", "protocol": 3, "settings": settings, "settings_hash": digest(settings),
         "rule": f"converged: the last quarter of the validations gains less than {plan.convergence_gain} over the quarter before",

@@ -1,12 +1,12 @@
-"""Protocol v3's statistics: the contrast of a recipe as the mean over finetuning seeds per pretraining, then a
-Student t-interval over pretrainings; the verdict against the equivalence margin; the secondary cells with a
-Bonferroni correction; the finetuning's convergence rule; and the intervals' coverage simulated on the plan's own
-structure.
+"""Protocol v3's statistics: the contrast of a recipe as the mean over its finetuning seeds per pretraining (each
+pretraining has its own block of seeds, ``low_data_plan.finetune_block``), then a Student t-interval over
+pretrainings; the verdict against the equivalence margin; the secondary cells with a Bonferroni correction; the
+finetuning's convergence rule; and the intervals' coverage simulated on the plan's own structure.
 
 A run record (``low_data_runs.run_finetuning``) carries ``arm``, ``k``, ``seed`` (the finetuning seed),
 ``pretraining_seed`` (None for ``scratch`` and ``probe_random``), ``dice[model][held-out set]["mean"]`` and
 ``validation_curve``. A contrast pairs each run of an arm with the baseline run of the same finetuning seed and k
-(the same training, validation and held-out volumes).
+(the same training, validation and held-out volumes): pretraining p's runs pair with the baselines of its block.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from low_data_plan import MATCHED, PROBE_RANDOM, SCRATCH, Plan
-from low_data_protocol import HELD_OUT_SETS, MODELS
+from low_data_plan import MATCHED, PROBE_RANDOM, SCRATCH, Plan, finetune_block
+from low_data_protocol import HELD_OUT_SETS
 from low_data_stats import t_quantile
 
 VERDICTS = ("equivalent", "better", "worse", "inconclusive")
@@ -56,15 +56,15 @@ def _dice(runs: list[dict]) -> dict[tuple, dict]:
 
 
 def unit_matrix(
-    runs: list[dict], arm: str, baseline: str, pretrainings: Sequence[int], seeds: Sequence[int], ks: Sequence[int],
+    runs: list[dict], arm: str, baseline: str, pretrainings: Sequence[int], plan: Plan, ks: Sequence[int],
     sets: Sequence[str] = HELD_OUT_SETS, model: str = "selected",
 ) -> np.ndarray:
-    """The (pretraining x finetuning seed) matrix of ``arm - baseline`` Dice differences, each entry the mean over
-    ``ks`` and ``sets`` of that pair; NaN where a run of the pair is missing."""
+    """The (pretraining x finetuning seed of its block) matrix of ``arm - baseline`` Dice differences, each entry the
+    mean over ``ks`` and ``sets`` of that pair; NaN where a run of the pair is missing."""
     dice = _dice(runs)
-    out = np.full((len(pretrainings), len(seeds)), np.nan)
+    out = np.full((len(pretrainings), plan.finetune_seeds), np.nan)
     for i, p in enumerate(pretrainings):
-        for j, f in enumerate(seeds):
+        for j, f in enumerate(finetune_block(p, plan)):
             diffs = []
             for k in ks:
                 run, base = dice.get((arm, p, k, f)), dice.get((baseline, None, k, f))
@@ -88,20 +88,13 @@ def contrast(matrix: np.ndarray, pretrainings: Sequence[int], level: float, marg
     return entry
 
 
-def welch(first: Sequence[float], second: Sequence[float], level: float, margin: float) -> dict:
-    """mean(first) - mean(second) of two independent samples of pretraining means (None when one is empty) with
-    Welch's t-interval (the Welch-Satterthwaite degrees of freedom, rounded down: conservative) from 2 values each,
-    and its :func:`verdict`."""
-    n1, n2 = len(first), len(second)
-    mean = (statistics.fmean(first) - statistics.fmean(second)) if n1 and n2 else None
-    entry = {"mean": mean, "n": [n1, n2], "df": None, "level": level, "interval": None, "half_width": None, "verdict": None}
-    if n1 > 1 and n2 > 1:
-        v1, v2 = statistics.variance(first) / n1, statistics.variance(second) / n2
-        se = math.sqrt(v1 + v2)
-        df = (v1 + v2) ** 2 / (v1**2 / (n1 - 1) + v2**2 / (n2 - 1)) if se > 0 else float(n1 + n2 - 2)
-        half = t_quantile(level, max(1, math.floor(df))) * se
-        entry.update(df=max(1, math.floor(df)), interval=[mean - half, mean + half], half_width=half)
-        entry["verdict"] = verdict(entry["interval"], margin)
+def paired(first: dict[str, float], second: dict[str, float], level: float, margin: float) -> dict:
+    """``first - second`` of two recipes' pretraining means (:func:`contrast`'s ``per_pretraining``) paired by
+    pretraining seed, that is by block (same finetuning seeds, volumes and draws, same baselines, which cancel): the
+    :func:`t_interval` of the differences over the seeds both passed, and its :func:`verdict`."""
+    common = sorted(set(first) & set(second), key=int)
+    entry = t_interval([first[p] - second[p] for p in common], level)
+    entry.update(blocks=[int(p) for p in common], verdict=verdict(entry["interval"], margin) if entry["interval"] else None)
     return entry
 
 
@@ -140,11 +133,13 @@ def not_converged(table: dict) -> str | None:
 
 def secondary_cells(recipe: str, plan: Plan) -> list[tuple[str, str, str, tuple[int, ...], tuple[str, ...], str]]:
     """A recipe's secondary cells besides a matched recipe's comparison with its demo recipe: (name, arm, baseline,
-    ks, held-out sets, model) of ``recipe - scratch`` per k, set and model, ``probe_<recipe> - probe_random`` pooled
-    as the primary (the representation test), and the probe per k, set and model."""
+    ks, held-out sets, model) of ``recipe - scratch`` per k and set, ``probe_<recipe> - probe_random`` pooled as the
+    primary (the representation test), and the probe per k and set; selected models only (the last models' Dice is
+    in the records: cells of them would widen every secondary interval by the correction and answer no question of
+    the protocol)."""
     probe = f"probe_{recipe}"
-    cells = [(f"{arm} - {base}, k={k}, {s}, {model}", arm, base, (k,), (s,), model)
-             for arm, base in ((recipe, SCRATCH), (probe, PROBE_RANDOM)) for k in plan.ks for s in HELD_OUT_SETS for model in MODELS]  # fmt: skip
+    cells = [(f"{arm} - {base}, k={k}, {s}, selected", arm, base, (k,), (s,), "selected")
+             for arm, base in ((recipe, SCRATCH), (probe, PROBE_RANDOM)) for k in plan.ks for s in HELD_OUT_SETS]  # fmt: skip
     cells.insert(len(cells) // 2, (f"{probe} - {PROBE_RANDOM}, pooled, selected", probe, PROBE_RANDOM, tuple(plan.ks), HELD_OUT_SETS, "selected"))
     return cells
 
@@ -155,71 +150,95 @@ def bonferroni_level(plan: Plan, recipe: str) -> tuple[int, float]:
     return m, 1 - (1 - plan.level) / m
 
 
-def family(runs: list[dict], recipe: str, passing: dict[str, list[int]], plan: Plan, seeds: Sequence[int]) -> dict:
+def family(runs: list[dict], recipe: str, passing: dict[str, list[int]], plan: Plan) -> dict:
     """A recipe's primary contrast and its secondary cells.
 
     Primary: ``recipe - scratch``, selected models, pooled over the plan's ks and both held-out sets, at ``plan.level``.
     Secondary, each at the Bonferroni level of :func:`bonferroni_level`: the cells of :func:`secondary_cells` and, for
-    a matched recipe, its pooled gain against its demo recipe's (:func:`welch` on both recipes' pretraining means
-    against scratch, whose shared scratch runs cancel). ``passing``: per recipe the seeds of the pretrainings that
+    a matched recipe, its pooled gain against its demo recipe's (:func:`paired` on both recipes' pretraining means
+    against scratch, by block). ``passing``: per recipe the seeds of the pretrainings that
     passed the gate.
     """
     own = passing.get(recipe, [])
-    matrix = unit_matrix(runs, recipe, SCRATCH, own, seeds, plan.ks)
+    matrix = unit_matrix(runs, recipe, SCRATCH, own, plan, plan.ks)
     primary = {"contrast": f"{recipe} - {SCRATCH}", "model": "selected", "ks": list(plan.ks), "sets": list(HELD_OUT_SETS),
                **contrast(matrix, own, plan.level, plan.margin)}  # fmt: skip
     m, level = bonferroni_level(plan, recipe)
     secondary = {name: {"kind": "probe" if arm.startswith("probe_") else "finetune",
-                        **contrast(unit_matrix(runs, arm, base, own, seeds, ks, sets, model), own, level, plan.margin)}
+                        **contrast(unit_matrix(runs, arm, base, own, plan, ks, sets, model), own, level, plan.margin)}
                  for name, arm, base, ks, sets, model in secondary_cells(recipe, plan)}  # fmt: skip
     other = MATCHED.get(recipe)
     if other:
         theirs = passing.get(other, [])
         mine = contrast(matrix, own, level, plan.margin)["per_pretraining"]
-        base = contrast(unit_matrix(runs, other, SCRATCH, theirs, seeds, plan.ks), theirs, level, plan.margin)["per_pretraining"]
+        base = contrast(unit_matrix(runs, other, SCRATCH, theirs, plan, plan.ks), theirs, level, plan.margin)["per_pretraining"]
         secondary[f"{recipe} - {other}, pooled, selected"] = {"kind": "finetune",
-                                                                **welch(list(mine.values()), list(base.values()), level, plan.margin)}  # fmt: skip
+                                                                **paired(mine, base, level, plan.margin)}  # fmt: skip
     return {"primary": primary, "secondary": {"correction": CORRECTION, "m": m, "level": level, "cells": secondary}}
 
 
-def coverage_by_kind(runs: list[dict], passing: dict[str, list[int]], plan: Plan, seeds: Sequence[int], draws: int = 2000) -> dict:
-    """:func:`crossed_coverage` of the primary contrasts (one population per recipe with at least 2 passing
-    pretrainings, at ``plan.level``) and of the secondary cells of :func:`secondary_cells` (each at its recipe's
-    Bonferroni level); a matched recipe's Welch comparison is not simulated."""
+def coverage_by_kind(runs: list[dict], passing: dict[str, list[int]], plan: Plan, draws: int = 2000) -> dict:
+    """:func:`simulated_coverage` of the primary contrasts (one population per recipe with at least 2 passing
+    pretrainings, at ``plan.level``) and of the secondary cells (each at its recipe's Bonferroni level: those of
+    :func:`secondary_cells` and a matched recipe's paired comparison with its demo recipe)."""
     primary, secondary = [], []
     for recipe in plan.recipes:
         own = passing.get(recipe, [])
-        primary.append((unit_matrix(runs, recipe, SCRATCH, own, seeds, plan.ks), plan.level))
+        matrix = unit_matrix(runs, recipe, SCRATCH, own, plan, plan.ks)
+        primary.append((matrix, plan.level))
         level = bonferroni_level(plan, recipe)[1]
-        secondary += [(unit_matrix(runs, arm, base, own, seeds, ks, sets, model), level)
+        secondary += [(unit_matrix(runs, arm, base, own, plan, ks, sets, model), level)
                       for _, arm, base, ks, sets, model in secondary_cells(recipe, plan)]  # fmt: skip
-    return {"primary": crossed_coverage(primary, draws=draws), f"secondary ({CORRECTION})": crossed_coverage(secondary, draws=draws)}
+        other = MATCHED.get(recipe)
+        common = [p for p in own if p in passing.get(other, [])]
+        if other and common:
+            theirs = unit_matrix(runs, other, SCRATCH, common, plan, plan.ks)
+            secondary.append((unit_matrix(runs, recipe, SCRATCH, common, plan, plan.ks) - theirs, level))
+    return {"primary": simulated_coverage(primary, draws=draws), f"secondary ({CORRECTION})": simulated_coverage(secondary, draws=draws)}
 
 
-def crossed_coverage(populations: list[tuple[np.ndarray, float]], draws: int = 2000, seed: int = 0) -> dict | None:
-    """How often the interval of :func:`contrast` covers the mean of the population it is drawn from, on the plan's own
-    structure: each complete (pretraining x finetuning seed) matrix of ``populations`` (with the level of its
-    interval) is a population; ``draws`` times its rows (pretrainings) and, independently, its columns (finetuning
-    seeds, which every pretraining shares) are resampled with replacement, the pretraining means of the drawn matrix
-    get the t-interval at the level, and it covers or not the population's mean (up to float rounding). Returns the mean, lowest and highest share over the
-    populations, or None without a population of at least 2 pretrainings.
+def _covered(means: np.ndarray, target: float, level: float, slack: float) -> float:
+    """The share of rows of ``means`` (draws x pretrainings) whose t-interval at ``level`` covers ``target``."""
+    p = means.shape[1]
+    centre, half = means.mean(axis=1), t_quantile(level, p - 1) * means.std(axis=1, ddof=1) / math.sqrt(p)
+    return float(np.mean((centre - half - slack <= target) & (target <= centre + half + slack)))
+
+
+def simulated_coverage(populations: list[tuple[np.ndarray, float]], draws: int = 2000, seed: int = 0) -> dict | None:
+    """How often the interval of :func:`contrast` covers the true mean on the plan's own structure, from each
+    complete (pretraining x finetuning seed of its block) matrix of ``populations`` (with its interval's level).
+
+    Each matrix is fitted as ``mu + a_p + e_pf`` (one-way random effects, moments: the within variance pooled over
+    rows, the between-pretraining variance ``max(0, var(row means) - within / F)``), then ``draws`` matrices of the same
+    shape are simulated twice: ``normal`` draws ``a_p`` and ``e_pf`` from normal laws of the fitted variances;
+    ``resampled`` draws ``a_p`` alike and ``e_pf`` with replacement from the pooled residuals (rescaled by
+    ``sqrt(F / (F - 1))``), which keeps the finetuning's own tails and skew (the P row effects are too few to resample).
+    Under normality the pretraining means are independent normal draws and the coverage is the nominal level up to the
+    simulation's error; ``resampled`` checks that the finetuning's shape does not break it. Returns per simulation the
+    mean, lowest and highest share over the populations, or None without a population of at least 2 pretrainings.
 
     Example: a matrix of equal values is always covered.
     """
     rng = np.random.default_rng(seed)
-    shares, levels = [], []
+    shares: dict[str, list[float]] = {"normal": [], "resampled": []}
+    levels = []
     for matrix, level in populations:
         if matrix.shape[0] < 2 or np.isnan(matrix).any():
             continue
         p, f = matrix.shape
-        target, slack = matrix.mean(), 1e-12 * max(1.0, float(np.abs(matrix).max()))
-        rows, cols = rng.integers(0, p, size=(draws, p)), rng.integers(0, f, size=(draws, f))
-        means = matrix[rows[:, :, None], cols[:, None, :]].mean(axis=2)  # draws x p
-        centre, half = means.mean(axis=1), t_quantile(level, p - 1) * means.std(axis=1, ddof=1) / math.sqrt(p)
-        shares.append(float(np.mean((centre - half - slack <= target) & (target <= centre + half + slack))))
+        rows = matrix.mean(axis=1)
+        residuals = (matrix - rows[:, None]).ravel() * (math.sqrt(f / (f - 1)) if f > 1 else 0.0)
+        within = float(residuals.var()) if f > 1 else 0.0
+        between = max(0.0, float(rows.var(ddof=1)) - within / f)
+        slack = 1e-12 * max(1.0, float(np.abs(matrix).max()))
+        effects = rng.normal(0, math.sqrt(between), (2, draws, p))
+        normal = effects[0] + rng.normal(0, math.sqrt(within), (draws, p, f)).mean(axis=2)
+        resampled = effects[1] + rng.choice(residuals, (draws, p, f)).mean(axis=2)
+        shares["normal"].append(_covered(normal, 0.0, level, slack))
+        shares["resampled"].append(_covered(resampled, 0.0, level, slack))
         levels.append(level)
-    if not shares:
+    if not levels:
         return None
-    return {"mean": statistics.fmean(shares), "min": min(shares), "max": max(shares), "populations": len(shares),
-            "nominal": sorted(set(levels)), "draws": draws, "seed": seed,
-            "resampled": "pretrainings (rows) and finetuning seeds (columns) with replacement, crossed"}  # fmt: skip
+    summary = {name: {"mean": statistics.fmean(v), "min": min(v), "max": max(v)} for name, v in shares.items()}
+    return {**summary, "populations": len(levels), "nominal": sorted(set(levels)), "draws": draws, "seed": seed,
+            "model": "one-way random effects (pretraining, finetuning seed within it), fitted by moments"}  # fmt: skip

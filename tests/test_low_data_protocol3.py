@@ -25,11 +25,11 @@ import low_data_schedule as schedule  # noqa: E402
 import low_data_verdicts as verdicts  # noqa: E402
 
 CPU = plan_module.PLANS["cpu"]
-PLAN = replace(CPU, finetune_iterations=40, val_every=4)  # a fixed budget: 10 validations
+PLAN = replace(CPU, finetune_iterations=48, val_every=4)  # a fixed budget: 12 validations
 T_975_DF2 = 4.302652729911275  # scipy.stats.t.ppf(0.975, 2)
 
 
-def _fake_data(root: Path, plan: plan_module.Plan, seed: int) -> protocol.Data:
+def _fake_data(root: Path, plan: plan_module.Plan) -> protocol.Data:
     """The synthetic splits' shape without volumes: training pool, validation, in-domain and shifted pools."""
     def items(folder: str, n: int) -> list[dict]:
         return [{"image": f"{folder}/imagesTr/case_{i:03d}.nii.gz", "label": f"{folder}/labelsTr/case_{i:03d}.nii.gz"} for i in range(n)]
@@ -46,9 +46,9 @@ def _fake_data(root: Path, plan: plan_module.Plan, seed: int) -> protocol.Data:
 # ----------------------------------------------------------------------------------------------------------- the data
 
 def test_training_volumes_are_distinct_across_seeds_at_each_k_and_nested_within_a_seed(tmp_path):
-    plan = replace(PLAN, ks=(1, 2, 4), finetune_seeds=3)
-    data = _fake_data(tmp_path, plan, 0)
-    volumes = {(k, f): [i["image"] for i in plan_module.training_volumes(data, k, f, plan, 0)] for k in plan.ks for f in range(3)}
+    plan = replace(PLAN, ks=(1, 2, 4), finetune_seeds=3, pretrainings=1, max_pretrainings=1)
+    data = _fake_data(tmp_path, plan)
+    volumes = {(k, f): [i["image"] for i in plan_module.training_volumes(data, k, f, plan)] for k in plan.ks for f in range(3)}
     for k in plan.ks:
         every = [v for f in range(3) for v in volumes[(k, f)]]
         assert len(every) == len(set(every)) == 3 * k, k  # no two seeds share a training volume at this k
@@ -56,24 +56,36 @@ def test_training_volumes_are_distinct_across_seeds_at_each_k_and_nested_within_
         assert set(volumes[(1, f)]) < set(volumes[(2, f)]) < set(volumes[(4, f)])  # nested within a seed
     pool = {i["image"] for i in data.pool}
     assert {v for vs in volumes.values() for v in vs} == pool  # 3 seeds x 4 = the whole training pool
-    assert plan_module.training_volumes(data, 2, 1, plan, 0) != plan_module.training_volumes(data, 2, 1, plan, 1)  # the data seed draws
+    other = replace(plan, data_seed=1)
+    assert plan_module.training_volumes(data, 2, 1, plan) != plan_module.training_volumes(data, 2, 1, other)  # the data seed draws
     with pytest.raises(plan_module.PlanError, match="seeds 0-2"):
-        plan_module.training_volumes(data, 1, 3, plan, 0)
+        plan_module.training_volumes(data, 1, 3, plan)
+
+
+def test_each_pretraining_seed_has_its_own_block_of_finetuning_seeds_volumes_and_draws(tmp_path):
+    assert [plan_module.finetune_block(p, CPU) for p in (0, 1, 4)] == [[0, 1, 2], [3, 4, 5], [12, 13, 14]]
+    assert (CPU.seeds, CPU.training_pool) == (15, 30)  # 5 pretraining seeds at most x 3, each seed 2 volumes of its own
+    data = _fake_data(tmp_path, PLAN)
+    training = [v["image"] for f in range(PLAN.seeds) for v in plan_module.training_volumes(data, 2, f, PLAN)]
+    assert len(training) == len(set(training)) == 30  # no two seeds of any blocks share a training volume
+    for h in ("in_domain", "shifted"):
+        sets = {tuple(i["image"] for i in getattr(plan_module.seed_data(data, f, PLAN), h)) for f in range(PLAN.seeds)}
+        assert len(sets) == 15, h  # 15 distinct held-out draws of 4 of 8
 
 
 def test_held_out_sets_are_drawn_per_seed_from_the_fixed_pools_and_differ_across_seeds(tmp_path):
-    data = _fake_data(tmp_path, PLAN, 0)
-    drawn = [plan_module.seed_data(data, f, PLAN, 0) for f in range(PLAN.finetune_seeds)]
+    data = _fake_data(tmp_path, PLAN)
+    drawn = [plan_module.seed_data(data, f, PLAN) for f in range(PLAN.seeds)]
     for h, pool in (("in_domain", data.in_domain), ("shifted", data.shifted)):
         sets = [tuple(i["image"] for i in getattr(d, h)) for d in drawn]
         assert all(len(s) == len(set(s)) == PLAN.held_out for s in sets)
         assert all(set(s) <= {i["image"] for i in pool} for s in sets)  # from the fixed pool
-        assert len(set(sets)) == PLAN.finetune_seeds  # every seed draws another set
-    assert [d.validation for d in drawn] == [data.validation] * 3 and len(data.validation) == 2  # 2 volumes select
+        assert len(set(sets)) == PLAN.seeds  # every seed draws another set
+    assert [d.validation for d in drawn] == [data.validation] * PLAN.seeds and len(data.validation) == 2  # 2 volumes select
     assert sorted(plan_module.held_out_draws(3, 2, 3, [0, 4000])) == [[0, 1], [0, 2], [1, 2]]  # a repeated draw is drawn again
     # a seed's draw does not depend on how many seeds follow it
     assert plan_module.held_out_draws(8, 4, 5, [0, 4000])[:3] == plan_module.held_out_draws(8, 4, 3, [0, 4000])
-    datalist = json.loads(plan_module.write_seed_datalist(data, 2, 1, PLAN, 0).read_text())
+    datalist = json.loads(plan_module.write_seed_datalist(data, 2, 1, PLAN).read_text())
     assert len(datalist["training"]) == 2 and len(datalist["validation"]) == 2 and len(datalist["heldout"]) == 2 * PLAN.held_out
     heldout = {Path(i["image"]).as_posix().split("../")[-1] for i in datalist["heldout"]}
     assert heldout == {i["image"] for i in drawn[1].in_domain + drawn[1].shifted}
@@ -82,17 +94,21 @@ def test_held_out_sets_are_drawn_per_seed_from_the_fixed_pools_and_differ_across
 
 
 def test_plans_that_cannot_serve_the_rules_are_named_before_any_run():
-    with pytest.raises(plan_module.PlanError, match=r"shifted_pool \(4\) gives 1 distinct draws of 4, fewer than the 3"):
-        plan_module.check_plan(replace(PLAN, shifted_pool=4))
+    with pytest.raises(plan_module.PlanError, match=r"shifted_pool \(5\) gives 5 distinct draws of 4, fewer than the 15 finetuning seeds"):
+        plan_module.check_plan(replace(PLAN, shifted_pool=5))
     with pytest.raises(plan_module.PlanError, match="finetuning budget .* is not fixed: run the pilot"):
         plan_module.check_plan(CPU)
     plan_module.check_plan(CPU, pilot=True)  # the pilot needs no fixed budget
     with pytest.raises(plan_module.PlanError, match=r"finetune_iterations \(41\) must be a multiple of every k"):
         plan_module.check_plan(replace(PLAN, finetune_iterations=41))
-    with pytest.raises(plan_module.PlanError, match=r"gives 5 validations; .* at least 8"):
+    with pytest.raises(plan_module.PlanError, match=r"gives 5 validations; .* at least 8, a multiple of 4"):
         plan_module.check_plan(replace(PLAN, finetune_iterations=20))
-    short = protocol.Data(Path("."), [{}] * 4, [{}] * 2, [{}] * 8, [{}] * 8, [], Path("."))
-    with pytest.raises(plan_module.PlanError, match="the data cannot serve the plan: training pool has 4, the plan needs 6"):
+    with pytest.raises(plan_module.PlanError, match=r"finetune_iterations \(40\) gives 10 validations"):
+        plan_module.check_plan(replace(PLAN, finetune_iterations=40))  # quarters of 2.5 validations
+    with pytest.raises(plan_module.PlanError, match=r"pilot budget \(200\) gives 10 validations"):
+        plan_module.check_plan(replace(CPU, pilot_iterations=(200, 240)), pilot=True)
+    short = protocol.Data(Path("."), [{}] * 6, [{}] * 2, [{}] * 8, [{}] * 8, [], Path("."))
+    with pytest.raises(plan_module.PlanError, match="the data cannot serve the plan: training pool has 6, the plan needs 30"):
         plan_module.check_data(short, PLAN)
 
 
@@ -125,29 +141,39 @@ GAIN = {"ssl": 1.0, "dino": -1.0, "mim": 2.0, "ssl_matched": 1.5}
 
 def _dice(arm: str, p: int | None, k: int, f: int, h: str, model: str) -> float:
     """A known Dice per run: the baselines about 0.5 (+0.01 per seed), a recipe's gain a multiple (:data:`GAIN`) of
-    0.03 + 0.002 p + 0.005 f, the shifted set 0.1 lower, the last model 0.02 lower than the selected."""
+    0.03 + 0.002 p + 0.005 j (j the finetuning seed's place in p's block, 0-2), the shifted set 0.1 lower, the last
+    model 0.02 lower than the selected."""
     base = 0.5 + 0.01 * f - 0.1 * (h == "shifted") - 0.02 * (model == "last") + 0.003 * k
-    gain = 0.0 if p is None else GAIN[arm.removeprefix("probe_")] * (0.03 + 0.002 * p + 0.005 * f)
+    gain = 0.0 if p is None else GAIN[arm.removeprefix("probe_")] * (0.03 + 0.002 * p + 0.005 * (f % PLAN.finetune_seeds))
     return base + gain
 
 
 def _record(arm: str, p: int | None, k: int, f: int, curve: list | None = None) -> dict:
     return {"arm": arm, "k": k, "seed": f, "pretraining_seed": p, "commit": "c",
             "dice": {m: {h: {"mean": _dice(arm, p, k, f, h, m)} for h in protocol.HELD_OUT_SETS} for m in protocol.MODELS},
-            "validation_curve": curve or [[4 * i, 0.5] for i in range(1, 11)], "selected_iteration": 4}  # fmt: skip
+            "validation_curve": curve or [[4 * i, 0.5] for i in range(1, 13)], "selected_iteration": 4}  # fmt: skip
 
 
 def _records(plan, passing: dict[str, list[int]]) -> list[dict]:
-    runs = [_record(a, None, k, f) for a in ("scratch", "probe_random") for k in plan.ks for f in range(plan.finetune_seeds)]
+    """The runs of a plan whose recipes' pretrainings ``passing`` passed: each finetuned over its own block, the
+    baselines at every block one of them (or a first try) uses."""
+    blocks = sorted(set(range(plan.pretrainings)).union(*passing.values()))
+    runs = [_record(a, None, k, f) for a in ("scratch", "probe_random") for k in plan.ks for b in blocks
+            for f in plan_module.finetune_block(b, plan)]  # fmt: skip
     runs += [_record(a, p, k, f) for r, ps in passing.items() for p in ps for a in (r, f"probe_{r}") for k in plan.ks
-             for f in range(plan.finetune_seeds)]  # fmt: skip
+             for f in plan_module.finetune_block(p, plan)]  # fmt: skip
     return runs
+
+
+def _g(gain: float, p: int) -> float:
+    """The pretraining mean of a recipe's gain (:func:`_dice`) over the finetuning seeds of p's block."""
+    return gain * (0.035 + 0.002 * p)
 
 
 def test_the_primary_statistic_is_the_mean_over_finetuning_seeds_per_pretraining_then_a_t_interval():
     runs = _records(PLAN, {"mim": [0, 2, 3]})
-    entry = verdicts.family(runs, "mim", {"mim": [0, 2, 3]}, PLAN, range(3))["primary"]
-    # by hand: g_p = mean over f, k, sets of (mim - scratch) = 2 (0.03 + 0.002 p + 0.005 mean(f)) = 0.07 + 0.004 p
+    entry = verdicts.family(runs, "mim", {"mim": [0, 2, 3]}, PLAN)["primary"]
+    # by hand: g_p = mean over p's block, k and sets of (mim - scratch) = 2 (0.03 + 0.002 p + 0.005 mean(j))
     g = [0.07 + 0.004 * p for p in (0, 2, 3)]
     assert entry["per_pretraining"] == pytest.approx({"0": g[0], "2": g[1], "3": g[2]})
     half = T_975_DF2 * statistics.stdev(g) / math.sqrt(3)
@@ -159,56 +185,75 @@ def test_the_primary_statistic_is_the_mean_over_finetuning_seeds_per_pretraining
 
 def test_secondary_cells_get_the_bonferroni_level_of_their_recipes_family():
     runs = _records(PLAN, {"ssl": [0, 1, 2], "ssl_matched": [0, 1, 4]})
-    ssl = verdicts.family(runs, "ssl", {"ssl": [0, 1, 2]}, PLAN, range(3))["secondary"]
-    # per recipe: 2 k x 2 sets x 2 models for the finetuned arm and for the probe, and the probe pooled: 17
-    assert (ssl["correction"], ssl["m"], ssl["level"]) == ("Bonferroni", 17, pytest.approx(1 - 0.05 / 17))
-    cell = ssl["cells"]["ssl - scratch, k=2, shifted, last"]
+    ssl = verdicts.family(runs, "ssl", {"ssl": [0, 1, 2]}, PLAN)["secondary"]
+    # per recipe: 2 k x 2 sets (selected models) for the finetuned arm and for the probe, and the probe pooled: 9
+    assert (ssl["correction"], ssl["m"], ssl["level"]) == ("Bonferroni", 9, pytest.approx(1 - 0.05 / 9))
+    assert not [name for name in ssl["cells"] if "last" in name]
+    cell = ssl["cells"]["ssl - scratch, k=2, shifted, selected"]
     values = list(cell["per_pretraining"].values())
-    half = verdicts.t_quantile(1 - 0.05 / 17, 2) * statistics.stdev(values) / math.sqrt(3)
+    half = verdicts.t_quantile(1 - 0.05 / 9, 2) * statistics.stdev(values) / math.sqrt(3)
     assert cell["interval"][1] - cell["mean"] == pytest.approx(half) and half > T_975_DF2 * statistics.stdev(values) / math.sqrt(3)
     assert ssl["cells"]["probe_ssl - probe_random, pooled, selected"]["kind"] == "probe"
-    matched = verdicts.family(runs, "ssl_matched", {"ssl": [0, 1, 2], "ssl_matched": [0, 1, 4]}, PLAN, range(3))["secondary"]
-    assert matched["m"] == 18 and matched["level"] == pytest.approx(1 - 0.05 / 18)
+    matched = verdicts.family(runs, "ssl_matched", {"ssl": [0, 1, 2], "ssl_matched": [0, 1, 4]}, PLAN)["secondary"]
+    assert matched["m"] == 10 and matched["level"] == pytest.approx(1 - 0.05 / 10)
     against = matched["cells"]["ssl_matched - ssl, pooled, selected"]
-    mine = [1.5 * (0.035 + 0.002 * p) for p in (0, 1, 4)]  # the pretraining means of ssl_matched - scratch
-    theirs = [0.035 + 0.002 * p for p in (0, 1, 2)]  # and of ssl - scratch: their shared scratch runs cancel
-    assert against["mean"] == pytest.approx(statistics.fmean(mine) - statistics.fmean(theirs))
-    assert against["n"] == [3, 3] and against["df"] >= 2
+    # paired by block: the blocks both passed (0 and 1), where both pair with the same scratch runs
+    differences = [_g(1.5, p) - _g(1.0, p) for p in (0, 1)]
+    assert against["blocks"] == [0, 1] and (against["n"], against["df"]) == (2, 1)
+    assert against["mean"] == pytest.approx(statistics.fmean(differences))
+    half = verdicts.t_quantile(1 - 0.05 / 10, 1) * statistics.stdev(differences) / math.sqrt(2)
+    assert against["half_width"] == pytest.approx(half)
 
 
 def test_the_convergence_rule_compares_the_last_two_quarters_and_withholds_the_verdicts():
     assert verdicts.quarter_gain([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]) == pytest.approx(0.75 - 0.55)
     assert verdicts.quarter_gain([0.1] * 3) is None
-    rising = [[4 * i, 0.05 * i] for i in range(1, 11)]  # the last 2 validations gain 0.1 over the 2 before
+    rising = [[4 * i, 0.05 * i] for i in range(1, 13)]  # the last 3 validations gain 0.15 over the 3 before
     runs = [r if not (r["arm"] == "scratch" and r["k"] == 2) else {**r, "validation_curve": rising}
             for r in _records(PLAN, {"mim": [0, 1, 2]})]  # fmt: skip
     pretrainings = {r: {} for r in PLAN.recipes}
     pretrainings["mim"] = {p: {"key": f"k{p}", "health": {"verdict": "learning"}} for p in range(3)}
     summary = schedule.summarise(PLAN, runs, pretrainings, set())
     assert summary["convergence"]["scratch"]["1"]["converged"] and not summary["convergence"]["scratch"]["2"]["converged"]
-    assert summary["convergence"]["scratch"]["2"]["last_quarter_gain"] == pytest.approx(0.1)
-    assert summary["withheld"] == {"finetune": "budget not converged at k=2", "probe": None, "registration": None}
+    assert summary["convergence"]["scratch"]["2"]["last_quarter_gain"] == pytest.approx(0.15)
+    assert summary["withheld"] == {"finetune": "budget not converged at k=2", "probe": None, "probe_heads": {"mim": None},
+                                   "registration": None}  # fmt: skip
     mim = summary["recipes"]["mim"]
     assert mim["primary"]["verdict"] is None and mim["primary"]["withheld"] == "budget not converged at k=2"
     assert mim["primary"]["interval"] is not None  # the interval is still reported
     assert mim["secondary"]["cells"]["probe_mim - probe_random, pooled, selected"]["verdict"] == "better"  # the probes converged
     converged = schedule.summarise(PLAN, _records(PLAN, {"mim": [0, 1, 2]}), pretrainings, set())
     assert converged["recipes"]["mim"]["primary"]["verdict"] == "better" and converged["withheld"]["finetune"] is None
+    # the recipe's own probe heads are checked too: a probe_mim still rising withholds the probe verdicts only
+    runs = [r if r["arm"] != "probe_mim" else {**r, "validation_curve": rising} for r in _records(PLAN, {"mim": [0, 1, 2]})]
+    summary = schedule.summarise(PLAN, runs, pretrainings, set())
+    assert summary["withheld"]["probe_heads"] == {"mim": "budget not converged at k=1,2"}
+    mim = summary["recipes"]["mim"]
+    assert mim["primary"]["verdict"] == "better" and mim["secondary"]["cells"]["mim - scratch, k=1, in_domain, selected"]["verdict"]
+    probe = mim["secondary"]["cells"]["probe_mim - probe_random, pooled, selected"]
+    assert probe["verdict"] is None and probe["withheld"] == "its probe's budget not converged at k=1,2"
 
 
-def test_coverage_is_simulated_on_the_plans_structure_per_cell_kind():
+def test_coverage_is_simulated_from_the_fitted_variance_components_per_cell_kind():
     constant = np.full((3, 3), 0.04)
-    assert verdicts.crossed_coverage([(constant, 0.95)], draws=200)["mean"] == 1.0
-    spread = np.array([[0.0, 0.1, 0.2], [0.1, 0.2, 0.3], [0.3, 0.0, 0.1]])
-    result = verdicts.crossed_coverage([(spread, 0.95)], draws=4000, seed=1)
-    # with 3 pretrainings resampled, all 3 draws of the same row (a zero-width interval) has probability 3/27: it
-    # misses then unless the drawn columns happen to average to the mean, so coverage is at most about 8/9 here
-    assert 0.6 < result["mean"] < 8 / 9 + 0.02 and "crossed" in result["resampled"]
-    assert verdicts.crossed_coverage([(spread[:1], 0.95)]) is None  # one pretraining: no interval
-    runs = _records(PLAN, {"ssl": [0, 1, 2]})
-    cover = verdicts.coverage_by_kind(runs, {"ssl": [0, 1, 2]}, PLAN, range(3), draws=200)
-    assert cover["primary"]["populations"] == 1 and cover["secondary (Bonferroni)"]["populations"] == 17
-    assert cover["secondary (Bonferroni)"]["nominal"] == [pytest.approx(1 - 0.05 / 17)]
+    assert verdicts.simulated_coverage([(constant, 0.95)], draws=200)["normal"]["mean"] == 1.0
+    rng = np.random.default_rng(3)
+    spread = 0.03 * rng.normal(size=(3, 1)) + 0.05 * rng.normal(size=(3, 3))  # pretraining and finetuning variance
+    result = verdicts.simulated_coverage([(spread, 0.95)], draws=20000, seed=1)
+    # normal draws of independent pretraining means: the t-interval's coverage is its level, up to 1.96 x 0.0015
+    assert abs(result["normal"]["mean"] - 0.95) < 0.005 and result["nominal"] == [0.95]
+    assert 0.85 < result["resampled"]["mean"] <= 1.0  # the data's own residuals and row effects
+    # two-point finetuning residuals (+-0.1 in every pretraining, no pretraining variance), 2 pretrainings: a resampled
+    # pretraining mean is -c, 0 or +c (1/4, 1/2, 1/4); the interval misses only when both are the same c != 0: 1/8
+    two_point = np.array([[-0.1, 0.1], [-0.1, 0.1]])
+    result = verdicts.simulated_coverage([(two_point, 0.95)], draws=20000)
+    assert abs(result["resampled"]["mean"] - 7 / 8) < 0.01 and abs(result["normal"]["mean"] - 0.95) < 0.005
+    assert verdicts.simulated_coverage([(spread[:1], 0.95)]) is None  # one pretraining: no interval
+    runs = _records(PLAN, {"ssl": [0, 1, 2], "ssl_matched": [0, 1, 3]})
+    cover = verdicts.coverage_by_kind(runs, {"ssl": [0, 1, 2], "ssl_matched": [0, 1, 3]}, PLAN, draws=200)
+    # primary: ssl, ssl_matched; secondary: 9 cells each and ssl_matched's paired comparison with ssl
+    assert cover["primary"]["populations"] == 2 and cover["secondary (Bonferroni)"]["populations"] == 19
+    assert cover["secondary (Bonferroni)"]["nominal"] == [pytest.approx(1 - 0.05 / 9), pytest.approx(1 - 0.05 / 10)]
 
 
 # ------------------------------------------------------------------------------------------ the gate and the runs
@@ -279,20 +324,26 @@ def test_the_health_gate_excludes_a_failing_pretraining_reports_it_and_schedules
     assert ("dino", 1) not in finetuned and not {r for r, _ in finetuned} & {"mim"}  # a failing encoder is never finetuned
     assert sorted(p for r, p in finetuned if r == "dino") == [0, 2, 3]
     assert dino["primary"]["per_pretraining"].keys() == {"0", "2", "3"} and dino["primary"]["verdict"] == "worse"
-    assert result["complete"] and len(calls["finetune"]) == 2 * 3 * (2 + 3 * 2 * 3)  # ks x seeds x (baselines + 3 recipes x 2 arms x 3)
+    blocks = {c["seed"] // 3 for c in calls["finetune"] if c["arm"] == "scratch"}
+    assert blocks == {0, 1, 2, 3}  # the baselines of the first tries' blocks and of dino's seed 3
+    # ks x seeds of a block x (2 baselines x 4 blocks + 3 recipes x 2 arms x 3 pretrainings)
+    assert result["complete"] and len(calls["finetune"]) == 2 * 3 * (2 * 4 + 3 * 2 * 3)
+    assert {c["seed"] for c in calls["finetune"] if c["fields"]["pretraining_seed"] == 3} == {9, 10, 11}  # its own block
 
 
 def test_baselines_run_once_per_seed_and_k_and_pair_with_every_pretraining(fake_runs, tmp_path):
     calls, _ = fake_runs
     schedule.run(replace(PLAN, recipes=("ssl", "ssl_matched")), tmp_path, "cpu")
     scratch = [(c["k"], c["seed"]) for c in calls["finetune"] if c["arm"] == "scratch"]
-    assert sorted(scratch) == sorted({(k, f) for k in PLAN.ks for f in range(3)})  # once each, shared
+    assert sorted(scratch) == sorted({(k, f) for k in PLAN.ks for f in range(9)})  # once each, shared by the block's pretrainings
+    for c in calls["finetune"]:  # pretraining p finetunes over its block only
+        assert c["fields"]["pretraining_seed"] in (None, c["seed"] // 3)
     by_pair = {}
     for c in calls["finetune"]:
         by_pair.setdefault((c["k"], c["seed"]), set()).add(json.dumps([c["datalist"], c["held_out"]]))
     assert all(len(v) == 1 for v in by_pair.values())  # every arm of a (k, seed) trains and is scored on the same volumes
     stems = {c["stem"] for c in calls["finetune"]}
-    assert "ssl_p2_k1_f0" in stems and "scratch_k2_f1" in stems and "probe_ssl_matched_p0_k2_f2" in stems
+    assert "ssl_p2_k1_f6" in stems and "scratch_k2_f1" in stems and "probe_ssl_matched_p0_k2_f2" in stems
     keys = {c["key"] for c in calls["finetune"]}
     assert len(keys) == len(calls["finetune"])  # the pretraining seed is part of the key
     pre = [c for c in calls["pretrain"] if c[0] == "ssl_matched"]
@@ -300,16 +351,18 @@ def test_baselines_run_once_per_seed_and_k_and_pair_with_every_pretraining(fake_
     ssl = [c for c in calls["pretrain"] if c[0] == "ssl"]
     assert all("intensity_range" not in c[4] for c in ssl) and {c[2] for c in ssl}.isdisjoint({c[2] for c in pre})
     own = {"output_dir", "ckpt_dir"}  # each run's own folders
-    arms = {(c["arm"], c["fields"]["pretraining_seed"]): {k: v for k, v in c["overrides"].items() if k not in own}
-            for c in calls["finetune"] if (c["k"], c["seed"]) == (2, 1)}  # fmt: skip
+    arms = {(c["arm"], c["fields"]["pretraining_seed"], c["seed"]): {k: v for k, v in c["overrides"].items() if k not in own}
+            for c in calls["finetune"] if c["k"] == 2 and c["seed"] % 3 == 1}  # fmt: skip
 
     def differing(a: tuple, b: tuple) -> set[str]:
         return {k for k in arms[a].keys() | arms[b].keys() if arms[a].get(k) != arms[b].get(k)}
 
-    assert differing(("ssl", 0), ("scratch", None)) == {"pretrained_path"} == differing(("ssl_matched", 2), ("ssl", 2))
-    assert differing(("probe_ssl", 1), ("probe_random", None)) == {"pretrained_path"}
-    assert differing(("probe_random", None), ("scratch", None)) == {"network_def#network"}
-    assert arms[("probe_ssl", 1)]["network_def#network"] == "$components.LinearProbe" and arms[("ssl", 1)]["pretrained_path"] == "/w/ssl1.pt"
+    assert differing(("ssl", 0, 1), ("scratch", None, 1)) == {"pretrained_path"} == differing(("ssl_matched", 2, 7), ("ssl", 2, 7))
+    assert differing(("probe_ssl", 1, 4), ("probe_random", None, 4)) == {"pretrained_path"}
+    assert differing(("probe_random", None, 1), ("scratch", None, 1)) == {"network_def#network"}
+    assert arms[("probe_ssl", 1, 4)]["network_def#network"] == "$components.LinearProbe"
+    assert arms[("ssl", 1, 4)]["pretrained_path"] == "/w/ssl1.pt"
+    assert differing(("scratch", None, 1), ("scratch", None, 4)) >= {"datalist", "training#seed"}  # blocks differ
 
 
 def test_a_time_limited_piece_lists_the_missing_runs_and_report_only_runs_nothing(fake_runs, tmp_path):
@@ -322,14 +375,15 @@ def test_a_time_limited_piece_lists_the_missing_runs_and_report_only_runs_nothin
 
 def test_the_pilot_runs_only_scratch_and_probe_random_at_each_budget(fake_runs, tmp_path):
     calls, _ = fake_runs
-    result = schedule.pilot(replace(CPU, pilot_iterations=(40, 80), val_every=4), tmp_path, "cpu")
+    result = schedule.pilot(replace(CPU, pilot_iterations=(48, 96), val_every=4), tmp_path, "cpu")
     assert not calls["pretrain"] and {c["arm"] for c in calls["finetune"]} == {"scratch", "probe_random"}
-    assert len(calls["finetune"]) == 2 * 2 * 2 * 3  # budgets x arms x ks x seeds
-    assert {c["overrides"]["max_epochs"] for c in calls["finetune"] if c["k"] == 2} == {20, 40}
-    assert set(result["convergence"]) == {"40", "80"} and result["smallest_converged_budget"] == 40  # flat curves
+    assert len(calls["finetune"]) == 2 * 2 * 2 * 3  # budgets x arms x ks x the seeds of block 0
+    assert {c["seed"] for c in calls["finetune"]} == {0, 1, 2}
+    assert {c["overrides"]["max_epochs"] for c in calls["finetune"] if c["k"] == 2} == {24, 48}
+    assert set(result["convergence"]) == {"48", "96"} and result["smallest_converged_budget"] == 48  # flat curves
     # a pilot run's key is never the plan's: the plan's records all follow the pre-registration
     calls["finetune"].clear()
-    schedule.run(replace(CPU, finetune_iterations=40, val_every=4, recipes=("ssl",)), tmp_path, "cpu")
+    schedule.run(replace(CPU, finetune_iterations=48, val_every=4, recipes=("ssl",)), tmp_path, "cpu")
     pilot_keys = {c["key"] for c in result["runs"]}
     assert pilot_keys and not pilot_keys & {c["key"] for c in calls["finetune"]}
 
@@ -393,18 +447,20 @@ def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path
     doc.write_text(f"{begin}\n{docs.not_run_yet('x')}\n{docs.block_end('answers')}\n")
     assert docs.write_doc_tables(doc, summary)
     lines = doc.read_text().splitlines()
-    g = [2 * (0.035 + 0.002 * p) for p in (0, 1, 2)]  # masked image: the pretraining means of its gain over scratch
+    g = [_g(2.0, p) for p in (0, 1, 2)]  # masked image: the pretraining means of its gain over scratch
     half = T_975_DF2 * statistics.stdev(g) / math.sqrt(3)
     mean = statistics.fmean(g)
     mim = next(line for line in lines if line.startswith("- masked image:"))
     assert mim.startswith(f"- masked image: +{mean:.3f} [+{mean - half:.3f}, +{mean + half:.3f}] over scratch (better) on 3 "
-                          "pretrainings x 3 finetuning seeds x 2 k x 2 held-out sets; its linear probe +0.074 [")  # fmt: skip
-    assert "over a random encoder's (secondary, 99.71 % Bonferroni interval: better)" in mim
+                          f"pretrainings x 3 finetuning seeds of their own x 2 k x 2 held-out sets; its linear probe +{mean:.3f} [")  # fmt: skip
+    assert "over a random encoder's (secondary, 99.44 % Bonferroni interval: better)" in mim
     assert "- self-distillation: not evaluated: 2 of 5 encoders passed health." in lines
     matched = next(line for line in lines if line.startswith("- SSL in the finetuning's window and spacing:"))
-    assert "; against SSL +0.018 [" in matched  # 1.5 x - 1 x the ssl gain of 0.035 + 0.002 p, p = 0-2
+    against = json.loads(summary.read_text())["recipes"]["ssl_matched"]["secondary"]["cells"]["ssl_matched - ssl, pooled, selected"]
+    assert against["mean"] == pytest.approx(statistics.fmean(_g(0.5, p) for p in (0, 1, 2)))  # paired by block
+    assert f"; against SSL {against['mean']:+.3f} [" in matched
     assert lines[-3].startswith("Data, budgets and machine: [summary.json](summary.json) (pretraining 1,003 iterations, "
-                                "finetuning 40;")  # fmt: skip  # linked relative to the document
+                                "finetuning 48;")  # fmt: skip  # linked relative to the document
     nested = tmp_path / "docs" / "measuring.md"
     nested.parent.mkdir()
     nested.write_text(f"{begin}\n{docs.block_end('answers')}\n")
@@ -412,9 +468,9 @@ def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path
     assert "[summary.json](../summary.json)" in nested.read_text()
     tables = docs.protocol3_markdown(json.loads(summary.read_text()))
     assert tables.startswith("Pre-registered at commit r: every record was made at it or a commit after it.\n\n")
-    assert "| self-distillation | 1 | collapsed | no | - |" in tables and "| masked image | evaluated | +0.074 [" in tables
-    assert "Secondary cells of masked image (17 cells, Bonferroni: each interval at 99.71 %):" in tables
-    assert "| mim - scratch, k=2, shifted, last | +0.074 [" in tables
+    assert "| self-distillation | 1 | collapsed | no | - |" in tables and f"| masked image | evaluated | +{mean:.3f} [" in tables
+    assert "Secondary cells of masked image (9 cells, Bonferroni: each interval at 99.44 %):" in tables
+    assert f"| mim - scratch, k=2, shifted, selected | +{mean:.3f} [" in tables
     for block in tables.split("\n\n"):  # every row of a table has its header's columns
         rows = [line for line in block.splitlines() if line.startswith("|")]
         assert len({row.count("|") for row in rows}) <= 1, rows[:3]
@@ -423,15 +479,15 @@ def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path
 def test_the_pilots_table_names_the_smallest_converged_budget(fake_runs, tmp_path):
     import low_data_docs as docs
 
-    result = schedule.pilot(replace(CPU, pilot_iterations=(40,), val_every=4), tmp_path, "cpu")
+    result = schedule.pilot(replace(CPU, pilot_iterations=(48,), val_every=4), tmp_path, "cpu")
     text = docs.pilot_markdown(json.loads(json.dumps(result)))
-    assert "| 40 | scratch | 2 | +0.0000 | yes |" in text and "| 40 | probe_random | 1 | +0.0000 | yes |" in text
-    assert text.rstrip().endswith("Smallest budget at which both converged at every k: 40.")
+    assert "| 48 | scratch | 2 | +0.0000 | yes |" in text and "| 48 | probe_random | 1 | +0.0000 | yes |" in text
+    assert text.rstrip().endswith("Smallest budget at which both converged at every k: 48.")
 
 
 def test_a_matched_recipe_without_its_demo_recipe_has_no_comparison_with_it():
     runs = _records(PLAN, {"ssl_matched": [0, 1, 2]})
-    family = verdicts.family(runs, "ssl_matched", {"ssl_matched": [0, 1, 2]}, PLAN, range(3))
+    family = verdicts.family(runs, "ssl_matched", {"ssl_matched": [0, 1, 2]}, PLAN)
     against = family["secondary"]["cells"]["ssl_matched - ssl, pooled, selected"]
     assert (against["mean"], against["interval"], against["verdict"]) == (None, None, None)
     assert family["primary"]["verdict"] == "better"
