@@ -12,11 +12,13 @@ stay in benchmarks/results/ as history.
   ``components.demo.recipes.RECIPES``: SSL on 32x64x64 crops with the rotation weighted 3, self-distillation with the
   teacher at 0.04, masked image on 64x32x32) and ``ssl_matched`` (below), each at the demo's CPU pretraining budget
   (``low_data_plan.PROTOCOL_BUDGET``: 59 epochs of 34 volumes, 2 per iteration: 1,003 iterations, on a 48-volume
-  varied synthetic corpus). Pretraining seeds 0, 1, 2 per recipe. Each pretraining is finetuned and probed over the
-  same finetuning seeds (``finetune_seeds``, 3) at k = 1 and 2 labeled volumes. ``scratch`` (finetuned from a random
-  encoder) and ``probe_random`` (the linear probe of a random encoder) run once per finetuning seed and k and are
-  shared by all pretrainings: every arm of a (finetuning seed, k) trains on the same volumes, selects on the same
-  validation volumes and is scored on the same held-out sets, with the same training seed.
+  varied synthetic corpus). Pretraining seeds 0, 1, 2 per recipe. Pretraining p is finetuned and probed over a block
+  of finetuning seeds of its own (``low_data_plan.finetune_block``: seeds 3p, 3p + 1, 3p + 2) at k = 1 and 2 labeled
+  volumes; every recipe's pretraining p uses block p. ``scratch`` (finetuned from a random encoder) and
+  ``probe_random`` (the linear probe of a random encoder) run once per finetuning seed and k of every block in use and
+  are shared by the recipes' pretrainings of that block: every arm of a (finetuning seed, k) trains on the same
+  volumes, selects on the same validation volumes and is scored on the same held-out sets, with the same training
+  seed.
 - **Health gate, fixed in advance.** A pretraining enters the comparison only if the last health report of its run
   (``eval/health.json``, written by the bundle's ``components.HealthHandler`` on 256 validation crops at its end)
   has the verdict ``learning``: every pretext signal beyond its trivial answer by its margin and no collapse signal
@@ -30,37 +32,50 @@ stay in benchmarks/results/ as history.
   95 % Student t-interval over the P values g_p (P - 1 degrees of freedom). This is the mean over finetuning seeds per
   pretraining, then an interval over pretrainings, not a mixed model: with 3 pretrainings a mixed model's variance
   components are barely estimable, while the t-interval over pretraining means is exact (under normality of g_p) for
-  the mean of pretraining means and needs no variance-component estimate. Its scope: the finetuning seeds, and with
-  them the training volumes and held-out draws, are shared by every pretraining, so the interval is conditional on
-  the drawn finetuning seeds; what the recipe x finetuning-seed interaction adds beyond it is what the coverage
-  simulation below measures. Equivalence margin delta = 0.02 Dice. The verdict, in this order: "equivalent" if the
+  the mean of pretraining means and needs no variance-component estimate. Its scope: as each pretraining has its own
+  finetuning seeds, training volumes and held-out draws, the g_p are independent draws of (pretraining, finetuning),
+  so the interval covers both (the recipe x finetuning-seed interaction enters through the spread of g_p; with seeds
+  shared by every pretraining it would not). Equivalence margin delta = 0.02 Dice. The verdict, in this order: "equivalent" if the
   interval lies inside [-delta, +delta] (bounds included; two one-sided tests at 2.5 % each, stricter than the usual
   90 % interval); "better" if its lower bound > 0; "worse" if its upper bound < 0; otherwise "inconclusive". Each
   recipe's primary contrast is its own pre-registered question: no correction across the four recipes.
-- **Secondary cells** (reported as secondary; named correction: Bonferroni, each interval at level 1 - 0.05 / m, m
-  the number of the recipe's secondary cells): the recipe - scratch gain per k, held-out set and model (selected,
-  last), the representation test ``probe_<recipe> - probe_random`` pooled as the primary and per k, set and model,
-  each by the same machinery (means per pretraining, t-interval over pretrainings) and the same verdict rule; m = 17,
-  and 18 for ``ssl_matched`` with its comparison to ``ssl`` (Welch's t-interval of the two recipes' pretraining means,
-  degrees of freedom rounded down; their shared scratch runs cancel).
+- **What the plan can detect, stated before the runs.** With P = 3 pretraining means of standard deviation SD(g),
+  the primary interval puts a true gain above 0 with 80 % power from about (t_0.975,2 + t_0.8,2) SD(g) / sqrt(3) =
+  3.10 SD(g) (``low_data_verdicts.detectable_gain``): 0.062 at SD(g) = 0.02, 0.093 at 0.03, 0.124 at 0.04. SD(g) is
+  at least the finetuning's spread over 3 seeds: protocol 2's per-seed gains had SDs of 0.04-0.07 (one pretraining,
+  fixed held-out sets), so SD(g) >= 0.023-0.040 before any pretraining-to-pretraining spread; a gain smaller than
+  about 0.07-0.12 Dice will most likely read "inconclusive". "Equivalent" needs the interval inside +-0.02, an
+  SD(g) below 0.008 (``equivalence_sd``): not expected, so a null result will read "inconclusive", not "no effect".
+  Five pretrainings would detect about 0.05 at SD(g) = 0.03, at about 5/3 of the pretraining and finetuning time;
+  the plan keeps the 3 the issue asks for, and this is its power.- **Secondary cells** (reported as secondary; named correction: Bonferroni, each interval at level 1 - 0.05 / m, m
+  the number of the recipe's secondary cells): the recipe - scratch gain per k and held-out set, the representation
+  test ``probe_<recipe> - probe_random`` pooled as the primary and per k and set, selected models only, each by the
+  same machinery (means per pretraining, t-interval over pretrainings) and the same verdict rule; m = 9, and 10 for
+  ``ssl_matched`` with its comparison to ``ssl`` (the t-interval of the differences of the two recipes' pretraining
+  means, paired by block: the same finetuning seeds and baselines, which cancel). Bonferroni, not Holm: the verdicts
+  read intervals, and Holm's step-down gives no simultaneous intervals. At 99.44 % with 2 degrees of freedom a cell
+  detects about 8.3 SD(g) with 80 % power: the secondary cells describe, they will rarely decide.
 - **Finetuning convergence.** The plan fixes the finetuning budget (``finetune_iterations``, one labeled volume per
-  iteration, validated every ``val_every`` = 20 iterations on the validation volumes) and a rule checked on
-  ``scratch`` at every k: the mean validation Dice (over the finetuning seeds) gains less than 0.01 in the last
-  quarter of the validations over the quarter before. If scratch has not converged at some k, the finetuning verdicts
-  (primary and secondary) are withheld ("budget not converged at k=.."), their intervals still reported; the same rule
-  on ``probe_random`` withholds the probe verdicts. Protocol 2's records do not give a budget that converges (its k = 2
-  still gained +0.039 to +0.075 in the last quarter of 200 iterations), so the budget is fixed by a pilot before the
-  pre-registration: ``--pilot`` runs ``scratch`` and ``probe_random`` only, at k = 1 and 2 and the finetuning seeds,
-  for each budget of ``pilot_iterations`` (200, 400, 800), and writes the convergence table and the smallest budget at
-  which both arms converged at every k. The pilot reads no pretrained encoder (its records hold scratch's held-out
+  iteration, validated every ``val_every`` = 20 iterations on the validation volumes, a multiple of 4 validations so
+  that quarters are whole) and a rule checked on ``scratch`` at every k: the mean validation Dice (over the runs)
+  gains less than 0.01 in the last quarter of the validations over the quarter before. If scratch has not converged
+  at some k, the finetuning verdicts (primary and secondary) are withheld ("budget not converged at k=.."), their
+  intervals still reported; the same rule on ``probe_random`` and on the recipe's own probe withholds that recipe's
+  probe verdicts. Protocol 2's records do not give a budget that converges (its k = 2 still gained +0.039 to +0.075
+  in the last quarter of 200 iterations), so the budget is fixed by a pilot before the pre-registration: ``--pilot``
+  runs ``scratch`` and ``probe_random`` only, at k = 1 and 2 over block 0's finetuning seeds, for each budget of
+  ``pilot_iterations`` (480 and 960: a pilot of the plan before the seeds were nested, kept in
+  ``benchmarks/results/low_data_cpu_protocol3_pilot_9d4d81b/``, found scratch at k = 2 still gaining +0.043 at 400
+  iterations), and writes the convergence table and the smallest budget at which both arms converged at every k. The pilot reads no pretrained encoder (its records hold scratch's held-out
   Dice too, which the rule does not read), and the plan never reuses a pilot run (their keys are marked). Until the
   budget is fixed in ``PLANS["cpu"]`` the plan refuses to run.
 - **Data.** Labeled synthetic CT (five organs), split by index: a training pool, 2 validation volumes (model
   selection on their mean Dice, the same for every run), an in-domain pool of 8; a shifted pool of 8 volumes of
-  another scanner contrast, noise, fields of view and lesions. Each finetuning seed trains on a block of its own:
+  another scanner contrast, noise, fields of view and lesions. Each finetuning seed trains on volumes of its own:
   no two seeds share a training volume at any k, and within a seed the k = 1 volume is among its k = 2 volumes (so the
-  training pool holds finetune_seeds x max(k) = 6 volumes). Each seed draws 4 of the 8 in-domain and 4 of the 8 shifted
-  volumes as its held-out sets, no two seeds the same set, so the spread over seeds covers the held-out draw. The
+  training pool holds 5 blocks x 3 seeds x max(k) = 30 volumes). Each seed draws 4 of the 8 in-domain and 4 of the 8
+  shifted volumes as its held-out sets, no two of the 15 seeds the same set, so the spread over seeds covers the
+  held-out draw. The data seed is part of the plan (``Plan.data_seed``). The
   sizes these rules need are checked before any run (``low_data_plan.check_plan``), with one line naming the rule.
   With ``--labeled`` / ``--unlabeled`` / ``--shifted`` the same splits are drawn from a user's lists, none of whose
   validation or held-out volumes may be pretrained on or be in another split.
@@ -70,10 +85,13 @@ stay in benchmarks/results/ as history.
   transform: ``low_data_plan.matched_corpus`` resamples it as the finetuning does), the same seeds and health gate; its
   own primary contrast against scratch and a secondary one against ``ssl``.
 - **Coverage.** The summary states, per cell kind (primary: intervals over P pretraining means at 95 %; secondary:
-  the Bonferroni cells at their level), the simulated coverage of its interval on this plan's own structure: each
-  recipe's (pretraining x finetuning seed) matrix of gains is a population; 2,000 times its pretrainings and,
-  independently, its finetuning seeds are resampled with replacement (crossed, as the seeds are shared), and the share
-  of intervals covering the population's mean is reported (``low_data_verdicts.crossed_coverage``).
+  the Bonferroni cells at their level, the paired comparison included), the simulated coverage of its interval on
+  this plan's own structure (``low_data_verdicts.simulated_coverage``): each cell's (pretraining x finetuning seed of
+  its block) matrix of gains is fitted as a one-way random-effects model (moments), and 2,000 matrices of its shape
+  are drawn from it, once with normal pretraining effects and finetuning residuals, once with the residuals resampled
+  from the cell's own (their tails and skew). Under the nested design the normal coverage is the nominal level up to
+  the simulation's error; the resampled one is the check. (The crossed resampling of the plan before nesting could
+  not exceed 8/9 with 3 pretrainings and did not track the real coverage.)
 - **Records and resumability.** Every run writes its record when it finishes, under a key of its settings (overrides,
   datalist or corpus, for a finetuning the pretraining's recipe, seed, key and weights' sha256), the code that ran
   (``low_data_protocol.code_state``) and its numerics (``low_data_runs.run_numerics``): pretrainings as

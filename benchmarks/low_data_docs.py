@@ -262,7 +262,7 @@ def _registration_line(status: dict) -> str:
 
 
 def protocol3_markdown(result: dict) -> str:
-    """Protocol v3's tables: every pretraining and its health gate, the primary contrasts, each recipe's secondary
+    """Protocol v3's tables: every pretraining and its health gate, the units done, the primary contrasts, each recipe's secondary
     cells, the convergence of the finetuning (``scratch``) and of the probe heads (``probe_random``), and the
     simulated coverage per cell kind."""
     s = result["settings"]
@@ -277,6 +277,11 @@ def protocol3_markdown(result: dict) -> str:
             if (p["health"] or {}).get("stopped_by"):
                 failing.append(f"stopped by {p['health']['stopped_by']}: {p['health']['message']}")
             lines.append(f"| {entry['name']} | {p['seed']} | {p['verdict']} | {'yes' if p['passed'] else 'no'} | {'; '.join(failing) or '-'} |")
+    lines += ["", "Units done (a pretraining that passed the gate with its finetuned and probe runs over its block and "
+                  "the block's baselines; one that failed is done):", "", "| recipe | seed | health | runs | done |",
+              "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines += [f"| {result['recipes'][u['recipe']]['name']} | {u['seed']} | {u['verdict']} | {u['runs_done']} of {u['runs_needed']} | "
+              f"{'yes' if u['complete'] else 'no'} |" for u in result.get("units", [])]  # fmt: skip
     lines += ["", f"Primary contrasts (recipe - scratch, selected models, pooled over k and both held-out sets; "
                   f"{100 * s['level']:.0f} % t-interval over the pretrainings' means; margin +-{s['margin']}):", "",
               "| recipe | status | gain [interval] | pretrainings | verdict |", "| --- | --- | --- | --- | --- |"]  # fmt: skip

@@ -124,6 +124,25 @@ def draws(data: Data, plan: Plan, seeds: list[int]) -> dict:
     return out
 
 
+def units(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, dict]]) -> list[dict]:
+    """Which pretraining units are done: per recipe and pretraining seed run so far, its health verdict and, when it
+    passed the gate, how many of its runs exist (its finetuned and probe runs over its block at every k, and the
+    block's baselines); a unit is complete when it failed the gate or has every run."""
+    have = {(r["arm"], r.get("pretraining_seed"), r["k"], r["seed"]) for r in runs}
+    out = []
+    for recipe, records in pretrainings.items():
+        for p, record in sorted(records.items()):
+            block = [(k, f) for k in plan.ks for f in finetune_block(p, plan)]
+            needed = [(arm, p, k, f) for arm in (recipe, f"probe_{recipe}") for k, f in block]
+            needed += [(arm, None, k, f) for arm in (SCRATCH, PROBE_RANDOM) for k, f in block]
+            needed = needed if passes(record, plan) else []
+            done = sum(n in have for n in needed)
+            out.append({"recipe": recipe, "seed": p, "verdict": (record.get("health") or {}).get("verdict"),
+                        "passed": passes(record, plan), "runs_done": done, "runs_needed": len(needed),
+                        "complete": done == len(needed)})  # fmt: skip
+    return out
+
+
 def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, dict]], incomplete: set[str],
               unregistered: list[str] = ()) -> dict:  # fmt: skip
     """The statistics of a plan's records: per recipe its pretrainings (seed, key, verdict, whether it passed, the
@@ -157,7 +176,8 @@ def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, di
                 if reason:
                     cell.update(verdict=None, withheld=reason)
         recipes[recipe] = entry
-    return {"recipes": recipes, "convergence": table, "withheld": withheld, "coverage": coverage_by_kind(runs, evaluated, plan)}
+    return {"recipes": recipes, "units": units(plan, runs, pretrainings), "convergence": table, "withheld": withheld,
+            "coverage": coverage_by_kind(runs, evaluated, plan)}  # fmt: skip
 
 
 class _Clock:

@@ -51,6 +51,21 @@ def t_interval(values: Sequence[float], level: float) -> dict:
     return entry
 
 
+def detectable_gain(pretrainings: int, sd: float, level: float, power: float = 0.8) -> float:
+    """The true mean gain that the primary interval (level ``level``, over ``pretrainings`` pretraining means of
+    standard deviation ``sd``) puts above 0 with probability about ``power``: ``(t_(1+level)/2 + t_power) sd / sqrt(P)``,
+    P - 1 degrees of freedom (the usual approximation of the noncentral t). Stated before the runs: what the plan can
+    detect."""
+    df = pretrainings - 1
+    return (t_quantile(level, df) + t_quantile(2 * power - 1, df)) * sd / math.sqrt(pretrainings)
+
+
+def equivalence_sd(pretrainings: int, level: float, margin: float) -> float:
+    """The standard deviation of the pretraining means below which an interval around a zero gain lies inside
+    [-margin, +margin] (its half-width ``t sd / sqrt(P)`` below the margin): above it, "equivalent" cannot be reached."""
+    return margin * math.sqrt(pretrainings) / t_quantile(level, pretrainings - 1)
+
+
 def _dice(runs: list[dict]) -> dict[tuple, dict]:
     return {(r["arm"], r.get("pretraining_seed"), r["k"], r["seed"]): r["dice"] for r in runs}
 

@@ -256,6 +256,21 @@ def test_coverage_is_simulated_from_the_fitted_variance_components_per_cell_kind
     assert cover["secondary (Bonferroni)"]["nominal"] == [pytest.approx(1 - 0.05 / 9), pytest.approx(1 - 0.05 / 10)]
 
 
+def test_the_power_stated_before_the_runs_is_the_plans():
+    """low_data.py states what the plan can detect: the numbers are the functions' at the CPU plan's sizes."""
+    import low_data
+
+    doc = " ".join(low_data.__doc__.split())
+    p, level = CPU.pretrainings, CPU.level
+    factor = verdicts.detectable_gain(p, 1.0, level)
+    assert f"{factor:.2f} SD(g)" in doc and abs(factor - (T_975_DF2 + 1.0606601717798) / math.sqrt(3)) < 1e-9
+    assert all(f"{verdicts.detectable_gain(p, sd, level):.3f} at" in doc for sd in (0.02, 0.03))
+    assert f"below {verdicts.equivalence_sd(p, level, CPU.margin):.3f}" in doc
+    assert "about 0.05 at SD(g) = 0.03" in doc and round(verdicts.detectable_gain(5, 0.03, level), 2) == 0.05
+    m, secondary = verdicts.bonferroni_level(CPU, "ssl")
+    assert m == 9 and f"detects about {verdicts.detectable_gain(p, 1.0, secondary):.1f} SD(g)" in doc
+
+
 # ------------------------------------------------------------------------------------------ the gate and the runs
 
 def test_seeds_are_scheduled_until_three_pass_or_five_were_tried():
@@ -328,6 +343,12 @@ def test_the_health_gate_excludes_a_failing_pretraining_reports_it_and_schedules
     assert blocks == {0, 1, 2, 3}  # the baselines of the first tries' blocks and of dino's seed 3
     # ks x seeds of a block x (2 baselines x 4 blocks + 3 recipes x 2 arms x 3 pretrainings)
     assert result["complete"] and len(calls["finetune"]) == 2 * 3 * (2 * 4 + 3 * 2 * 3)
+    units = {(u["recipe"], u["seed"]): u for u in result["units"]}
+    assert units[("dino", 1)] == {"recipe": "dino", "seed": 1, "verdict": "at baseline", "passed": False, "runs_done": 0,
+                                  "runs_needed": 0, "complete": True}  # a failed pretraining is a done unit
+    assert units[("dino", 3)]["runs_needed"] == 2 * 2 * 3 * 2
+    assert {key for key, u in units.items() if not u["complete"]} == {("mim", 1), ("mim", 4)}  # passed, recipe not evaluated
+    assert len(units) == 3 + 4 + 5 + 3
     assert {c["seed"] for c in calls["finetune"] if c["fields"]["pretraining_seed"] == 3} == {9, 10, 11}  # its own block
 
 
@@ -370,7 +391,13 @@ def test_a_time_limited_piece_lists_the_missing_runs_and_report_only_runs_nothin
     result = schedule.run(PLAN, tmp_path, "cpu", stop_after_s=0.0)
     assert not calls["pretrain"] and not calls["finetune"] and result["complete"] is False
     assert "pretraining ssl seed 0" in result["missing_runs"] and result["recipes"]["ssl"]["status"].startswith("incomplete")
-    assert "scratch_k1_f0" in result["missing_runs"]
+    assert "scratch_k1_f0" in result["missing_runs"] and result["units"] == []
+    # a unit is complete once its pretraining's runs and its block's baselines are all there
+    pretrainings = {"ssl": {p: {"health": {"verdict": "learning"}} for p in range(3)}}
+    runs = [r for r in _records(PLAN, {"ssl": [0, 1, 2]}) if (r["arm"], r["k"], r["seed"]) != ("probe_random", 2, 4)]
+    units = schedule.units(PLAN, runs, pretrainings)
+    assert [(u["seed"], u["runs_done"], u["runs_needed"], u["complete"]) for u in units] == [
+        (0, 24, 24, True), (1, 23, 24, False), (2, 24, 24, True)]  # seed 4 is in block 1
 
 
 def test_the_pilot_runs_only_scratch_and_probe_random_at_each_budget(fake_runs, tmp_path):
