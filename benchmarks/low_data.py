@@ -63,10 +63,11 @@ stay in benchmarks/results/ as history.
   intervals still reported; the same rule on ``probe_random`` and on the recipe's own probe withholds that recipe's
   probe verdicts. Protocol 2's records do not give a budget that converges (its k = 2 still gained +0.039 to +0.075
   in the last quarter of 200 iterations), so the budget is fixed by a pilot before the pre-registration: ``--pilot``
-  runs ``scratch`` and ``probe_random`` only, at k = 1 and 2 over block 0's finetuning seeds, for each budget of
-  ``pilot_iterations`` (480 and 960: a pilot of the plan before the seeds were nested, kept in
+  runs ``scratch`` and ``probe_random`` only, at k = 1 and 2 over block 0's finetuning seeds, for the budgets of
+  ``pilot_iterations`` (480, then 960: a pilot of the plan before the seeds were nested, kept in
   ``benchmarks/results/low_data_cpu_protocol3_pilot_9d4d81b/``, found scratch at k = 2 still gaining +0.043 at 400
-  iterations), and writes the convergence table and the smallest budget at which both arms converged at every k. The pilot reads no pretrained encoder (its records hold scratch's held-out
+  iterations) from the smallest up until both arms converged at every k, and writes the convergence table and that
+  budget (a larger one is not run: the rule takes the smallest converged budget). The pilot reads no pretrained encoder (its records hold scratch's held-out
   Dice too, which the rule does not read), and the plan never reuses a pilot run (their keys are marked). Until the
   budget is fixed in ``PLANS["cpu"]`` the plan refuses to run.
 - **Data.** Labeled synthetic CT (five organs), split by index: a training pool, 2 validation volumes (model

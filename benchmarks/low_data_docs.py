@@ -329,8 +329,9 @@ def pilot_markdown(result: dict) -> str:
                 gain = "-" if e["last_quarter_gain"] is None else f"{e['last_quarter_gain']:+.4f}"
                 lines.append(f"| {budget} | {arm} | {k} | {gain} | {'-' if e['converged'] is None else 'yes' if e['converged'] else 'no'} |")
     smallest = result["smallest_converged_budget"]
+    skipped = f" (not run: {', '.join(map(str, result['not_run']))}, as a smaller budget converged)" if smallest and result.get("not_run") else ""
     lines += ["", f"Smallest budget at which both converged at every k: {smallest if smallest else 'none of those run'}"
-                  f"{'' if result['complete'] else ' (the pilot is not complete)'}."]  # fmt: skip
+                  f"{'' if result['complete'] else ' (the pilot is not complete)'}{skipped}."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -315,17 +315,19 @@ def pilot(
     shifted: Path | None = None, data: Data | None = None,
 ) -> dict:
     """The pilot that fixes the finetuning budget before the pre-registration: ``scratch`` and ``probe_random`` only (no
-    pretrained encoder is read) at every k and finetuning seed, for each budget of ``plan.pilot_iterations``. Returns
-    per budget the convergence table of both arms (:func:`~low_data_verdicts.convergence`) and the smallest budget at
-    which both converged at every k (None if none did). Its runs' keys are marked: the plan never reuses them.
+    pretrained encoder is read) at every k over block 0's finetuning seeds, for the budgets of
+    ``plan.pilot_iterations`` from the smallest up, until one has all its runs and both arms converged at every k
+    (the larger ones are then not run: the rule takes the smallest converged budget). Returns per budget run the
+    convergence table of both arms (:func:`~low_data_verdicts.convergence`) and that budget (None while none did).
+    Its runs' keys are marked: the plan never reuses them.
     ``labeled`` / ``unlabeled`` / ``shifted`` / ``data``: as for :func:`run`."""
     clock = _Clock(stop_after_s)
     lists = {"labeled": labeled, "unlabeled": unlabeled, "shifted": shifted}
     out, results, data, threads, numerics, code = _prepare(plan, out, device, parallel, results, True, lists, data)
     missing: list[str] = []
-    table, runs = {}, []
+    table, runs, converged = {}, [], None
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        for iterations in plan.pilot_iterations:
+        for iterations in sorted(plan.pilot_iterations):
             budget = replace(plan, finetune_iterations=iterations)
             jobs = [(arm, k, f, None) for f in finetune_block(0, plan) for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
 
@@ -339,12 +341,15 @@ def pilot(
             done = [r for r in pool.map(one, jobs) if r is not None]
             runs += done
             table[str(iterations)] = {arm: convergence(done, arm, plan.ks, plan.convergence_gain) for arm in (SCRATCH, PROBE_RANDOM)}
-    converged = [int(b) for b, arms in table.items() if all(e["converged"] for per_k in arms.values() for e in per_k.values())]
+            if len(done) == len(jobs) and all(e["converged"] for per_k in table[str(iterations)].values() for e in per_k.values()):
+                converged = iterations
+                break
     settings = plan_settings(plan, numerics, code, "user datalists" if labeled else "synthetic")
     return {
         "benchmark": "low_data_pilot", "protocol": 3, "settings": settings, "settings_hash": digest(settings),
         "rule": f"converged: the last quarter of the validations gains less than {plan.convergence_gain} over the quarter before",
-        "convergence": table, "smallest_converged_budget": min(converged) if converged else None,
+        "convergence": table, "smallest_converged_budget": converged,
+        "not_run": [b for b in sorted(plan.pilot_iterations) if str(b) not in table],
         "complete": not missing, "missing_runs": sorted(missing), "runs": runs,
         "machine": {**machine_info(), "threads_per_run": threads, "parallel_runs": parallel}, "total_seconds": clock.seconds(),
     }  # fmt: skip

@@ -400,14 +400,23 @@ def test_a_time_limited_piece_lists_the_missing_runs_and_report_only_runs_nothin
         (0, 24, 24, True), (1, 23, 24, False), (2, 24, 24, True)]  # seed 4 is in block 1
 
 
-def test_the_pilot_runs_only_scratch_and_probe_random_at_each_budget(fake_runs, tmp_path):
+def test_the_pilot_runs_scratch_and_probe_random_from_the_smallest_budget_until_one_converges(fake_runs, tmp_path, monkeypatch):
     calls, _ = fake_runs
-    result = schedule.pilot(replace(CPU, pilot_iterations=(48, 96), val_every=4), tmp_path, "cpu")
+    rising = [[4 * i, 0.05 * i] for i in range(1, 13)]
+    real = schedule.run_finetuning
+
+    def rising_at_48(arm, k, seed, key, overrides, data, results, threads, report_only=False, **kwargs):
+        record = real(arm, k, seed, key, overrides, data, results, threads, report_only, **kwargs)
+        return {**record, "validation_curve": rising} if record and kwargs["fields"]["finetune_iterations"] == 48 and k == 2 else record
+
+    monkeypatch.setattr(schedule, "run_finetuning", rising_at_48)
+    result = schedule.pilot(replace(CPU, pilot_iterations=(96, 48, 192), val_every=4), tmp_path, "cpu")
     assert not calls["pretrain"] and {c["arm"] for c in calls["finetune"]} == {"scratch", "probe_random"}
-    assert len(calls["finetune"]) == 2 * 2 * 2 * 3  # budgets x arms x ks x the seeds of block 0
+    assert len(calls["finetune"]) == 2 * 2 * 2 * 3  # budgets run x arms x ks x the seeds of block 0
     assert {c["seed"] for c in calls["finetune"]} == {0, 1, 2}
-    assert {c["overrides"]["max_epochs"] for c in calls["finetune"] if c["k"] == 2} == {24, 48}
-    assert set(result["convergence"]) == {"48", "96"} and result["smallest_converged_budget"] == 48  # flat curves
+    assert {c["overrides"]["max_epochs"] for c in calls["finetune"] if c["k"] == 2} == {24, 48}  # from the smallest up
+    assert set(result["convergence"]) == {"48", "96"} and not result["convergence"]["48"]["scratch"]["2"]["converged"]
+    assert result["smallest_converged_budget"] == 96 and result["not_run"] == [192]  # flat curves at 96: stop there
     # a pilot run's key is never the plan's: the plan's records all follow the pre-registration
     calls["finetune"].clear()
     schedule.run(replace(CPU, finetune_iterations=48, val_every=4, recipes=("ssl",)), tmp_path, "cpu")
