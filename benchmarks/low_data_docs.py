@@ -217,7 +217,8 @@ def _units(result: dict, n: int) -> str:
 def answers_markdown(result: dict, name: str, link: str | None = None) -> str:
     """Protocol v3's answer per recipe, one sentence each, from its summary: the primary contrast (the mean gain in
     held-out Dice over scratch of the selected models, pooled over k and both held-out sets, with its t-interval over
-    pretrainings and its verdict), the linear probe's gain over a random encoder's (secondary, its Bonferroni level),
+    pretrainings and its verdict; its estimand is the gain of a pretraining that passed the health check, so the
+    sentence says how many of those tried passed), the linear probe's gain over a random encoder's (secondary, its Bonferroni level),
     for a matched recipe its gain over its demo recipe; or the recipe's status (not evaluated: too few encoders passed
     health; incomplete). Then where the data, budgets and machine are, linked at ``link`` (default ``name``)."""
     s = result["settings"]
@@ -233,7 +234,9 @@ def answers_markdown(result: dict, name: str, link: str | None = None) -> str:
                          f"no interval below 2 ({entry['status']}).")  # fmt: skip
             continue
         cells = entry["secondary"]["cells"]
-        sentence = f"- {entry['name']}: {_gain(primary)} over scratch ({_verdict(primary)}) on {_units(result, primary['n'])}"
+        tried = len(entry["pretrainings"])
+        sentence = (f"- {entry['name']}: {_gain(primary)} over scratch ({_verdict(primary)}) on {_units(result, primary['n'])}, "
+                    f"among pretrainings that passed the health check ({primary['n']} of {tried} tried)")  # fmt: skip
         probe = cells[f"probe_{recipe} - probe_random, pooled, selected"]
         level = f"{100 * entry['secondary']['level']:.2f} % {entry['secondary']['correction']} interval"
         if probe["interval"] is not None:

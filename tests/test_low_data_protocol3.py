@@ -488,7 +488,8 @@ def test_the_answer_sentences_are_generated_from_the_summary(fake_runs, tmp_path
     mean = statistics.fmean(g)
     mim = next(line for line in lines if line.startswith("- masked image:"))
     assert mim.startswith(f"- masked image: +{mean:.3f} [+{mean - half:.3f}, +{mean + half:.3f}] over scratch (better) on 3 "
-                          f"pretrainings x 3 finetuning seeds of their own x 2 k x 2 held-out sets; its linear probe +{mean:.3f} [")  # fmt: skip
+                          f"pretrainings x 3 finetuning seeds of their own x 2 k x 2 held-out sets, among pretrainings that "
+                          f"passed the health check (3 of 3 tried); its linear probe +{mean:.3f} [")  # fmt: skip
     assert "over a random encoder's (secondary, 99.44 % Bonferroni interval: better)" in mim
     assert "- self-distillation: not evaluated: 2 of 5 encoders passed health." in lines
     matched = next(line for line in lines if line.startswith("- SSL in the finetuning's window and spacing:"))
