@@ -99,7 +99,16 @@ stay in benchmarks/results/ as history.
   ``pretrain_<recipe>_s<seed>_<key>.json`` (with their weights and last health report), finetunings as
   ``<arm>_k<k>_f<seed>_<key>.json`` and ``<arm>_p<pretraining seed>_k<k>_f<seed>_<key>.json``. A re-run reuses
   finished runs only; a killed run leaves no record and runs again; ``--stop_after_s`` starts no run after its limit,
-  and the same command continues. The summary's tables and one-sentence answers per recipe are generated from its JSON
+  and the same command continues. The pre-registration commit fixes the analysis code too
+  (``low_data_plan.ANALYSIS_CODE``): if any of those files differs from it in the checkout that summarises, every
+  verdict is withheld and the files are listed (``preregistration.analysis_changed``). Before any run the plan's
+  ``finetune_iterations`` must be the smallest converged budget of the committed, complete pilot summary of the same
+  pilot settings (``low_data_plan.check_pilot``). Each record the plan obtains is entered once in the results folder's
+  append-only ``ledger.jsonl`` (file, sha256): a record deleted or changed since (``records_changed``) withholds every
+  verdict. A run that fails runs once more from its start; failing again it is recorded as failed (a pretraining with
+  health verdict "crashed", failing the gate; a finetuning without Dice, like one whose selected model's Dice is NaN):
+  the summary lists the failed finetuning runs (``failed_runs``) and withholds the verdicts of every recipe whose cells
+  would read one. The summary's tables and one-sentence answers per recipe are generated from its JSON
   (``--markdown``/``--write_docs``) into README's "What pretraining buys" and docs/measuring.md.
 
 **Time of the CPU plan, an estimate** from existing records (not a measurement of this plan), two runs side by side

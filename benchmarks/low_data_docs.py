@@ -255,13 +255,16 @@ def answers_markdown(result: dict, name: str, link: str | None = None) -> str:
 
 
 def _registration_line(status: dict) -> str:
-    """Whether every record follows the pre-registration commit (``low_data_plan.preregistration_status``)."""
+    """Whether every record follows the pre-registration commit and the analysis code is the pre-registered one
+    (``low_data_plan.preregistration_status``)."""
     if status["commit"] is None:
         return "Not pre-registered: no verdict is given."
+    changed = status.get("analysis_changed")
+    code = f" The analysis code changed since ({', '.join(changed)}): every verdict is withheld." if changed else ""
     if status["records_after"]:
-        return f"Pre-registered at commit {status['commit']}: every record was made at it or a commit after it."
+        return f"Pre-registered at commit {status['commit']}: every record was made at it or a commit after it.{code}"
     return (f"Pre-registered at commit {status['commit']}; records made at {', '.join(status['not_after'])} do not follow "
-            "it: every verdict is withheld.")  # fmt: skip
+            f"it: every verdict is withheld.{code}")  # fmt: skip
 
 
 def protocol3_markdown(result: dict) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ from components.data import synthetic
 from components.demo.recipes import CT_BUNDLE, SPACING, DemoBudget
 from components.demo.runner import BUNDLES_DIR
 from low_data_protocol import Data, DatalistError, synthetic_sets, user_data, write_text
-from machine import descends_from
+from machine import changed_since, descends_from
 
 #: the recipes of the plan: each demo recipe, and ``ssl_matched``, SSL pretrained in the finetuning's window and
 #: spacing (the arm that measures the mismatch between pretraining and finetuning)
@@ -127,6 +127,18 @@ def finetune_block(pretraining_seed: int, plan: Plan) -> list[int]:
 #: cannot name itself, so a later commit writes it here; until then the CPU plan refuses to run, and every record of
 #: it must be made at a commit that descends from this one (:func:`check_preregistered`, the summary's check).
 PREREGISTRATION: str | None = None
+#: the plan's analysis code, which the pre-registration commit fixes too: a summary whose code of these files differs
+#: from that commit's withholds every verdict (:func:`preregistration_status`). ``low_data_docs.py`` only renders a
+#: summary and ``low_data.py`` is the command line: neither is part of it.
+ANALYSIS_CODE = ("benchmarks/low_data_plan.py", "benchmarks/low_data_schedule.py", "benchmarks/low_data_verdicts.py",
+                 "benchmarks/low_data_stats.py", "benchmarks/low_data_runs.py", "benchmarks/low_data_protocol.py")  # fmt: skip
+
+#: the committed summary of the CPU plan's pilot (``low_data.py --pilot --json ...``): a non-trial plan's finetuning
+#: budget must be its answer (:func:`check_pilot`)
+PILOT_SUMMARY = Path(__file__).resolve().parent / "results" / "low_data_cpu_protocol3_pilot.json"
+#: the plan's fields that define its pilot: a pilot run with other values of any of them does not fix this plan's budget
+PILOT_FIELDS = ("ks", "finetune_seeds", "num_validation", "in_domain_pool", "shifted_pool", "held_out", "val_every", "min_validations",
+                "convergence_gain", "data_seed", "pilot_iterations", "budget")  # fmt: skip
 
 PLANS = {
     # the CPU plan: its finetuning budget is fixed from the pilot (low_data.py --pilot) before the pre-registration
@@ -192,10 +204,48 @@ def check_plan(plan: Plan, pilot: bool = False) -> None:
         raise PlanError("the plan cannot serve protocol v3: " + "; ".join(errors) + ".")
 
 
+def check_pilot(plan: Plan) -> None:
+    """Checks that a plan's finetuning budget is its pilot's answer: the committed pilot summary
+    (:data:`PILOT_SUMMARY`) is there and complete, was run with the plan's values of every field of
+    :data:`PILOT_FIELDS`, found a converged budget, and ``plan.finetune_iterations`` is its
+    ``smallest_converged_budget``. A non-monotone pilot (a budget converged, a larger one not) still fixes its
+    smallest converged budget, as the rule says; the plan's own runs check the convergence again (their verdicts are
+    withheld where it fails). A ``trial`` plan needs no pilot.
+
+    Raises:
+        PlanError: naming the file and what fails, in one line.
+    """
+    if plan.trial:
+        return
+    name = PILOT_SUMMARY
+    try:
+        pilot = json.loads(PILOT_SUMMARY.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"no pilot summary {name}: run the pilot (low_data.py --pilot --json ...) and commit its "
+                        "summary before the pre-registration.") from None  # fmt: skip
+    except ValueError as err:
+        raise PlanError(f"the pilot summary {name} is not JSON: {err}.") from None
+    if pilot.get("complete") is not True:
+        raise PlanError(f"the pilot summary {name} is not complete ({len(pilot.get('missing_runs') or [])} runs missing): "
+                        "run the pilot to its end before the pre-registration.")  # fmt: skip
+    ours, theirs = json.loads(json.dumps(asdict(plan))), pilot.get("settings") or {}
+    differ = [f"{f} {theirs.get(f)} (the plan: {ours[f]})" for f in PILOT_FIELDS if theirs.get(f) != ours[f]]
+    if differ:
+        raise PlanError(f"the pilot summary {name} was run with other settings than the plan's: {'; '.join(differ)}.")
+    budget = pilot.get("smallest_converged_budget")
+    if budget is None:
+        raise PlanError("no pilot budget converged: add a larger budget to pilot_iterations and run the pilot again before "
+                        "the pre-registration.")  # fmt: skip
+    if plan.finetune_iterations != budget:
+        raise PlanError(f"finetune_iterations ({plan.finetune_iterations}) is not the pilot's smallest converged budget "
+                        f"({budget}, {name}).")  # fmt: skip
+
+
 def check_preregistered(plan: Plan, head: str) -> None:
     """Checks, before any run of a plan that is not a ``trial``, that it is pre-registered and that this checkout may
-    add records to it: :data:`PREREGISTRATION` is set and ``head`` (this checkout's commit, as
-    ``machine.git_commit`` records it) is that commit or a descendant, with no uncommitted change.
+    add records to it: :data:`PREREGISTRATION` is set, the finetuning budget is the pilot's answer
+    (:func:`check_pilot`) and ``head`` (this checkout's commit, as ``machine.git_commit`` records it) is that commit
+    or a descendant, with no uncommitted change.
 
     Raises:
         PlanError: naming what is missing, in one line.
@@ -205,16 +255,20 @@ def check_preregistered(plan: Plan, head: str) -> None:
     if PREREGISTRATION is None:
         raise PlanError("the plan is not pre-registered: fix its finetuning budget from the pilot (low_data.py --pilot) in "
                         "PLANS, commit, then name that commit in low_data_plan.PREREGISTRATION.")  # fmt: skip
+    check_pilot(plan)
     if not descends_from(head, PREREGISTRATION):
         raise PlanError(f"this checkout ({head}) is not the pre-registration commit {PREREGISTRATION} or a descendant of it "
                         "with no uncommitted change: its records would not follow the pre-registration.")  # fmt: skip
 
 
 def preregistration_status(commits: list[str]) -> dict:
-    """Whether every record's commit follows the pre-registration (:data:`PREREGISTRATION`): ``{"commit",
-    "records_after", "not_after"}`` (the commits that do not descend from it; all of them while none is set)."""
+    """Whether every record's commit follows the pre-registration (:data:`PREREGISTRATION`) and the analysis code is
+    the pre-registered one: ``{"commit", "records_after", "not_after", "analysis_changed"}``: the commits that do not
+    descend from it (all of them while none is set) and the files of :data:`ANALYSIS_CODE` that differ in this
+    checkout from that commit (``machine.changed_since``: all of them where git cannot tell; None while none is set)."""
     not_after = sorted({c for c in commits if PREREGISTRATION is None or not descends_from(c, PREREGISTRATION)})
-    return {"commit": PREREGISTRATION, "records_after": not not_after, "not_after": not_after}
+    changed = None if PREREGISTRATION is None else changed_since(PREREGISTRATION, ANALYSIS_CODE)
+    return {"commit": PREREGISTRATION, "records_after": not not_after, "not_after": not_after, "analysis_changed": changed}
 
 
 def training_volumes(data: Data, k: int, seed: int, plan: Plan) -> list[dict]:

@@ -113,6 +113,12 @@ def _per_image_dice(csv: Path, data_root: Path) -> dict[str, float]:
     return out
 
 
+def record_file(results: Path, stem: str, key: str) -> Path:
+    """The record of a run: ``<results>/<stem>_<key>.json`` (where :func:`run_pretraining` and :func:`run_finetuning`
+    write it)."""
+    return results / f"{stem}_{key}.json"
+
+
 def run_pretraining(
     recipe: str, key: str, overrides: dict, results: Path, threads: int | None, report_only: bool = False, *,
     bundle: str | None = None, stem: str | None = None, collapse_fails: bool = False,
@@ -134,7 +140,7 @@ def run_pretraining(
         FileNotFoundError: with ``report_only``, for a pretraining that has no record.
     """
     run_dir = Path(overrides["ckpt_dir"]).parent
-    record_path = results / f"{stem or f'pretrain_{recipe}'}_{key}.json"
+    record_path = record_file(results, stem or f"pretrain_{recipe}", key)
     kept = record_path.with_suffix(".pt")
     model = run_dir / "models" / "model.pt"
     if record_path.is_file():
@@ -191,7 +197,7 @@ def run_finetuning(
     ``in_domain`` and ``shifted``); with ``report_only`` a run without a result is not run (None). ``stem``: the
     record's file name without ``_<key>.json`` (default ``<arm>_k<k>_seed<seed>``); ``fields``: added to the record;
     ``pretrained``: whether the arm starts from a pretrained encoder (default: the arm's in :data:`ARMS`)."""
-    record_path = results / f"{stem or f'{arm}_k{k}_seed{seed}'}_{key}.json"
+    record_path = record_file(results, stem or f"{arm}_k{k}_seed{seed}", key)
     if record_path.is_file():
         return json.loads(record_path.read_text())
     if report_only:

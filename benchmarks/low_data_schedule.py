@@ -4,19 +4,26 @@ fixes the finetuning budget (:func:`pilot`). ``low_data.py`` is their command li
 
 Every pretraining and finetuning is a real bundle run (``low_data_runs.run_pretraining`` / ``run_finetuning``), its
 record written as it finishes under a key of its settings, the code that ran and its numerics; a re-run reuses the
-finished runs, and a killed run leaves no record and runs again from its start.
+finished runs, and a killed run leaves no record and runs again from its start. A plan's run that fails runs once
+more from its start, and is recorded as failed if it fails again (:func:`crash_rule`); every record the plan obtains
+is entered in its results folder's append-only ledger (:func:`ledger_add`), so that a record deleted or changed later
+is found (:func:`ledger_changes`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from components import sha256_file
 from components.demo.recipes import CT_BUNDLE, RECIPES as DEMO_RECIPES, SPACING, finetune_overrides, training_class_weights
 from low_data_arms import PROBE_NETWORK
 from low_data_plan import (
@@ -24,8 +31,8 @@ from low_data_plan import (
     check_preregistered, finetune_block, matched_corpus, preregistration_status, seed_data, synthetic_data,
     training_volumes, users_data, write_seed_datalist,
 )
-from low_data_protocol import HELD_OUT_SETS, Data, code_state, digest, run_code
-from low_data_runs import _portable, run_finetuning, run_numerics, run_pretraining
+from low_data_protocol import HELD_OUT_SETS, Data, code_state, digest, run_code, write_json
+from low_data_runs import _portable, record_file, run_finetuning, run_numerics, run_pretraining
 from low_data_verdicts import convergence, coverage_by_kind, family, not_converged
 from machine import git_commit, machine_info
 
@@ -143,22 +150,54 @@ def units(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, dict]]
     return out
 
 
+def failure(record: dict) -> str | None:
+    """Why a finetuning record is a failed run: its ``failed`` message (:func:`crash_rule`), or the held-out sets on
+    which its selected model's Dice is NaN (no class present scored); None for a run that counts."""
+    if record.get("failed"):
+        return record["failed"]
+    nan = [h for h in HELD_OUT_SETS if math.isnan(record["dice"]["selected"][h]["mean"])]
+    return f"the selected model's Dice is NaN on {', '.join(nan)}" if nan else None
+
+
+def uses(recipe: str, record: dict, passing: dict[str, list[int]], plan: Plan) -> bool:
+    """Whether a cell of ``recipe``'s family (:func:`~low_data_verdicts.family`) reads finetuning ``record``: a run of
+    the recipe's arms, of the finetuned arm of the recipe it is matched with, or a baseline run of a block that a passing
+    pretraining (``passing``: per recipe its seeds) of either uses."""
+    other = MATCHED.get(recipe)
+    if record.get("pretraining_seed") is not None:
+        return record["arm"] in (recipe, f"probe_{recipe}", other)
+    seeds = passing.get(recipe, []) + (passing.get(other, []) if other else [])
+    return any(record["seed"] in finetune_block(p, plan) for p in seeds)
+
+
 def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, dict]], incomplete: set[str],
-              unregistered: list[str] = ()) -> dict:  # fmt: skip
+              unregistered: Sequence[str] = (), analysis_changed: Sequence[str] = (), records_changed: Sequence[str] = ()) -> dict:  # fmt: skip
     """The statistics of a plan's records: per recipe its pretrainings (seed, key, verdict, whether it passed, the
     health report), its status (:func:`recipe_status`), its primary contrast and secondary cells
     (:func:`~low_data_verdicts.family`) with the finetuning verdicts withheld where ``scratch`` did not converge at
     every k, the probe verdicts where ``probe_random`` or the recipe's own probe did not, and all of them where a
-    record was made at a commit that does not follow the pre-registration (``unregistered``); the convergence tables;
-    the coverage per cell kind."""
+    record was made at a commit that does not follow the pre-registration (``unregistered``), the analysis code
+    differs from the pre-registered one (``analysis_changed``: its files) or a record was deleted or changed since
+    written (``records_changed``: :func:`ledger_changes`); a recipe's verdicts where one of its cells would read a
+    failed run (:func:`failure`, :func:`uses`: the failed runs are listed, and left out of every statistic, never
+    taken as simply missing); the convergence tables; the coverage per cell kind."""
+    failed = sorted(((run_stem(r["arm"], r["k"], r["seed"], r.get("pretraining_seed")), why, r) for r in runs if (why := failure(r))),
+                    key=lambda entry: entry[0])  # fmt: skip
+    runs = [r for r in runs if not failure(r)]
     passing = {r: sorted(s for s, rec in records.items() if passes(rec, plan))[: plan.pretrainings] for r, records in pretrainings.items()}
     evaluated = {r: passing[r] for r in plan.recipes if recipe_status(r, pretrainings[r], plan, r in incomplete) == "evaluated"}
+    hit = {r: [stem for stem, _, record in failed if uses(r, record, evaluated, plan)] for r in evaluated}
     arms = (SCRATCH, PROBE_RANDOM, *(f"probe_{r}" for r in evaluated))
     table = {arm: convergence(runs, arm, plan.ks, plan.convergence_gain) for arm in arms}
     withheld = {"finetune": not_converged(table[SCRATCH]), "probe": not_converged(table[PROBE_RANDOM]),
                 "probe_heads": {r: not_converged(table[f"probe_{r}"]) for r in evaluated},
                 "registration": f"records made at commits that do not follow the pre-registration: {', '.join(unregistered)}"
-                if unregistered else None}  # fmt: skip
+                if unregistered else None,
+                "analysis_code": f"analysis code changed since the pre-registration: {', '.join(analysis_changed)}"
+                if analysis_changed else None,
+                "records": f"records deleted or changed since written: {', '.join(records_changed)}" if records_changed else None,
+                "failed_runs": {r: f"failed runs: {', '.join(stems)}" if stems else None for r, stems in hit.items()}}  # fmt: skip
+    everything = "; ".join(filter(None, (withheld["registration"], withheld["analysis_code"], withheld["records"])))  # every verdict
     recipes = {}
     for recipe in plan.recipes:
         records = pretrainings[recipe]
@@ -171,13 +210,66 @@ def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, di
             entry.update(family(runs, recipe, evaluated, plan))
             probe = "; ".join(filter(None, (withheld["probe"], withheld["probe_heads"][recipe] and
                                             f"its probe's {withheld['probe_heads'][recipe]}")))  # fmt: skip
+            own = "; ".join(filter(None, (everything, withheld["failed_runs"][recipe])))
             for cell in [entry["primary"], *entry["secondary"]["cells"].values()]:
-                reason = withheld["registration"] or (probe if cell.get("kind") == "probe" else withheld["finetune"])
+                reason = own or (probe if cell.get("kind") == "probe" else withheld["finetune"])
                 if reason:
                     cell.update(verdict=None, withheld=reason)
         recipes[recipe] = entry
-    return {"recipes": recipes, "units": units(plan, runs, pretrainings), "convergence": table, "withheld": withheld,
+    return {"recipes": recipes, "units": units(plan, runs + [record for _, _, record in failed], pretrainings), "convergence": table,
+            "withheld": withheld, "failed_runs": [{"run": stem, "failed": why} for stem, why, _ in failed],
             "coverage": coverage_by_kind(runs, evaluated, plan)}  # fmt: skip
+
+
+#: a plan's ledger, in its results folder: one JSON line ``{"file", "sha256"}`` per record file and content obtained
+LEDGER = "ledger.jsonl"
+_LEDGER_LOCK = threading.Lock()  # the runs side by side add to it
+
+
+def _ledger(results: Path) -> list[dict]:
+    path = results / LEDGER
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def ledger_add(results: Path, record: Path) -> None:
+    """Makes sure the ledger of ``results`` (:data:`LEDGER`) has the line of record file ``record`` as its bytes are
+    now: appended once, never rewritten, so that a record deleted or changed later is still found
+    (:func:`ledger_changes`), even one made again."""
+    entry = {"file": record.name, "sha256": sha256_file(record)}
+    with _LEDGER_LOCK:
+        if entry not in _ledger(results):
+            with (results / LEDGER).open("a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+
+def ledger_changes(results: Path) -> list[str]:
+    """The record files of the ledger of ``results`` that are gone (``<file> (deleted)``) or whose bytes no longer
+    match one of its lines (``<file> (changed)``), each once, in the ledger's order."""
+    changes: list[str] = []
+    for entry in _ledger(results):
+        path = results / entry["file"]
+        change = "deleted" if not path.is_file() else "changed" if sha256_file(path) != entry["sha256"] else None
+        if change and f"{entry['file']} ({change})" not in changes:
+            changes.append(f"{entry['file']} ({change})")
+    return changes
+
+
+def crash_rule(what: str, call: Callable[[], dict | None], path: Path, failed: Callable[[str], dict]) -> dict | None:
+    """Protocol v3's rule for a run that fails: ``call`` (one bundle run, or its reuse) that raises ``RuntimeError``
+    (``run_bundle``'s failed run, a finetuning that logged no validation) runs once more from its start; if it fails
+    again, ``failed(message)`` (the first line of the second error) is written as the run's record at ``path`` and
+    returned, reused as such by a re-run. A failed run is reported, never dropped silently. Protocol 2
+    (``low_data_lever.py``) and the pilot still stop at a failed run."""
+    for attempt in (1, 2):
+        try:
+            return call()
+        except RuntimeError as err:
+            message = (str(err).splitlines() or [type(err).__name__])[0]
+            then = "running it once more from its start" if attempt == 1 else "recorded as failed"
+            print(f"{what} failed ({message}): {then}", file=sys.stderr, flush=True)
+    record = failed(message)
+    write_json(path, record)
+    return record
 
 
 class _Clock:
@@ -212,21 +304,31 @@ def _prepare(plan: Plan, out: Path, device: str, parallel: int, results: Path | 
 
 
 def _finetune(job: tuple, plan: Plan, data: Data, out: Path, results: Path, numerics: dict, code: dict,
-              threads: int, skip: bool, pilot: bool = False) -> dict | None:  # fmt: skip
-    """Runs (or reuses; with ``skip`` only reuses) one finetuning ``job``: (arm, k, seed, pretraining record or None)."""
+              threads: int, skip: bool, pilot: bool = False) -> tuple[dict | None, Path]:  # fmt: skip
+    """Runs (or reuses; with ``skip`` only reuses) one finetuning ``job``: (arm, k, seed, pretraining record or None);
+    returns its record (None: not run) and the record's file. A plan's run (not the ``pilot``'s) follows
+    :func:`crash_rule`: failing twice, it is recorded as failed (``failed``: the message, no Dice)."""
     arm, k, seed, pretraining = job
     datalist = write_seed_datalist(data, k, seed, plan)
     key, overrides = finetune_job(arm, k, seed, plan, data, datalist, out, numerics, code, pretraining, pilot)
     p = pretraining["seed"] if pretraining else None
-    record = run_finetuning(arm, k, seed, key, overrides, seed_data(data, seed, plan), results, threads, skip,
-                            stem=run_stem(arm, k, seed, p), pretrained=pretraining is not None,
-                            fields={"pretraining_seed": p, "recipe": pretraining["recipe"] if pretraining else None,
-                                    "finetune_iterations": plan.finetune_iterations})  # fmt: skip
-    if record is not None:
+    stem = run_stem(arm, k, seed, p)
+    fields = {"pretraining_seed": p, "recipe": pretraining["recipe"] if pretraining else None, "finetune_iterations": plan.finetune_iterations}
+
+    def call() -> dict | None:
+        return run_finetuning(arm, k, seed, key, overrides, seed_data(data, seed, plan), results, threads, skip, stem=stem,
+                              pretrained=pretraining is not None, fields=fields)  # fmt: skip
+
+    path = record_file(results, stem, key)
+    record = call() if pilot else crash_rule(stem, call, path, lambda message: {"arm": arm, "k": k, "seed": seed, "key": key,
+                                                                                "commit": git_commit(), "failed": message, **fields})  # fmt: skip
+    if record is not None and record.get("failed"):
+        print(f"{stem}: failed ({record['failed']})", file=sys.stderr, flush=True)
+    elif record is not None:
         sel = record["dice"]["selected"]
         print(f"{run_stem(arm, k, seed, p)}: selected (iteration {record['selected_iteration']}) in-domain "
               f"{sel['in_domain']['mean']:.4f}, shifted {sel['shifted']['mean']:.4f}", file=sys.stderr, flush=True)  # fmt: skip
-    return record
+    return record, path
 
 
 def run(
@@ -261,14 +363,22 @@ def run(
     def pretrain(job: tuple[str, int]) -> dict | None:
         recipe, seed = job
         key, overrides, bundle = pretraining_job(recipe, seed, plan, corpora[recipe], out, numerics, code)
+        stem, skip = f"pretrain_{recipe}_s{seed}", report_only or clock.late()
+        path = record_file(results, stem, key)
+
+        def crashed(message: str) -> dict:  # a failed pretraining, as one its collapse guard stopped: it fails the gate
+            return {"recipe": recipe, "key": key, "sha256": None, "seconds": None, "commit": git_commit(), "seed": seed, "failed": message,
+                    "health": {"verdict": "crashed", "stopped_by": "two failed runs", "message": message, "signals": {}}}  # fmt: skip
+
         try:
-            record = run_pretraining(recipe, key, overrides, results, threads, report_only or clock.late(), bundle=bundle,
-                                     stem=f"pretrain_{recipe}_s{seed}", collapse_fails=True)  # fmt: skip
+            record = crash_rule(f"pretraining {recipe} seed {seed}", lambda: run_pretraining(
+                recipe, key, overrides, results, threads, skip, bundle=bundle, stem=stem, collapse_fails=True), path, crashed)  # fmt: skip
         except FileNotFoundError:
             missing.append(f"pretraining {recipe} seed {seed}")
             return None
+        ledger_add(results, path)
         print(f"pretraining {recipe} seed {seed}: {(record.get('health') or {}).get('verdict')}", file=sys.stderr, flush=True)
-        return {**record, "recipe": recipe, "seed": seed}
+        return {"model": None, **record, "recipe": recipe, "seed": seed}
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         while jobs := [(r, s) for r in plan.recipes if r not in incomplete
@@ -289,19 +399,24 @@ def run(
                  for k in plan.ks for arm in (r, f"probe_{r}")]  # fmt: skip
 
         def one(job: tuple) -> dict | None:
-            record = _finetune(job, plan, data, out, results, numerics, code, threads, report_only or clock.late())
+            record, path = _finetune(job, plan, data, out, results, numerics, code, threads, report_only or clock.late())
             if record is None:
                 missing.append(run_stem(job[0], job[1], job[2], job[3]["seed"] if job[3] else None))
+            else:
+                ledger_add(results, path)
             return record
 
         runs = [r for r in pool.map(one, jobs) if r is not None]
     settings = plan_settings(plan, numerics, code, "user datalists" if labeled else "synthetic")
     commits = sorted({r["commit"] for r in runs} | {p["commit"] for recs in pretrainings.values() for p in recs.values()})
     registration = None if plan.trial else preregistration_status(commits)
+    changed = ledger_changes(results)
     return {
         "benchmark": "low_data", "protocol": 3, "settings": settings, "settings_hash": digest(settings),
         "data": {**data.files(), "per_seed": draws(data, plan, sorted({r["seed"] for r in runs}))},
-        **summarise(plan, runs, pretrainings, incomplete, registration["not_after"] if registration else []),
+        **summarise(plan, runs, pretrainings, incomplete, registration["not_after"] if registration else [],
+                    (registration["analysis_changed"] or []) if registration else [], changed),
+        "records_changed": changed,
         "complete": not missing, "missing_runs": sorted(missing),
         "runs": sorted(runs, key=lambda r: (r["seed"], r["k"], r["arm"], r.get("pretraining_seed") or 0)),
         "commits": commits, "preregistration": registration,
@@ -332,8 +447,8 @@ def pilot(
             jobs = [(arm, k, f, None) for f in finetune_block(0, plan) for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
 
             def one(job: tuple, budget: Plan = budget) -> dict | None:
-                record = _finetune(job, budget, data, out, results, numerics, code, threads,
-                                   report_only or clock.late(), pilot=True)  # fmt: skip
+                record, _ = _finetune(job, budget, data, out, results, numerics, code, threads,
+                                      report_only or clock.late(), pilot=True)  # fmt: skip
                 if record is None:
                     missing.append(f"{run_stem(*job[:3], None)} at {budget.finetune_iterations} iterations")
                 return record

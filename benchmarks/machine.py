@@ -8,6 +8,7 @@ import os
 import platform
 import re
 import subprocess
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -109,6 +110,18 @@ def descends_from(commit: str, ancestor: str, repo: Path = REPO) -> bool:
     except OSError:
         return False
     return done.returncode == 0
+
+
+def changed_since(commit: str, paths: Sequence[str], repo: Path = REPO) -> list[str]:
+    """The files of ``paths`` (relative to ``repo``'s root) whose content in the working tree, uncommitted changes
+    included, differs from ``commit``'s (``git diff --name-only <commit> -- paths``: a deleted file too), sorted.
+    Where git, the repository or the commit is unknown, every path: none can be shown unchanged, so a caller that
+    withholds results on a change withholds them."""
+    try:
+        done = subprocess.run(["git", "diff", "--name-only", commit, "--", *paths], cwd=repo, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(paths)
+    return sorted(done.stdout.splitlines())
 
 
 def write_result(result: dict, out, started: float) -> dict:

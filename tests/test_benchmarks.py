@@ -314,6 +314,32 @@ def test_git_commit_ignores_recorded_results_but_not_code_and_descends_from_foll
     assert not descends_from(child, "0" * 40, tmp_path)
 
 
+def test_changed_since_names_the_files_that_differ_from_a_commit_uncommitted_changes_included(tmp_path):
+    """The frozen analysis code of a pre-registration: a change committed since, an uncommitted one and a deletion
+    are named; other files are not; without git or the commit every file is (none can be shown unchanged)."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.machine import changed_since
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    for name in ("a.py", "b.py", "c.py"):
+        (tmp_path / name).write_text(f"{name[0]} = 1\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "start"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    paths = ("a.py", "b.py")
+    assert changed_since(head, paths, tmp_path) == []
+    (tmp_path / "b.py").write_text("b = 2\n")  # uncommitted
+    (tmp_path / "c.py").write_text("c = 2\n")  # not one of the paths
+    assert changed_since(head, paths, tmp_path) == ["b.py"]
+    subprocess.run([*git, "commit", "-qam", "next"], check=True)
+    assert changed_since(head, paths, tmp_path) == ["b.py"]  # committed since
+    (tmp_path / "a.py").unlink()
+    assert changed_since(head, paths, tmp_path) == ["a.py", "b.py"]  # deleted
+    assert changed_since("0" * 40, paths, tmp_path) == ["a.py", "b.py"]  # an unknown commit: every path
+    assert changed_since(head, paths, tmp_path / "nowhere") == ["a.py", "b.py"]  # no repository
+
+
 # a stand-in for a bundle run: writes the health report where --output_dir points, its rotation loss from --rotation
 _FAKE_PRETRAINING = """
 import json, sys

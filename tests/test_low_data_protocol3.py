@@ -11,7 +11,7 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -217,7 +217,7 @@ def test_the_convergence_rule_compares_the_last_two_quarters_and_withholds_the_v
     assert summary["convergence"]["scratch"]["1"]["converged"] and not summary["convergence"]["scratch"]["2"]["converged"]
     assert summary["convergence"]["scratch"]["2"]["last_quarter_gain"] == pytest.approx(0.15)
     assert summary["withheld"] == {"finetune": "budget not converged at k=2", "probe": None, "probe_heads": {"mim": None},
-                                   "registration": None}  # fmt: skip
+                                   "registration": None, "analysis_code": None, "records": None, "failed_runs": {"mim": None}}  # fmt: skip
     mim = summary["recipes"]["mim"]
     assert mim["primary"]["verdict"] is None and mim["primary"]["withheld"] == "budget not converged at k=2"
     assert mim["primary"]["interval"] is not None  # the interval is still reported
@@ -284,40 +284,73 @@ def test_seeds_are_scheduled_until_three_pass_or_five_were_tried():
 
 def _registered_at(monkeypatch, head: str) -> None:
     """The plan pre-registered at commit "r", this checkout at ``head``; of the commits only "c" (the stand-in
-    records' commit) and "head" descend from "r". ``machine.descends_from`` itself is tested on a real repository."""
+    records' commit) and "head" descend from "r"; no analysis code changed since "r". ``machine.descends_from`` and
+    ``machine.changed_since`` themselves are tested on a real repository."""
     monkeypatch.setattr(plan_module, "PREREGISTRATION", "r")
     monkeypatch.setattr(plan_module, "descends_from", lambda commit, ancestor: ancestor == "r" and commit in ("c", "head"))
+    monkeypatch.setattr(plan_module, "changed_since", lambda commit, paths: [])
     monkeypatch.setattr(schedule, "git_commit", lambda: head)
 
 
+def _write_pilot(path: Path, plan: plan_module.Plan, **fields) -> None:
+    """A pilot summary of ``plan``'s settings whose smallest converged budget is the plan's (``fields`` change it)."""
+    settings = json.loads(json.dumps({**asdict(plan), "finetune_iterations": None, "device": "cpu"}))
+    path.write_text(json.dumps({"benchmark": "low_data_pilot", "protocol": 3, "settings": settings, "complete": True, "missing_runs": [],
+                                "smallest_converged_budget": plan.finetune_iterations, **fields}))  # fmt: skip
+
+
 @pytest.fixture
-def fake_runs(monkeypatch):
+def fake_runs(monkeypatch, tmp_path):
     """run() with the bundle runs replaced: a pretraining's health verdict is ``verdicts[(recipe, seed)]`` (default
-    learning); a finetuning returns the Dice of :func:`_dice`. The calls are recorded."""
-    calls = {"pretrain": [], "finetune": []}
+    learning); a finetuning returns the Dice of :func:`_dice` (and the count of finetuning calls as its seconds, so that
+    a run made again writes other bytes). Each writes its record where the real one does and reuses it as the real one
+    does; a run whose stem is in ``calls["crashes"]`` raises the bundle's error that many times first. The calls
+    (every try) are recorded. The plan is pre-registered (:func:`_registered_at`) with :data:`PLAN`'s pilot."""
+    calls = {"pretrain": [], "finetune": [], "crashes": {}}
     health = {}
     _registered_at(monkeypatch, "head")
+    _write_pilot(tmp_path / "pilot_summary.json", PLAN)
+    monkeypatch.setattr(plan_module, "PILOT_SUMMARY", tmp_path / "pilot_summary.json")
     monkeypatch.setattr(schedule, "synthetic_data", _fake_data)
     monkeypatch.setattr(schedule, "matched_corpus", lambda data: data.unlabeled)
     monkeypatch.setattr(schedule, "training_class_weights", lambda datalist, names=None: [0.1, 1.0])
 
+    def crash(stem: str) -> None:
+        if calls["crashes"].get(stem, 0) > 0:
+            calls["crashes"][stem] -= 1
+            raise RuntimeError("bundle run failed (exit 1): python -m monai.bundle run ...\nTraceback (most recent call last):")
+
+    def write(path: Path, record: dict) -> dict:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, indent=2))
+        return record
+
     def pretrain(recipe, key, overrides, results, threads, report_only=False, *, bundle=None, stem=None, collapse_fails=False):
+        assert collapse_fails  # a run the collapse guard stops is a failing pretraining, not the plan's end
+        path = schedule.record_file(results, stem, key)
+        if path.is_file():
+            return json.loads(path.read_text())
         if report_only:
             raise FileNotFoundError(recipe)
-        assert collapse_fails  # a run the collapse guard stops is a failing pretraining, not the plan's end
         seed = overrides["training#seed"]
         calls["pretrain"].append((recipe, seed, key, bundle, overrides))
+        crash(stem)
         report = {"verdict": health.get((recipe, seed), "learning"), "signals": {}}
-        return {"recipe": recipe, "key": key, "sha256": f"w-{recipe}-{seed}", "commit": "c", "model": f"/w/{recipe}{seed}.pt",
-                "seed": seed, "health": report}  # fmt: skip
+        return write(path, {"recipe": recipe, "key": key, "sha256": f"w-{recipe}-{seed}", "commit": "c", "model": f"/w/{recipe}{seed}.pt",
+                            "seed": seed, "health": report})  # fmt: skip
 
     def finetune(arm, k, seed, key, overrides, data, results, threads, report_only=False, *, stem=None, fields=None, pretrained=None):
+        path = schedule.record_file(results, stem, key)
+        if path.is_file():
+            return json.loads(path.read_text())
         if report_only:
             return None
         datalist = json.loads(Path(overrides["datalist"]).read_text())
         calls["finetune"].append({"arm": arm, "k": k, "seed": seed, "key": key, "stem": stem, "overrides": overrides,
                                   "datalist": datalist, "fields": fields, "held_out": [i["image"] for i in data.in_domain + data.shifted]})  # fmt: skip
-        return {**_record(arm, fields["pretraining_seed"], k, seed), "key": key, **fields}
+        crash(stem)
+        record = {**_record(arm, fields["pretraining_seed"], k, seed), "key": key, "seconds": float(len(calls["finetune"])), **fields}
+        return write(path, record)
 
     monkeypatch.setattr(schedule, "run_pretraining", pretrain)
     monkeypatch.setattr(schedule, "run_finetuning", finetune)
@@ -441,15 +474,166 @@ def test_a_plan_runs_only_after_its_pre_registration_and_a_record_made_before_wi
 
     _registered_at(monkeypatch, "head")
     result = schedule.run(plan, tmp_path / "a", "cpu")
-    assert result["preregistration"] == {"commit": "r", "records_after": True, "not_after": []}
+    assert result["preregistration"] == {"commit": "r", "records_after": True, "not_after": [], "analysis_changed": []}
     assert result["recipes"]["ssl"]["primary"]["verdict"] == "better"
     monkeypatch.setattr(plan_module, "descends_from", lambda commit, ancestor: commit == "head")  # records made before "r"
     result = schedule.run(plan, tmp_path / "b", "cpu")
-    assert result["preregistration"] == {"commit": "r", "records_after": False, "not_after": ["c"]}
+    assert result["preregistration"] == {"commit": "r", "records_after": False, "not_after": ["c"], "analysis_changed": []}
     cells = [result["recipes"]["ssl"]["primary"], *result["recipes"]["ssl"]["secondary"]["cells"].values()]
     assert all(c["verdict"] is None and c["withheld"].endswith("do not follow the pre-registration: c") for c in cells)
     assert docs.protocol3_markdown(result).startswith("Pre-registered at commit r; records made at c do not follow it: "
                                                       "every verdict is withheld.\n\nPretrainings and the health gate")  # fmt: skip
+
+
+def test_the_finetuning_budget_must_be_the_committed_pilots_answer(fake_runs, tmp_path, monkeypatch):
+    calls, _ = fake_runs
+    path = tmp_path / "pilot.json"
+    monkeypatch.setattr(plan_module, "PILOT_SUMMARY", path)
+    with pytest.raises(plan_module.PlanError, match=f"no pilot summary {path}: run the pilot"):
+        plan_module.check_pilot(PLAN)
+    with pytest.raises(plan_module.PlanError, match="no pilot summary"):  # before any run
+        schedule.run(PLAN, tmp_path / "out", "cpu")
+    assert not calls["pretrain"] and not calls["finetune"]
+    plan_module.check_pilot(plan_module.PLANS["small"])  # a trial plan needs none
+    _write_pilot(path, PLAN)
+    plan_module.check_pilot(PLAN)
+    plan_module.check_preregistered(PLAN, "head")
+    _write_pilot(path, replace(PLAN, recipes=("ssl",), margin=0.05, pretrainings=2))  # fields that do not define the pilot
+    plan_module.check_pilot(PLAN)
+    _write_pilot(path, PLAN, complete=False, missing_runs=["scratch_k1_f0 at 48 iterations"] * 2)
+    with pytest.raises(plan_module.PlanError, match=r"pilot summary .*pilot.json is not complete \(2 runs missing\)"):
+        plan_module.check_pilot(PLAN)
+    _write_pilot(path, replace(PLAN, val_every=2, pilot_iterations=(48,)))
+    with pytest.raises(plan_module.PlanError, match=r"other settings than the plan's: val_every 2 \(the plan: 4\); "
+                                                    r"pilot_iterations \[48\] \(the plan: \[480, 960\]\)\.$"):  # fmt: skip
+        plan_module.check_pilot(PLAN)
+    for field, value in (("ks", (1,)), ("finetune_seeds", 2), ("num_validation", 3), ("in_domain_pool", 9), ("shifted_pool", 9),
+                         ("held_out", 3), ("min_validations", 12), ("convergence_gain", 0.02), ("data_seed", 1),
+                         ("budget", replace(PLAN.budget, feature_size=24))):  # fmt: skip
+        _write_pilot(path, replace(PLAN, **{field: value}))
+        with pytest.raises(plan_module.PlanError, match=f"other settings than the plan's: {field} "):
+            plan_module.check_pilot(PLAN)
+    _write_pilot(path, PLAN, smallest_converged_budget=None)
+    with pytest.raises(plan_module.PlanError, match="^no pilot budget converged: add a larger budget to pilot_iterations and run "
+                                                    "the pilot again before the pre-registration"):  # fmt: skip
+        plan_module.check_preregistered(PLAN, "head")
+    _write_pilot(path, PLAN, smallest_converged_budget=96)
+    with pytest.raises(plan_module.PlanError, match=r"finetune_iterations \(48\) is not the pilot's smallest converged budget \(96, "):
+        plan_module.check_pilot(PLAN)
+    plan_module.check_pilot(replace(PLAN, finetune_iterations=96))
+    path.write_text("{")
+    with pytest.raises(plan_module.PlanError, match="is not JSON"):
+        plan_module.check_pilot(PLAN)
+
+
+def test_analysis_code_changed_since_the_pre_registration_withholds_every_verdict(fake_runs, tmp_path, monkeypatch):
+    import low_data_docs as docs
+
+    assert set(plan_module.ANALYSIS_CODE) == {f"benchmarks/low_data_{m}.py" for m in ("plan", "schedule", "verdicts", "stats", "runs", "protocol")}
+    assert all((REPO / path).is_file() for path in plan_module.ANALYSIS_CODE)
+    asked = []
+
+    def changed(commit, paths):
+        asked.append((commit, tuple(paths)))
+        return ["benchmarks/low_data_verdicts.py"]
+
+    monkeypatch.setattr(plan_module, "changed_since", changed)
+    result = schedule.run(replace(PLAN, recipes=("ssl",)), tmp_path, "cpu")
+    assert asked == [("r", plan_module.ANALYSIS_CODE)]  # against the pre-registration commit
+    assert result["preregistration"]["analysis_changed"] == ["benchmarks/low_data_verdicts.py"]
+    assert result["preregistration"]["records_after"]  # the records alone would give verdicts
+    reason = "analysis code changed since the pre-registration: benchmarks/low_data_verdicts.py"
+    assert result["withheld"]["analysis_code"] == reason
+    cells = [result["recipes"]["ssl"]["primary"], *result["recipes"]["ssl"]["secondary"]["cells"].values()]
+    assert all(c["verdict"] is None and c["withheld"] == reason for c in cells)
+    assert result["recipes"]["ssl"]["primary"]["interval"] is not None  # the interval is still reported
+    assert docs.protocol3_markdown(result).startswith("Pre-registered at commit r: every record was made at it or a commit after "
+                                                      "it. The analysis code changed since (benchmarks/low_data_verdicts.py): "
+                                                      "every verdict is withheld.\n\n")  # fmt: skip
+    small = replace(plan_module.PLANS["small"], recipes=("ssl",))
+    assert schedule.run(small, tmp_path / "small", "cpu")["withheld"]["analysis_code"] is None  # a trial plan is not frozen
+    assert len(asked) == 1
+
+
+def test_a_record_deleted_or_changed_since_written_withholds_every_verdict(fake_runs, tmp_path):
+    calls, _ = fake_runs
+    plan = replace(PLAN, recipes=("ssl",))
+    first = schedule.run(plan, tmp_path, "cpu")
+    results = tmp_path / "results"
+    lines = (results / "ledger.jsonl").read_text().splitlines()
+    files = sorted(p.name for p in results.glob("*.json"))
+    assert len(files) == len(calls["pretrain"]) + len(calls["finetune"]) == 3 + 2 * 2 * 9 + 2 * 2 * 9  # every record, once
+    assert sorted(json.loads(line)["file"] for line in lines) == files
+    assert json.loads(lines[0])["sha256"] == protocol.sha256_file(results / json.loads(lines[0])["file"])
+    assert first["records_changed"] == [] and first["withheld"]["records"] is None  # an untouched plan
+    assert first["recipes"]["ssl"]["primary"]["verdict"] == "better"
+    assert schedule.run(plan, tmp_path, "cpu", report_only=True)["records_changed"] == []
+    assert (results / "ledger.jsonl").read_text().splitlines() == lines  # reused records add no line
+    deleted, altered = next(results.glob("scratch_k1_f0_*.json")), next(results.glob("ssl_p1_k2_f4_*.json"))
+    deleted.unlink()
+    record = json.loads(altered.read_text())
+    record["dice"]["selected"]["in_domain"]["mean"] += 0.1
+    altered.write_text(json.dumps(record, indent=2))
+    result = schedule.run(plan, tmp_path, "cpu", report_only=True)
+    assert sorted(result["records_changed"]) == sorted([f"{deleted.name} (deleted)", f"{altered.name} (changed)"])
+    reason = f"records deleted or changed since written: {', '.join(result['records_changed'])}"
+    assert result["withheld"]["records"] == reason and "scratch_k1_f0" in result["missing_runs"]
+    cells = [result["recipes"]["ssl"]["primary"], *result["recipes"]["ssl"]["secondary"]["cells"].values()]
+    assert all(c["verdict"] is None and c["withheld"] == reason for c in cells)
+    made = len(calls["finetune"])
+    again = schedule.run(plan, tmp_path, "cpu")  # the deleted run is made again (other bytes: its seconds differ)
+    assert len(calls["finetune"]) == made + 1 and deleted.is_file()
+    assert sorted(again["records_changed"]) == sorted([f"{deleted.name} (changed)", f"{altered.name} (changed)"])  # old lines flag them
+    now = (results / "ledger.jsonl").read_text().splitlines()
+    assert now[: len(lines)] == lines and len(now) == len(lines) + 2  # appended, never rewritten
+    assert again["recipes"]["ssl"]["primary"]["verdict"] is None
+
+
+def test_a_run_that_fails_runs_once_more_and_failing_again_is_recorded_reported_and_withholds_its_recipes(fake_runs, tmp_path):
+    calls, _ = fake_runs
+    calls["crashes"].update({"pretrain_ssl_s0": 1, "pretrain_mim_s1": 2, "scratch_k1_f1": 1, "ssl_p2_k2_f7": 2, "scratch_k2_f10": 2})
+    result = schedule.run(PLAN, tmp_path, "cpu")
+    tried = {r: [s for rr, s, *_ in calls["pretrain"] if rr == r] for r in PLAN.recipes}
+    assert tried["ssl"] == [0, 0, 1, 2] and tried["mim"] == [0, 1, 1, 2, 3]  # once more from its start; mim's next seed
+    message = "bundle run failed (exit 1): python -m monai.bundle run ..."
+    mim = result["recipes"]["mim"]
+    assert [(p["seed"], p["passed"], p["verdict"]) for p in mim["pretrainings"]][1] == (1, False, "crashed")  # reported
+    assert mim["pretrainings"][1]["health"]["message"] == message and mim["passing_seeds"] == [0, 2, 3]
+    assert json.loads(next((tmp_path / "results").glob("pretrain_mim_s1_*.json")).read_text())["failed"] == message
+    stems = [c["stem"] for c in calls["finetune"]]
+    assert stems.count("scratch_k1_f1") == 2 and stems.count("ssl_p2_k2_f7") == 2 and stems.count("scratch_k2_f10") == 2
+    assert result["complete"] and result["failed_runs"] == [{"run": "scratch_k2_f10", "failed": message},
+                                                            {"run": "ssl_p2_k2_f7", "failed": message}]  # fmt: skip
+    assert result["withheld"]["failed_runs"] == {"ssl": "failed runs: ssl_p2_k2_f7", "dino": None,
+                                                 "mim": "failed runs: scratch_k2_f10",  # block 3: only mim's seed 3 uses it
+                                                 "ssl_matched": "failed runs: ssl_p2_k2_f7"}  # compared with ssl  # fmt: skip
+    failed = [(r["arm"], r["k"], r["seed"]) for r in result["runs"] if r.get("failed") and "dice" not in r]
+    assert sorted(failed) == [("scratch", 2, 10), ("ssl", 2, 7)]  # recorded without Dice, kept among the runs
+    for recipe in ("ssl", "mim", "ssl_matched"):
+        cells = [result["recipes"][recipe]["primary"], *result["recipes"][recipe]["secondary"]["cells"].values()]
+        assert all(c["verdict"] is None and c["withheld"] == result["withheld"]["failed_runs"][recipe] for c in cells), recipe
+    assert result["recipes"]["ssl"]["primary"]["per_pretraining"].keys() == {"0", "1"}  # its interval lacks p2: withheld, not silent
+    assert result["recipes"]["dino"]["primary"]["verdict"] == "worse"  # no failed run in its cells
+    made = (len(calls["pretrain"]), len(calls["finetune"]))
+    again = schedule.run(PLAN, tmp_path, "cpu")  # the failures are records: reused, not run again
+    assert (len(calls["pretrain"]), len(calls["finetune"])) == made and again["failed_runs"] == result["failed_runs"]
+    calls["crashes"]["scratch_k1_f0"] = 1
+    with pytest.raises(RuntimeError, match="bundle run failed"):  # the pilot still stops at a failed run
+        schedule.pilot(replace(CPU, pilot_iterations=(48,), val_every=4), tmp_path / "pilot", "cpu")
+
+
+def test_a_finetuning_whose_selected_dice_is_nan_is_a_failed_run():
+    runs = _records(PLAN, {"mim": [0, 1, 2]})
+    nan = next(r for r in runs if (r["arm"], r["k"], r["seed"]) == ("scratch", 1, 4))
+    nan["dice"]["selected"]["shifted"]["mean"] = float("nan")
+    pretrainings = {r: {} for r in PLAN.recipes}
+    pretrainings["mim"] = {p: {"key": f"k{p}", "health": {"verdict": "learning"}} for p in range(3)}
+    summary = schedule.summarise(PLAN, runs, pretrainings, set())
+    assert summary["failed_runs"] == [{"run": "scratch_k1_f4", "failed": "the selected model's Dice is NaN on shifted"}]
+    mim = summary["recipes"]["mim"]
+    assert mim["primary"]["verdict"] is None and mim["primary"]["withheld"] == "failed runs: scratch_k1_f4"
+    assert mim["primary"]["per_pretraining"].keys() == {"0", "2"} and summary["convergence"]["scratch"]["1"]["runs"] == 8
+    assert schedule.summarise(PLAN, _records(PLAN, {"mim": [0, 1, 2]}), pretrainings, set())["failed_runs"] == []
 
 
 # ------------------------------------------------------------------------------------------------------ the docs
