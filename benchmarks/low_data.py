@@ -1,8 +1,8 @@
 """What each pretraining recipe buys when labels are few: protocol v3, fixed here before any of its runs.
 
 Protocol v3 (issue 44) is stated here and in docs/measuring.md ("Protocol v3 (pre-registered)"), and fixed by
-``low_data_plan.PLANS["cpu"]``. The pre-registration commit (the one that fixes the finetuning budget from the pilot
-below) precedes every record of the plan: a later commit names it in ``low_data_plan.PREREGISTRATION``; the plan
+``low_data_plan.PLANS["cpu"]``. The pre-registration commit (the one that fixes the plan, its finetuning budget the
+pilot's answer below, and its analysis code) precedes every record of the plan: a later commit names it in ``low_data_plan.PREREGISTRATION``; the plan
 refuses to run before that or from a checkout that is not that commit or a descendant with no uncommitted change, and
 the summary checks that every record's commit descends from it (otherwise every verdict is withheld). Protocol 2 (one pretraining
 per recipe, 204 pretraining iterations at which no encoder had learned) is superseded; its summaries and records
@@ -111,16 +111,18 @@ stay in benchmarks/results/ as history.
   would read one. The summary's tables and one-sentence answers per recipe are generated from its JSON
   (``--markdown``/``--write_docs``) into README's "What pretraining buys" and docs/measuring.md.
 
-**Time of the CPU plan, an estimate** from existing records (not a measurement of this plan), two runs side by side
-with one thread each on a 2-vCPU VM: a finetuned run of protocol 2 took a median of about 150 s for 200 iterations and
-a probe run about 48 s (``benchmarks/results/low_data_cpu_protocol2/``); scaled by iterations (the validations, now
-twice as frequent on twice the volumes, make this an underestimate), 78 finetuned and 78 probe runs at 400 iterations
-(3 pretrainings of 4 recipes, 3 finetuning seeds, 2 k, plus the baselines) take about 30,900 s of run time. A
-pretraining at 1,003 iterations took a median of about 1,380 s for SSL on 64x32x32 crops, 456 s for masked image and
-509 s for self-distillation with the teacher at 0.04 (``benchmarks/results/pretrain_curve/``, a shared VM); SSL now
-crops 32x64x64, twice the voxels, assumed twice the time: 12 pretrainings take about 19,500 s of run time, each seed
-beyond the third adds its recipe's time. About 25,000 s (7 h) of wall time in all, two side by side; the pilot adds
-about 4,200 s (1.2 h). In resumable pieces (``--stop_after_s``) in the background.
+**Time of the CPU plan, an estimate per candidate budget** from the pilot's own records at 480 iterations
+(``benchmarks/results/low_data_cpu_protocol3_pilot/``, each record's ``seconds``; two runs side by side, one thread
+each, on a 2-vCPU VM, beside test processes part of the time: an upper estimate, not an idle measurement): a
+finetuned run (scratch) took 986-1,511 s, median 1,097 s at k = 1 and 1,308 s at k = 2; a probe run 238-432 s. The
+plan at P = 3 has 90 finetuned and 90 probe runs (3 blocks of baselines and 12 pretrainings, each over 3 seeds x
+2 k): about 108,000 + 26,100 s of run time at 480 iterations, twice that at 960 (the time is per iteration). Its 12
+pretrainings (1,003 iterations) add about 10,400 s: SSL and ``ssl_matched`` about 1,250 s each (the demo's SSL
+pretraining took 624 s on 2 threads alone, ``benchmarks/results/demo_cpu.json``, assumed twice on one), masked image
+456 s and self-distillation 509 s (``benchmarks/results/pretrain_curve/``, a shared VM). Wall time with two side by
+side: about 72,000 s (20 h) at 480 iterations, 139,000 s (39 h) at 960; each pretraining seed beyond the third adds
+its recipe's pretraining and, if it passes, 6 finetuned and 6 probe runs. In resumable pieces (``--stop_after_s``) in
+the background, across sessions.
 
     python benchmarks/low_data.py --pilot --stop_after_s 3000 --out runs/low_data_pilot \\
         --results benchmarks/results/low_data_cpu_protocol3_pilot --json benchmarks/results/low_data_cpu_protocol3_pilot.json

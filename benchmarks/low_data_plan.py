@@ -123,9 +123,10 @@ def finetune_block(pretraining_seed: int, plan: Plan) -> list[int]:
     return list(range(pretraining_seed * plan.finetune_seeds, (pretraining_seed + 1) * plan.finetune_seeds))
 
 
-#: the pre-registration commit of the CPU plan: the commit that fixed its finetuning budget from the pilot. A commit
-#: cannot name itself, so a later commit writes it here; until then the CPU plan refuses to run, and every record of
-#: it must be made at a commit that descends from this one (:func:`check_preregistered`, the summary's check).
+#: the pre-registration commit of the CPU plan: the commit that fixes the plan (its finetuning budget the pilot's
+#: answer) and its analysis code (:data:`ANALYSIS_CODE`). A commit cannot name itself, so a later commit writes it
+#: here, before any record of the plan exists; until then the CPU plan refuses to run, and every record of it must be
+#: made at a commit that descends from this one (:func:`check_preregistered`, the summary's check).
 PREREGISTRATION: str | None = None
 #: the plan's analysis code, which the pre-registration commit fixes too: a summary whose code of these files differs
 #: from that commit's withholds every verdict (:func:`preregistration_status`). ``low_data_docs.py`` only renders a
@@ -142,7 +143,7 @@ PILOT_FIELDS = ("ks", "finetune_seeds", "num_validation", "in_domain_pool", "shi
 
 PLANS = {
     # the CPU plan: its finetuning budget is fixed from the pilot (low_data.py --pilot) before the pre-registration
-    "cpu": Plan(),
+    "cpu": Plan(finetune_iterations=480),
     # CI: the mechanics on tiny sizes; it learns nothing, so its gate admits every verdict (never a real plan's)
     "small": Plan(ks=(1,), finetune_seeds=1, pretrainings=1, max_pretrainings=1, passing=HEALTH_VERDICTS, health_crops=8, num_validation=1,
                   in_domain_pool=2, shifted_pool=2, held_out=1, finetune_iterations=4, val_every=1, min_validations=4,

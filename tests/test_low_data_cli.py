@@ -71,13 +71,13 @@ def test_a_list_that_cannot_be_read_or_names_missing_files_is_one_line(tmp_path)
     assert "missing.json" in line and "nope.nii.gz" in line and "missing files" in line
 
 
-def test_a_lone_labeled_list_an_unfixed_budget_or_a_missing_shifted_list_is_one_line(tmp_path):
+def test_a_lone_labeled_list_an_unregistered_plan_or_a_missing_shifted_list_is_one_line(tmp_path):
     line = _one_line_error(["--labeled", str(tmp_path / "x.json")], tmp_path)
     assert "--labeled and --unlabeled go together" in line
     line = _one_line_error(["--arms", "scratch"], tmp_path)  # the pre-registered plan's arms are not chosen here
     assert "unrecognized arguments: --arms scratch" in line
-    line = _one_line_error([], tmp_path)  # the CPU plan until its finetuning budget is fixed from the pilot
-    assert "the finetuning budget (finetune_iterations) is not fixed: run the pilot (low_data.py --pilot)" in line
+    line = _one_line_error([], tmp_path)  # the CPU plan until its pre-registration
+    assert "the plan is not pre-registered: fix its finetuning budget from the pilot" in line
     write_dataset(tmp_path / "site_a", num=8, seed=3, organs=("spleen",))
     labeled = tmp_path / "site_a" / "dataset.json"
     line = _one_line_error(["--small", "--labeled", str(labeled), "--unlabeled", str(labeled)], tmp_path)

@@ -97,8 +97,10 @@ def test_plans_that_cannot_serve_the_rules_are_named_before_any_run():
     with pytest.raises(plan_module.PlanError, match=r"shifted_pool \(5\) gives 5 distinct draws of 4, fewer than the 15 finetuning seeds"):
         plan_module.check_plan(replace(PLAN, shifted_pool=5))
     with pytest.raises(plan_module.PlanError, match="finetuning budget .* is not fixed: run the pilot"):
-        plan_module.check_plan(CPU)
-    plan_module.check_plan(CPU, pilot=True)  # the pilot needs no fixed budget
+        plan_module.check_plan(replace(CPU, finetune_iterations=None))
+    plan_module.check_plan(replace(CPU, finetune_iterations=None), pilot=True)  # the pilot needs no fixed budget
+    plan_module.check_plan(CPU)  # fixed from the pilot: 480 iterations
+    plan_module.check_pilot(CPU)  # the committed pilot's answer
     with pytest.raises(plan_module.PlanError, match=r"finetune_iterations \(41\) must be a multiple of every k"):
         plan_module.check_plan(replace(PLAN, finetune_iterations=41))
     with pytest.raises(plan_module.PlanError, match=r"gives 5 validations; .* at least 8, a multiple of 4"):
