@@ -25,7 +25,9 @@ stay in benchmarks/results/ as history.
   crossed (``components.training.health``); a run that the self-distillation bundle's collapse guard stopped fails
   it as "collapsed". A failing pretraining is recorded with its report and shown in the summary
   and the docs' table, never dropped silently; the plan then pretrains the next seed (3, then 4) until 3 have passed
-  or 5 have been tried. Only the passing pretrainings are finetuned. A recipe with fewer than 3 passing is "not
+  or 5 have been tried. Only the passing pretrainings are finetuned, each as soon as it passed: the plan runs unit by
+  unit (a pretraining, then its runs over its block with the block's baselines), in rounds of one seed per recipe, so
+  that the summary's "units" say which are done as it goes. A recipe with fewer than 3 passing is "not
   evaluated: N of M encoders passed health".
 - **One primary contrast per recipe.** For each passing pretraining p, g_p = the mean over finetuning seeds f,
   k in {1, 2} and both held-out sets of Dice(recipe p, f, k, set) - Dice(scratch, f, k, set), selected models; then the

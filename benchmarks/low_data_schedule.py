@@ -336,9 +336,11 @@ def run(
     report_only: bool = False, stop_after_s: float | None = None, labeled: Path | None = None, unlabeled: Path | None = None,
     shifted: Path | None = None, data: Data | None = None,
 ) -> dict:
-    """Runs (or completes) protocol v3's plan and returns its summary. Pretrainings run round by round
-    (:func:`seeds_to_run`) behind the gate (:func:`passes`); then ``scratch`` and ``probe_random`` per finetuning seed
-    and k, and each passing pretraining's finetuned and probe arms over the same seeds and ks. With ``report_only``
+    """Runs (or completes) protocol v3's plan and returns its summary, unit by unit: in rounds of one pretraining seed
+    per recipe (the lowest :func:`seeds_to_run` gives), the round's pretrainings behind the gate (:func:`passes`), then
+    each passing one's finetuned and probe arms over its block (:func:`~low_data_plan.finetune_block`) at every k,
+    with ``scratch`` and ``probe_random`` of that block once (:func:`units` says which are done). A passing
+    pretraining is finetuned at once, even if its recipe ends with too few passing for a verdict. With ``report_only``
     nothing runs; with ``stop_after_s`` no run starts after that many seconds: the summary lists the missing runs
     (``complete`` false) and the same command continues.
 
@@ -380,33 +382,35 @@ def run(
         print(f"pretraining {recipe} seed {seed}: {(record.get('health') or {}).get('verdict')}", file=sys.stderr, flush=True)
         return {"model": None, **record, "recipe": recipe, "seed": seed}
 
+    def one(job: tuple) -> dict | None:
+        record, path = _finetune(job, plan, data, out, results, numerics, code, threads, report_only or clock.late())
+        if record is None:
+            missing.append(run_stem(job[0], job[1], job[2], job[3]["seed"] if job[3] else None))
+        else:
+            ledger_add(results, path)
+        return record
+
+    runs: list[dict] = []
+    baselines: set[int] = set()
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        while jobs := [(r, s) for r in plan.recipes if r not in incomplete
-                       for s in seeds_to_run([passes(pretrainings[r][i], plan) for i in sorted(pretrainings[r])], plan)]:  # fmt: skip
+        # unit by unit, in rounds of one pretraining seed per recipe (its lowest still to try): the round's
+        # pretrainings, then the finetuned and probe runs of each that passed over its block, with the block's
+        # baselines (blocks 0 .. pretrainings - 1 always, as every recipe's first tries use them, and any other block
+        # a passing pretraining uses), so that units complete as the plan goes
+        while jobs := [(r, tries[0]) for r in plan.recipes if r not in incomplete
+                       if (tries := seeds_to_run([passes(pretrainings[r][i], plan) for i in sorted(pretrainings[r])], plan))]:  # fmt: skip
             for (recipe, seed), record in zip(jobs, pool.map(pretrain, jobs)):
                 if record is None:
                     incomplete.add(recipe)
                 else:
                     pretrainings[recipe][seed] = record
-        # only a recipe with its pretrainings all passed is finetuned: the others get no verdict
-        passing = {r: sorted(s for s, rec in recs.items() if passes(rec, plan)) for r, recs in pretrainings.items()}
-        passing = {r: seeds for r, seeds in passing.items() if len(seeds) >= plan.pretrainings}
-        # the baselines of blocks 0 .. pretrainings - 1 (every recipe's first tries) and of any other block a
-        # finetuned pretraining uses: each pretraining pairs with the baselines of its own block
-        blocks = sorted(set(range(plan.pretrainings)).union(*passing.values()))
-        jobs = [(arm, k, f, None) for b in blocks for f in finetune_block(b, plan) for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
-        jobs += [(arm, k, f, pretrainings[r][p]) for r in passing for p in passing[r] for f in finetune_block(p, plan)
-                 for k in plan.ks for arm in (r, f"probe_{r}")]  # fmt: skip
-
-        def one(job: tuple) -> dict | None:
-            record, path = _finetune(job, plan, data, out, results, numerics, code, threads, report_only or clock.late())
-            if record is None:
-                missing.append(run_stem(job[0], job[1], job[2], job[3]["seed"] if job[3] else None))
-            else:
-                ledger_add(results, path)
-            return record
-
-        runs = [r for r in pool.map(one, jobs) if r is not None]
+            passed = [(r, s) for r, s in jobs if s in pretrainings[r] and passes(pretrainings[r][s], plan)]
+            blocks = sorted(({s for _, s in jobs if s < plan.pretrainings} | {s for _, s in passed}) - baselines)
+            baselines.update(blocks)
+            finetunes = [(arm, k, f, None) for b in blocks for f in finetune_block(b, plan) for k in plan.ks for arm in (SCRATCH, PROBE_RANDOM)]
+            finetunes += [(arm, k, f, pretrainings[r][p]) for r, p in passed for f in finetune_block(p, plan) for k in plan.ks
+                          for arm in (r, f"probe_{r}")]  # fmt: skip
+            runs += [r for r in pool.map(one, finetunes) if r is not None]
     settings = plan_settings(plan, numerics, code, "user datalists" if labeled else "synthetic")
     commits = sorted({r["commit"] for r in runs} | {p["commit"] for recs in pretrainings.values() for p in recs.values()})
     registration = None if plan.trial else preregistration_status(commits)

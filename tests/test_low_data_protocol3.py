@@ -371,18 +371,22 @@ def test_the_health_gate_excludes_a_failing_pretraining_reports_it_and_schedules
         (0, True, "learning"), (1, False, "at baseline"), (2, True, "learning"), (3, True, "learning")]  # reported, not dropped
     assert mim["status"] == "not evaluated: 2 of 5 encoders passed health" and "primary" not in mim
     finetuned = {(c["fields"]["recipe"], c["fields"]["pretraining_seed"]) for c in calls["finetune"] if c["fields"]["recipe"]}
-    assert ("dino", 1) not in finetuned and not {r for r, _ in finetuned} & {"mim"}  # a failing encoder is never finetuned
+    assert not finetuned & {("dino", 1), ("mim", 0), ("mim", 2), ("mim", 3)}  # a failing encoder is never finetuned
     assert sorted(p for r, p in finetuned if r == "dino") == [0, 2, 3]
+    # unit by unit: a passing pretraining is finetuned as soon as it passed, its recipe's verdict still needs 3
+    assert sorted(p for r, p in finetuned if r == "mim") == [1, 4]
+    order = [c["fields"]["pretraining_seed"] for c in calls["finetune"] if c["fields"]["recipe"] == "ssl"]
+    assert order == sorted(order)  # seed 0's unit before seed 1's
     assert dino["primary"]["per_pretraining"].keys() == {"0", "2", "3"} and dino["primary"]["verdict"] == "worse"
-    blocks = {c["seed"] // 3 for c in calls["finetune"] if c["arm"] == "scratch"}
-    assert blocks == {0, 1, 2, 3}  # the baselines of the first tries' blocks and of dino's seed 3
-    # ks x seeds of a block x (2 baselines x 4 blocks + 3 recipes x 2 arms x 3 pretrainings)
-    assert result["complete"] and len(calls["finetune"]) == 2 * 3 * (2 * 4 + 3 * 2 * 3)
+    blocks = [c["seed"] // 3 for c in calls["finetune"] if c["arm"] == "scratch"]
+    assert set(blocks) == {0, 1, 2, 3, 4} and len(blocks) == 5 * 2 * 3  # first tries' blocks, dino's 3, mim's 4; once each
+    # ks x seeds of a block x (2 baselines x 5 blocks + 2 arms x 11 passing pretrainings)
+    assert result["complete"] and len(calls["finetune"]) == 2 * 3 * (2 * 5 + 2 * 11)
     units = {(u["recipe"], u["seed"]): u for u in result["units"]}
     assert units[("dino", 1)] == {"recipe": "dino", "seed": 1, "verdict": "at baseline", "passed": False, "runs_done": 0,
                                   "runs_needed": 0, "complete": True}  # a failed pretraining is a done unit
     assert units[("dino", 3)]["runs_needed"] == 2 * 2 * 3 * 2
-    assert {key for key, u in units.items() if not u["complete"]} == {("mim", 1), ("mim", 4)}  # passed, recipe not evaluated
+    assert all(u["complete"] for u in units.values())
     assert len(units) == 3 + 4 + 5 + 3
     assert {c["seed"] for c in calls["finetune"] if c["fields"]["pretraining_seed"] == 3} == {9, 10, 11}  # its own block
 
