@@ -116,13 +116,13 @@ stay in benchmarks/results/ as history.
 **Time of the CPU plan, an estimate per candidate budget** from the pilot's own records at 480 iterations
 (``benchmarks/results/low_data_cpu_protocol3_pilot/``, each record's ``seconds``; two runs side by side, one thread
 each, on a 2-vCPU VM, beside test processes part of the time: an upper estimate, not an idle measurement): a
-finetuned run (scratch) took 986-1,511 s, median 1,097 s at k = 1 and 1,308 s at k = 2; a probe run 238-432 s. The
+finetuned run (scratch) took 986-1,511 s, median 1,097 s at k = 1 and 1,301 s at k = 2; a probe run 238-432 s. The
 plan at P = 3 has 90 finetuned and 90 probe runs (3 blocks of baselines and 12 pretrainings, each over 3 seeds x
-2 k): about 108,000 + 26,100 s of run time at 480 iterations, twice that at 960 (the time is per iteration). Its 12
+2 k): about 107,900 + 25,200 s of run time (medians 1,199 s and 281 s) at 480 iterations, twice that at 960 (the time is per iteration). Its 12
 pretrainings (1,003 iterations) add about 10,400 s: SSL and ``ssl_matched`` about 1,250 s each (the demo's SSL
 pretraining took 624 s on 2 threads alone, ``benchmarks/results/demo_cpu.json``, assumed twice on one), masked image
 456 s and self-distillation 509 s (``benchmarks/results/pretrain_curve/``, a shared VM). Wall time with two side by
-side: about 72,000 s (20 h) at 480 iterations, 139,000 s (39 h) at 960; each pretraining seed beyond the third adds
+side: about 71,800 s (20 h) at 480 iterations, 138,300 s (38 h) at 960; each pretraining seed beyond the third adds
 its recipe's pretraining and, if it passes, 6 finetuned and 6 probe runs. In resumable pieces (``--stop_after_s``) in
 the background, across sessions.
 
