@@ -572,7 +572,12 @@ def test_ddp_unequal_batches_give_the_gradient_and_centre_of_the_global_batch(ra
         torch.testing.assert_close(step["parts"]["dino"], share * shard["parts"]["dino"], rtol=1e-5, atol=1e-6)
         assert step["grads"].keys() == whole["grads"].keys()
         for name, grad in whole["grads"].items():
-            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=5e-7, msg=lambda m: f"{name}: {m}")
+            # float32 sums in another order (gloo's all-reduce; AVX2 and AVX-512 kernels differ too) move an element
+            # by a share of the tensor's largest values, not of its own: the tolerance scales with the tensor, 10x
+            # below the 1e-3 of it by which the unshared mean differs (asserted below)
+            scale = float(grad.abs().max())
+            tolerance = max(5e-7, 1e-4 * scale)
+            torch.testing.assert_close(step["grads"][name], grad, rtol=1e-4, atol=tolerance, msg=lambda m: f"{name}: {m}")
         torch.testing.assert_close(step["center"], whole["center"], rtol=1e-6, atol=1e-8)
     # the shards' plain mean (no share) would give another gradient: the share is what makes them equal
     shards = [_one_process(rows, koleo=0.0)["grads"] for rows in UNEQUAL_SHARDS]
