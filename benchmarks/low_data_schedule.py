@@ -183,12 +183,12 @@ def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, di
     taken as simply missing); the convergence tables; the coverage per cell kind."""
     failed = sorted(((run_stem(r["arm"], r["k"], r["seed"], r.get("pretraining_seed")), why, r) for r in runs if (why := failure(r))),
                     key=lambda entry: entry[0])  # fmt: skip
-    runs = [r for r in runs if not failure(r)]
+    counted = [r for r in runs if not failure(r)]
     passing = {r: sorted(s for s, rec in records.items() if passes(rec, plan))[: plan.pretrainings] for r, records in pretrainings.items()}
     evaluated = {r: passing[r] for r in plan.recipes if recipe_status(r, pretrainings[r], plan, r in incomplete) == "evaluated"}
     hit = {r: [stem for stem, _, record in failed if uses(r, record, evaluated, plan)] for r in evaluated}
     arms = (SCRATCH, PROBE_RANDOM, *(f"probe_{r}" for r in evaluated))
-    table = {arm: convergence(runs, arm, plan.ks, plan.convergence_gain) for arm in arms}
+    table = {arm: convergence(counted, arm, plan.ks, plan.convergence_gain) for arm in arms}
     withheld = {"finetune": not_converged(table[SCRATCH]), "probe": not_converged(table[PROBE_RANDOM]),
                 "probe_heads": {r: not_converged(table[f"probe_{r}"]) for r in evaluated},
                 "registration": f"records made at commits that do not follow the pre-registration: {', '.join(unregistered)}"
@@ -207,7 +207,7 @@ def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, di
                                    "health": r.get("health"), "seconds": r.get("seconds"), "commit": r.get("commit")}
                                   for s, r in sorted(records.items())]}  # fmt: skip
         if recipe in evaluated:
-            entry.update(family(runs, recipe, evaluated, plan))
+            entry.update(family(counted, recipe, evaluated, plan))
             probe = "; ".join(filter(None, (withheld["probe"], withheld["probe_heads"][recipe] and
                                             f"its probe's {withheld['probe_heads'][recipe]}")))  # fmt: skip
             own = "; ".join(filter(None, (everything, withheld["failed_runs"][recipe])))
@@ -216,9 +216,9 @@ def summarise(plan: Plan, runs: list[dict], pretrainings: dict[str, dict[int, di
                 if reason:
                     cell.update(verdict=None, withheld=reason)
         recipes[recipe] = entry
-    return {"recipes": recipes, "units": units(plan, runs + [record for _, _, record in failed], pretrainings), "convergence": table,
+    return {"recipes": recipes, "units": units(plan, runs, pretrainings), "convergence": table,
             "withheld": withheld, "failed_runs": [{"run": stem, "failed": why} for stem, why, _ in failed],
-            "coverage": coverage_by_kind(runs, evaluated, plan)}  # fmt: skip
+            "coverage": coverage_by_kind(counted, evaluated, plan)}  # fmt: skip
 
 
 #: a plan's ledger, in its results folder: one JSON line ``{"file", "sha256"}`` per record file and content obtained
